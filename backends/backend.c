@@ -1,0 +1,694 @@
+/* The backend front end: the registry of built backends, and validation of
+ * every op's arguments before dispatch, so that backends see only valid input
+ * and bad input is a status with a message, never a crash or a wrong answer. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "backends/backend.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const pv_backend_ops pv_cpu_backend_ops;
+#ifdef PV_HAVE_OPENCL
+extern const pv_backend_ops pv_opencl_backend_ops;
+#endif
+#ifdef PV_HAVE_CUDA
+extern const pv_backend_ops pv_cuda_backend_ops;
+#endif
+
+static const pv_backend_ops *const registry[] = {
+    &pv_cpu_backend_ops,
+#ifdef PV_HAVE_OPENCL
+    &pv_opencl_backend_ops,
+#endif
+#ifdef PV_HAVE_CUDA
+    &pv_cuda_backend_ops,
+#endif
+};
+#define N_BACKENDS (sizeof registry / sizeof registry[0])
+
+static const char *const names[] = {
+    "cpu",
+#ifdef PV_HAVE_OPENCL
+    "opencl",
+#endif
+#ifdef PV_HAVE_CUDA
+    "cuda",
+#endif
+    NULL,
+};
+
+const char *const *pv_backend_names(void)
+{
+    return names;
+}
+
+size_t pv_dtype_size(pv_dtype dtype)
+{
+    return dtype == PV_F16 ? 2 : 4;
+}
+
+const char *pv_dtype_name(pv_dtype dtype)
+{
+    return dtype == PV_F16 ? "f16" : "f32";
+}
+
+const char *pv_op_name(pv_op op)
+{
+    static const char *const op_names[PV_OP_COUNT] = {
+        "gemm", "attention", "kv_write", "slot_gather", "slot_scatter", "embed_gather",
+        "rmsnorm", "rope", "swiglu", "add", "softmax", "argmax", "sample_top_p",
+    };
+    return (op >= 0 && op < PV_OP_COUNT) ? op_names[op] : "unknown op";
+}
+
+int pv_attention_head_dim_supported(int32_t head_dim)
+{
+    return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0;
+}
+
+/* ---- registry ----------------------------------------------------------- */
+
+static const pv_backend_ops *find_backend(const char *name)
+{
+    for (size_t i = 0; i < N_BACKENDS; i++)
+        if (name && strcmp(registry[i]->name, name) == 0)
+            return registry[i];
+    return NULL;
+}
+
+static pv_status unknown_backend(const char *name)
+{
+    char list[128] = "";
+    for (size_t i = 0; i < N_BACKENDS; i++) {
+        if (i)
+            strncat(list, ", ", sizeof list - strlen(list) - 1);
+        strncat(list, registry[i]->name, sizeof list - strlen(list) - 1);
+    }
+    return pv_error(PV_ERR_NOT_FOUND, "backend '%s' is not built into this library; available: %s",
+                    name ? name : "(null)", list);
+}
+
+pv_status pv_backend_device_count(const char *name, int *count)
+{
+    const pv_backend_ops *ops = find_backend(name);
+    if (!count)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_device_count: count is NULL");
+    *count = 0;
+    if (!ops)
+        return unknown_backend(name);
+    return ops->device_count(count);
+}
+
+pv_status pv_backend_init(pv_backend **out, const char *name, int device)
+{
+    if (!out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_init: out is NULL");
+    *out = NULL;
+    const pv_backend_ops *ops = find_backend(name);
+    if (!ops)
+        return unknown_backend(name);
+    if (ops->api_version != PV_BACKEND_API_VERSION)
+        return pv_error(PV_ERR_UNSUPPORTED, "backend '%s' has API version %d, this library expects %d",
+                        name, ops->api_version, PV_BACKEND_API_VERSION);
+    int count = 0;
+    pv_status st = ops->device_count(&count);
+    if (st != PV_OK)
+        return st;
+    if (count <= 0)
+        return pv_error(PV_ERR_NO_DEVICE, "backend '%s': no device found", name);
+    if (device < 0 || device >= count)
+        return pv_error(PV_ERR_INVALID_ARG, "backend '%s': device %d out of range [0, %d)", name,
+                        device, count);
+    pv_backend *be = calloc(1, sizeof *be);
+    if (!be)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "backend '%s': cannot allocate the backend", name);
+    be->ops = ops;
+    be->device = device;
+    st = ops->device_info(device, &be->info);
+    if (st == PV_OK)
+        st = ops->init(be);
+    if (st != PV_OK) {
+        free(be);
+        return st;
+    }
+    *out = be;
+    return PV_OK;
+}
+
+void pv_backend_free(pv_backend *be)
+{
+    if (!be)
+        return;
+    be->ops->free(be);
+    free(be);
+}
+
+int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
+{
+    if (!be || op < 0 || op >= PV_OP_COUNT)
+        return 0;
+    return be->ops->supports(be, op, dtype);
+}
+
+/* ---- validation helpers ----------------------------------------------------
+ * Each returns PV_OK or records a message naming the op, the argument, the
+ * value and the limit. */
+
+static pv_status need_supported(const pv_backend *be, pv_op op, pv_dtype dtype)
+{
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: backend is NULL", pv_op_name(op));
+    if (!be->ops->supports(be, op, dtype))
+        return pv_error(PV_ERR_UNSUPPORTED, "%s: backend '%s' does not support dtype %s", pv_op_name(op),
+                        be->ops->name, pv_dtype_name(dtype));
+    return PV_OK;
+}
+
+static pv_status need_positive(pv_op op, const char *arg, int64_t value)
+{
+    if (value <= 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = %" PRId64 " must be > 0", pv_op_name(op), arg,
+                        value);
+    return PV_OK;
+}
+
+static pv_status need_host_array(pv_op op, const char *arg, const void *ptr)
+{
+    if (!ptr)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s is NULL", pv_op_name(op), arg);
+    return PV_OK;
+}
+
+/* elems elements of elem_size bytes from element offset off fit in buf. */
+static pv_status need_extent(const pv_backend *be, pv_op op, const char *arg, const pv_buffer *buf,
+                             uint64_t off, uint64_t elems, size_t elem_size)
+{
+    if (!buf)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: buffer %s is NULL", pv_op_name(op), arg);
+    if (buf->backend != be)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: buffer %s belongs to another backend", pv_op_name(op),
+                        arg);
+    uint64_t cap = buf->bytes / elem_size;
+    if (off > cap || elems > cap - off)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "%s: buffer %s too small: offset %" PRIu64 " + %" PRIu64
+                        " elements of %zu bytes exceeds its %" PRIu64 " bytes",
+                        pv_op_name(op), arg, off, elems, elem_size, buf->bytes);
+    return PV_OK;
+}
+
+/* a * b without overflow past INT64_MAX, or -1. */
+static int64_t mul64(int64_t a, int64_t b)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    if (a != 0 && b > INT64_MAX / a)
+        return -1;
+    return a * b;
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        pv_status st_ = (expr);                                                                    \
+        if (st_ != PV_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+
+/* Validates the paged-KV addressing shared by attention and kv_write:
+ * sequence ids, positions and the slot of every chunk a token touches.
+ * For attention (whole_context) every chunk up to the token's position must
+ * hold a slot; for kv_write only the token's own chunk. */
+static pv_status check_paging(pv_op op, int32_t n_tokens, const int32_t *token_seq,
+                              const int32_t *token_pos, const int32_t *slot_table, int32_t n_seqs,
+                              int32_t max_chunks, int32_t chunk_tokens, int64_t n_slots,
+                              int whole_context)
+{
+    TRY(need_positive(op, "n_seqs", n_seqs));
+    TRY(need_positive(op, "max_chunks", max_chunks));
+    TRY(need_positive(op, "chunk_tokens", chunk_tokens));
+    TRY(need_positive(op, "n_slots", n_slots));
+    TRY(need_host_array(op, "token_seq", token_seq));
+    TRY(need_host_array(op, "token_pos", token_pos));
+    TRY(need_host_array(op, "slot_table", slot_table));
+    int64_t max_pos = mul64(max_chunks, chunk_tokens);
+    for (int32_t i = 0; i < n_tokens; i++) {
+        int32_t s = token_seq[i], p = token_pos[i];
+        if (s < 0 || s >= n_seqs)
+            return pv_error(PV_ERR_INVALID_ARG, "%s: token_seq[%d] = %d out of range [0, %d)",
+                            pv_op_name(op), i, s, n_seqs);
+        if (p < 0 || p >= max_pos)
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "%s: token_pos[%d] = %d out of range [0, %" PRId64
+                            ") (max_chunks %d x chunk_tokens %d)",
+                            pv_op_name(op), i, p, max_pos, max_chunks, chunk_tokens);
+        int32_t first = whole_context ? 0 : p / chunk_tokens;
+        for (int32_t c = first; c <= p / chunk_tokens; c++) {
+            int32_t slot = slot_table[(int64_t)s * max_chunks + c];
+            if (slot < 0 || slot >= n_slots)
+                return pv_error(PV_ERR_INVALID_ARG,
+                                "%s: slot_table[%d][%d] = %d out of range [0, %" PRId64
+                                ") (needed by token %d at position %d)",
+                                pv_op_name(op), s, c, slot, n_slots, i, p);
+        }
+    }
+    return PV_OK;
+}
+
+/* ---- buffers, copies, events ------------------------------------------------ */
+
+pv_status pv_buffer_init(pv_buffer **out, pv_backend *be, pv_mem_kind kind, uint64_t bytes)
+{
+    if (!out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_init: out is NULL");
+    *out = NULL;
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_init: backend is NULL");
+    if (kind != PV_MEM_DEVICE && kind != PV_MEM_HOST)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_init: kind %d is neither device nor host",
+                        (int)kind);
+    if (bytes == 0)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_init: bytes = 0 must be > 0");
+    pv_buffer *buf = calloc(1, sizeof *buf);
+    if (!buf)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_buffer_init: cannot allocate the buffer record");
+    buf->backend = be;
+    buf->kind = kind;
+    buf->bytes = bytes;
+    pv_status st = be->ops->buffer_alloc(be, kind, bytes, buf);
+    if (st != PV_OK) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    return PV_OK;
+}
+
+void pv_buffer_free(pv_buffer *buf)
+{
+    if (!buf)
+        return;
+    buf->backend->ops->buffer_free(buf->backend, buf);
+    free(buf);
+}
+
+static pv_status need_bytes(const char *fn, const char *arg, const pv_buffer *buf, uint64_t off,
+                            uint64_t bytes)
+{
+    if (!buf)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: buffer %s is NULL", fn, arg);
+    if (off > buf->bytes || bytes > buf->bytes - off)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "%s: %s range [%" PRIu64 ", %" PRIu64 ") exceeds its %" PRIu64 " bytes", fn,
+                        arg, off, off + bytes, buf->bytes);
+    return PV_OK;
+}
+
+pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes)
+{
+    TRY(need_bytes("pv_buffer_write", "dst", dst, dst_off, bytes));
+    if (!src && bytes)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_write: src is NULL");
+    if (bytes == 0)
+        return PV_OK;
+    return dst->backend->ops->buffer_write(dst->backend, dst, dst_off, src, bytes);
+}
+
+pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes)
+{
+    TRY(need_bytes("pv_buffer_read", "src", src, src_off, bytes));
+    if (!dst && bytes)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_read: dst is NULL");
+    if (bytes == 0)
+        return PV_OK;
+    return src->backend->ops->buffer_read(src->backend, src, src_off, dst, bytes);
+}
+
+pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,
+                        uint64_t src_off, uint64_t bytes, pv_event *wait, pv_event **done)
+{
+    if (done)
+        *done = NULL;
+    TRY(need_bytes("pv_copy_async", "dst", dst, dst_off, bytes));
+    TRY(need_bytes("pv_copy_async", "src", src, src_off, bytes));
+    if (src->backend != dst->backend)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_copy_async: src and dst belong to different backends");
+    if (q != PV_QUEUE_COMPUTE && q != PV_QUEUE_COPY)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_copy_async: queue %d is neither compute nor copy",
+                        (int)q);
+    if (wait && wait->backend != dst->backend)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_copy_async: wait event belongs to another backend");
+    if (src == dst && bytes && src_off < dst_off + bytes && dst_off < src_off + bytes)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_copy_async: ranges [%" PRIu64 ", +%" PRIu64 ") and [%" PRIu64
+                        ", +%" PRIu64 ") of one buffer overlap",
+                        src_off, bytes, dst_off, bytes);
+    return dst->backend->ops->copy_async(dst->backend, q, dst, dst_off, src, src_off, bytes, wait,
+                                         done);
+}
+
+pv_status pv_event_record(pv_backend *be, pv_queue q, pv_event **out)
+{
+    if (!be || !out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_event_record: backend or out is NULL");
+    *out = NULL;
+    if (q != PV_QUEUE_COMPUTE && q != PV_QUEUE_COPY)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_event_record: queue %d is neither compute nor copy",
+                        (int)q);
+    return be->ops->event_record(be, q, out);
+}
+
+pv_status pv_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
+{
+    if (!be || !ev || ev->backend != be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_queue_wait: backend or event is NULL or mismatched");
+    if (q != PV_QUEUE_COMPUTE && q != PV_QUEUE_COPY)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_queue_wait: queue %d is neither compute nor copy",
+                        (int)q);
+    return be->ops->queue_wait(be, q, ev);
+}
+
+pv_status pv_event_wait(pv_event *ev)
+{
+    if (!ev)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_event_wait: event is NULL");
+    return ev->backend->ops->event_wait(ev->backend, ev);
+}
+
+void pv_event_free(pv_event *ev)
+{
+    if (ev)
+        ev->backend->ops->event_free(ev->backend, ev);
+}
+
+pv_status pv_backend_finish(pv_backend *be)
+{
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_finish: backend is NULL");
+    return be->ops->finish(be);
+}
+
+/* ---- ops -------------------------------------------------------------------- */
+
+pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
+{
+    const pv_op op = PV_OP_GEMM;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "gemm: args is NULL");
+    TRY(need_supported(be, op, a->dtype));
+    if (a->m < 0 || a->n < 0 || a->k < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "gemm: m, n, k = %" PRId64 ", %" PRId64 ", %" PRId64
+                        " must be >= 0", a->m, a->n, a->k);
+    /* Row-major: op(A) is m x k, stored m x k (lda >= k) or k x m if transposed. */
+    int64_t a_rows = a->trans_a ? a->k : a->m, a_cols = a->trans_a ? a->m : a->k;
+    int64_t b_rows = a->trans_b ? a->n : a->k, b_cols = a->trans_b ? a->k : a->n;
+    if (a->lda < (a_cols > 1 ? a_cols : 1))
+        return pv_error(PV_ERR_INVALID_ARG, "gemm: lda = %" PRId64 " < %" PRId64 " columns of A",
+                        a->lda, a_cols);
+    if (a->ldb < (b_cols > 1 ? b_cols : 1))
+        return pv_error(PV_ERR_INVALID_ARG, "gemm: ldb = %" PRId64 " < %" PRId64 " columns of B",
+                        a->ldb, b_cols);
+    if (a->ldc < (a->n > 1 ? a->n : 1))
+        return pv_error(PV_ERR_INVALID_ARG, "gemm: ldc = %" PRId64 " < n = %" PRId64, a->ldc, a->n);
+    if (a->m == 0 || a->n == 0)
+        return PV_OK;
+    size_t es = pv_dtype_size(a->dtype);
+    if (a->k > 0) {
+        TRY(need_extent(be, op, "a", a->a, a->a_off, (uint64_t)((a_rows - 1) * a->lda + a_cols), es));
+        TRY(need_extent(be, op, "b", a->b, a->b_off, (uint64_t)((b_rows - 1) * a->ldb + b_cols), es));
+    }
+    TRY(need_extent(be, op, "c", a->c, a->c_off, (uint64_t)((a->m - 1) * a->ldc + a->n), es));
+    return be->ops->gemm(be, a);
+}
+
+pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
+{
+    const pv_op op = PV_OP_ATTENTION;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "attention: args is NULL");
+    TRY(need_supported(be, op, a->kv_dtype));
+    if (a->n_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "attention: n_tokens = %d must be >= 0", a->n_tokens);
+    TRY(need_positive(op, "n_heads", a->n_heads));
+    TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
+    if (a->n_heads % a->n_kv_heads != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "attention: n_heads = %d is not a multiple of n_kv_heads = %d",
+                        a->n_heads, a->n_kv_heads);
+    if (!pv_attention_head_dim_supported(a->head_dim))
+        return pv_error(PV_ERR_UNSUPPORTED,
+                        "attention: head_dim = %d unsupported (multiples of 16 from 16 to 256)",
+                        a->head_dim);
+    if (!(a->scale > 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "attention: scale = %g must be > 0", (double)a->scale);
+    if (a->n_tokens == 0)
+        return PV_OK;
+    TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
+                     a->max_chunks, a->chunk_tokens, a->n_slots, 1));
+    uint64_t q_elems = (uint64_t)a->n_tokens * a->n_heads * a->head_dim;
+    uint64_t slot_elems = 2ull * a->chunk_tokens * a->n_kv_heads * a->head_dim;
+    TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, q_elems, 4));
+    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, (uint64_t)a->n_slots * slot_elems,
+                    pv_dtype_size(a->kv_dtype)));
+    return be->ops->attention(be, a);
+}
+
+pv_status pv_kv_write(pv_backend *be, const pv_kv_write_args *a)
+{
+    const pv_op op = PV_OP_KV_WRITE;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "kv_write: args is NULL");
+    TRY(need_supported(be, op, a->kv_dtype));
+    if (a->n_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "kv_write: n_tokens = %d must be >= 0", a->n_tokens);
+    TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
+    TRY(need_positive(op, "head_dim", a->head_dim));
+    if (a->n_tokens == 0)
+        return PV_OK;
+    TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
+                     a->max_chunks, a->chunk_tokens, a->n_slots, 0));
+    uint64_t row_elems = (uint64_t)a->n_tokens * a->n_kv_heads * a->head_dim;
+    uint64_t slot_elems = 2ull * a->chunk_tokens * a->n_kv_heads * a->head_dim;
+    TRY(need_extent(be, op, "k", a->k, a->k_off, row_elems, 4));
+    TRY(need_extent(be, op, "v", a->v, a->v_off, row_elems, 4));
+    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, (uint64_t)a->n_slots * slot_elems,
+                    pv_dtype_size(a->kv_dtype)));
+    return be->ops->kv_write(be, a);
+}
+
+static pv_status check_slot_copy(pv_backend *be, pv_op op, const pv_slot_copy_args *a)
+{
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: args is NULL", pv_op_name(op));
+    TRY(need_supported(be, op, a->dtype));
+    TRY(need_positive(op, "slot_elems", a->slot_elems));
+    TRY(need_positive(op, "n_slots", a->n_slots));
+    if (a->n_slots_moved < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: n_slots_moved = %d must be >= 0", pv_op_name(op),
+                        a->n_slots_moved);
+    if (a->n_slots_moved == 0)
+        return PV_OK;
+    TRY(need_host_array(op, "slots", a->slots));
+    for (int32_t i = 0; i < a->n_slots_moved; i++)
+        if (a->slots[i] < 0 || a->slots[i] >= a->n_slots)
+            return pv_error(PV_ERR_INVALID_ARG, "%s: slots[%d] = %d out of range [0, %" PRId64 ")",
+                            pv_op_name(op), i, a->slots[i], a->n_slots);
+    size_t es = pv_dtype_size(a->dtype);
+    int64_t pool_elems = mul64(a->n_slots, a->slot_elems);
+    int64_t moved_elems = mul64(a->n_slots_moved, a->slot_elems);
+    if (pool_elems < 0 || moved_elems < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: n_slots x slot_elems overflows", pv_op_name(op));
+    TRY(need_extent(be, op, "pool", a->pool, 0, (uint64_t)pool_elems, es));
+    TRY(need_extent(be, op, "staging", a->staging, a->staging_off, (uint64_t)moved_elems, es));
+    if (a->pool == a->staging)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: pool and staging are the same buffer", pv_op_name(op));
+    return PV_OK;
+}
+
+pv_status pv_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
+{
+    TRY(check_slot_copy(be, PV_OP_SLOT_GATHER, a));
+    return a->n_slots_moved ? be->ops->slot_gather(be, a) : PV_OK;
+}
+
+pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
+{
+    TRY(check_slot_copy(be, PV_OP_SLOT_SCATTER, a));
+    if (a->n_slots_moved == 0)
+        return PV_OK;
+    /* Two staging rows into one slot would race: the result would depend on order. */
+    int32_t *seen = calloc((size_t)a->n_slots_moved, sizeof *seen);
+    if (!seen)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "slot_scatter: cannot allocate %d ints",
+                        a->n_slots_moved);
+    memcpy(seen, a->slots, (size_t)a->n_slots_moved * sizeof *seen);
+    for (int32_t i = 1; i < a->n_slots_moved; i++) { /* insertion sort is enough: lists are short */
+        int32_t x = seen[i], j = i - 1;
+        while (j >= 0 && seen[j] > x) {
+            seen[j + 1] = seen[j];
+            j--;
+        }
+        seen[j + 1] = x;
+    }
+    pv_status st = PV_OK;
+    for (int32_t i = 1; i < a->n_slots_moved && st == PV_OK; i++)
+        if (seen[i] == seen[i - 1])
+            st = pv_error(PV_ERR_INVALID_ARG, "slot_scatter: slot %d appears twice in slots", seen[i]);
+    free(seen);
+    return st == PV_OK ? be->ops->slot_scatter(be, a) : st;
+}
+
+pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
+{
+    const pv_op op = PV_OP_EMBED_GATHER;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "embed_gather: args is NULL");
+    TRY(need_supported(be, op, a->table_dtype));
+    TRY(need_positive(op, "n_rows", a->n_rows));
+    TRY(need_positive(op, "dim", a->dim));
+    if (a->n_ids < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids = %d must be >= 0", a->n_ids);
+    if (a->n_ids == 0)
+        return PV_OK;
+    TRY(need_host_array(op, "ids", a->ids));
+    for (int32_t i = 0; i < a->n_ids; i++)
+        if (a->ids[i] < 0 || a->ids[i] >= a->n_rows)
+            return pv_error(PV_ERR_INVALID_ARG, "embed_gather: ids[%d] = %d out of range [0, %" PRId64 ")",
+                            i, a->ids[i], a->n_rows);
+    TRY(need_extent(be, op, "table", a->table, a->table_off, (uint64_t)mul64(a->n_rows, a->dim),
+                    pv_dtype_size(a->table_dtype)));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n_ids * (uint64_t)a->dim, 4));
+    return be->ops->embed_gather(be, a);
+}
+
+pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
+{
+    const pv_op op = PV_OP_RMSNORM;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "rmsnorm: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    TRY(need_positive(op, "rows", a->rows));
+    TRY(need_positive(op, "dim", a->dim));
+    if (!(a->eps >= 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "rmsnorm: eps = %g must be >= 0", (double)a->eps);
+    uint64_t n = (uint64_t)mul64(a->rows, a->dim);
+    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    TRY(need_extent(be, op, "weight", a->weight, a->weight_off, (uint64_t)a->dim, 4));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
+    return be->ops->rmsnorm(be, a);
+}
+
+pv_status pv_rope(pv_backend *be, const pv_rope_args *a)
+{
+    const pv_op op = PV_OP_ROPE;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "rope: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    if (a->n_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "rope: n_tokens = %d must be >= 0", a->n_tokens);
+    TRY(need_positive(op, "n_heads", a->n_heads));
+    TRY(need_positive(op, "head_dim", a->head_dim));
+    if (a->head_dim % 2)
+        return pv_error(PV_ERR_INVALID_ARG, "rope: head_dim = %d must be even", a->head_dim);
+    if (!(a->base > 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "rope: base = %g must be > 0", (double)a->base);
+    if (a->n_tokens == 0)
+        return PV_OK;
+    TRY(need_host_array(op, "pos", a->pos));
+    for (int32_t i = 0; i < a->n_tokens; i++)
+        if (a->pos[i] < 0)
+            return pv_error(PV_ERR_INVALID_ARG, "rope: pos[%d] = %d must be >= 0", i, a->pos[i]);
+    TRY(need_extent(be, op, "x", a->x, a->x_off, (uint64_t)a->n_tokens * a->n_heads * a->head_dim, 4));
+    return be->ops->rope(be, a);
+}
+
+pv_status pv_swiglu(pv_backend *be, const pv_swiglu_args *a)
+{
+    const pv_op op = PV_OP_SWIGLU;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "swiglu: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    if (a->n < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "swiglu: n = %" PRId64 " must be >= 0", a->n);
+    if (a->n == 0)
+        return PV_OK;
+    TRY(need_extent(be, op, "gate", a->gate, a->gate_off, (uint64_t)a->n, 4));
+    TRY(need_extent(be, op, "up", a->up, a->up_off, (uint64_t)a->n, 4));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n, 4));
+    return be->ops->swiglu(be, a);
+}
+
+pv_status pv_add(pv_backend *be, const pv_add_args *a)
+{
+    const pv_op op = PV_OP_ADD;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "add: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    if (a->n < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "add: n = %" PRId64 " must be >= 0", a->n);
+    if (a->n == 0)
+        return PV_OK;
+    TRY(need_extent(be, op, "a", a->a, a->a_off, (uint64_t)a->n, 4));
+    TRY(need_extent(be, op, "b", a->b, a->b_off, (uint64_t)a->n, 4));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n, 4));
+    return be->ops->add(be, a);
+}
+
+pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)
+{
+    const pv_op op = PV_OP_SOFTMAX;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "softmax: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    TRY(need_positive(op, "rows", a->rows));
+    TRY(need_positive(op, "cols", a->cols));
+    uint64_t n = (uint64_t)mul64(a->rows, a->cols);
+    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
+    return be->ops->softmax(be, a);
+}
+
+pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a)
+{
+    const pv_op op = PV_OP_ARGMAX;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "argmax: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    TRY(need_positive(op, "rows", a->rows));
+    TRY(need_positive(op, "cols", a->cols));
+    if (a->cols > INT32_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "argmax: cols = %" PRId64 " exceeds %d", a->cols, INT32_MAX);
+    TRY(need_host_array(op, "out", a->out));
+    TRY(need_extent(be, op, "x", a->x, a->x_off, (uint64_t)mul64(a->rows, a->cols), 4));
+    return be->ops->argmax(be, a);
+}
+
+pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
+{
+    const pv_op op = PV_OP_SAMPLE_TOP_P;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: args is NULL");
+    TRY(need_supported(be, op, PV_F32));
+    TRY(need_positive(op, "rows", a->rows));
+    TRY(need_positive(op, "cols", a->cols));
+    if (a->cols > INT32_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: cols = %" PRId64 " exceeds %d", a->cols,
+                        INT32_MAX);
+    if (!(a->temperature > 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: temperature = %g must be > 0",
+                        (double)a->temperature);
+    if (!(a->top_p > 0.0f && a->top_p <= 1.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: top_p = %g must be in (0, 1]",
+                        (double)a->top_p);
+    TRY(need_host_array(op, "u", a->u));
+    TRY(need_host_array(op, "out", a->out));
+    for (int64_t r = 0; r < a->rows; r++)
+        if (!(a->u[r] >= 0.0f && a->u[r] < 1.0f))
+            return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: u[%" PRId64 "] = %g must be in [0, 1)",
+                            r, (double)a->u[r]);
+    TRY(need_extent(be, op, "logits", a->logits, a->logits_off, (uint64_t)mul64(a->rows, a->cols), 4));
+    return be->ops->sample_top_p(be, a);
+}

@@ -1,0 +1,340 @@
+/* The backend abstraction: one vtable per compute backend (cpu, opencl,
+ * cuda), chosen at run time by name. Backends know buffers, queues and
+ * kernels; they know nothing of sessions, tiers or eviction.
+ *
+ * Conventions
+ * - Matrices and tensors are row-major and densely packed unless a leading
+ *   dimension says otherwise. Offsets and sizes are 64-bit.
+ * - Buffer offsets in op arguments are in ELEMENTS of the buffer's dtype for
+ *   that argument; offsets in copies are in BYTES.
+ * - Index arrays (token sequences, positions, slot tables, slot lists, token
+ *   ids) are HOST memory, read during the call: the front end validates them
+ *   before any work is enqueued, and the caller may reuse them as soon as the
+ *   call returns.
+ * - Compute ops are enqueued on the backend's compute queue and may run
+ *   asynchronously; pv_backend_finish() waits for everything. Reading a
+ *   result with pv_buffer_read() also waits for prior work on that buffer.
+ * - The KV pool: slot s holds one chunk of one layer, K then V:
+ *     pool[s][0][t][h][d]  K of token t (0..chunk_tokens-1), kv head h
+ *     pool[s][1][t][h][d]  V
+ *   slot stride = 2 * chunk_tokens * n_kv_heads * head_dim elements.
+ * - Sequence s's token at absolute position p lives in slot
+ *   slot_table[s * max_chunks + p / chunk_tokens], row p % chunk_tokens.
+ *
+ * Every call returns a pv_status; on failure pv_last_error() names the
+ * argument, the value and the limit at fault. Nothing here exits or aborts.
+ */
+#ifndef PENSIEVE_BACKEND_H
+#define PENSIEVE_BACKEND_H
+
+#include <pensieve/status.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PV_BACKEND_API_VERSION 1
+
+typedef enum pv_dtype {
+    PV_F32 = 0,
+    PV_F16 = 1
+} pv_dtype;
+
+size_t pv_dtype_size(pv_dtype dtype);
+const char *pv_dtype_name(pv_dtype dtype);
+
+typedef enum pv_mem_kind {
+    PV_MEM_DEVICE = 0, /* device memory (the DEVICE tier's pool lives here) */
+    PV_MEM_HOST = 1    /* host memory, pinned where the backend can; host_ptr is valid */
+} pv_mem_kind;
+
+/* Operations a backend may support; pv_backend_supports() asks. */
+typedef enum pv_op {
+    PV_OP_GEMM = 0,      /* C = alpha * op(A) op(B) + beta * C */
+    PV_OP_ATTENTION,     /* causal multi-token attention over the paged KV pool */
+    PV_OP_KV_WRITE,      /* write new K/V rows into their slots */
+    PV_OP_SLOT_GATHER,   /* slots -> contiguous staging buffer (swap-out) */
+    PV_OP_SLOT_SCATTER,  /* contiguous staging buffer -> slots (swap-in) */
+    PV_OP_EMBED_GATHER,  /* embedding rows by token id */
+    PV_OP_RMSNORM,
+    PV_OP_ROPE,
+    PV_OP_SWIGLU,
+    PV_OP_ADD,
+    PV_OP_SOFTMAX,
+    PV_OP_ARGMAX,
+    PV_OP_SAMPLE_TOP_P,
+    PV_OP_COUNT
+} pv_op;
+
+const char *pv_op_name(pv_op op);
+
+typedef struct pv_device_info {
+    char name[128];
+    char vendor[128];
+    uint64_t global_mem_bytes;
+    uint32_t compute_units;
+    int has_f16; /* f16 arithmetic (GEMM) is available */
+} pv_device_info;
+
+typedef struct pv_backend pv_backend;
+typedef struct pv_buffer pv_buffer;
+typedef struct pv_event pv_event;
+
+struct pv_buffer {
+    pv_backend *backend;
+    pv_mem_kind kind;
+    uint64_t bytes;
+    void *host_ptr; /* host-visible memory, or NULL for device-only buffers */
+    void *handle;   /* backend object: cl_mem, CUDA device pointer, ... */
+};
+
+struct pv_event {
+    pv_backend *backend;
+    void *handle;
+};
+
+typedef enum pv_queue {
+    PV_QUEUE_COMPUTE = 0, /* kernels and GEMMs, in order */
+    PV_QUEUE_COPY = 1     /* swap traffic, overlapping compute */
+} pv_queue;
+
+/* ---- op arguments ------------------------------------------------------ */
+
+typedef struct pv_gemm_args {
+    pv_dtype dtype; /* of A, B and C; accumulation is in f32 */
+    int trans_a, trans_b;
+    int64_t m, n, k; /* C is m x n, op(A) m x k, op(B) k x n */
+    float alpha, beta;
+    const pv_buffer *a; uint64_t a_off; int64_t lda;
+    const pv_buffer *b; uint64_t b_off; int64_t ldb;
+    pv_buffer *c;       uint64_t c_off; int64_t ldc;
+} pv_gemm_args;
+
+/* Attention for T query tokens. Query token i belongs to sequence
+ * token_seq[i], sits at absolute position token_pos[i] and attends causally
+ * to that sequence's positions 0..token_pos[i] (their K/V must already be in
+ * the pool). Queries may be in any order and at non-contiguous positions:
+ * decode, prefill and recovery are all this one op. Softmax is online: no
+ * T x context matrix exists anywhere. */
+typedef struct pv_attention_args {
+    pv_dtype kv_dtype;
+    int32_t n_tokens;
+    int32_t n_heads, n_kv_heads, head_dim; /* n_heads % n_kv_heads == 0 */
+    int32_t chunk_tokens;
+    float scale; /* usually 1/sqrt(head_dim) */
+    const pv_buffer *q; uint64_t q_off; /* [T][n_heads][head_dim] f32 */
+    const pv_buffer *kv_pool;           /* [n_slots][2][chunk_tokens][n_kv_heads][head_dim] */
+    int64_t n_slots;
+    const int32_t *token_seq;  /* [T] host */
+    const int32_t *token_pos;  /* [T] host */
+    const int32_t *slot_table; /* [n_seqs][max_chunks] host; -1 = no slot */
+    int32_t n_seqs, max_chunks;
+    pv_buffer *out; uint64_t out_off;   /* [T][n_heads][head_dim] f32 */
+} pv_attention_args;
+
+/* Write the K and V rows of T new tokens into the pool at the slots given by
+ * (token_seq, token_pos, slot_table), converting f32 to kv_dtype. */
+typedef struct pv_kv_write_args {
+    pv_dtype kv_dtype;
+    int32_t n_tokens, n_kv_heads, head_dim, chunk_tokens;
+    const pv_buffer *k; uint64_t k_off; /* [T][n_kv_heads][head_dim] f32 */
+    const pv_buffer *v; uint64_t v_off; /* [T][n_kv_heads][head_dim] f32 */
+    pv_buffer *kv_pool;
+    int64_t n_slots;
+    const int32_t *token_seq;  /* [T] host */
+    const int32_t *token_pos;  /* [T] host */
+    const int32_t *slot_table; /* [n_seqs][max_chunks] host */
+    int32_t n_seqs, max_chunks;
+} pv_kv_write_args;
+
+/* Gather whole slots into a contiguous staging buffer (staging[i] = slot
+ * slots[i]), or scatter them back (slot slots[i] = staging[i]), in one
+ * launch for all n_slots_moved slots. slot_elems = elements per slot. */
+typedef struct pv_slot_copy_args {
+    pv_dtype dtype;
+    int64_t slot_elems;
+    pv_buffer *pool;      int64_t n_slots;
+    pv_buffer *staging;   uint64_t staging_off; /* elements */
+    const int32_t *slots; int32_t n_slots_moved; /* host */
+} pv_slot_copy_args;
+
+/* out[i][:] = table[ids[i]][:] as f32; the table is f32 or f16. */
+typedef struct pv_embed_gather_args {
+    pv_dtype table_dtype;
+    int64_t n_rows, dim;
+    const pv_buffer *table; uint64_t table_off;
+    const int32_t *ids; int32_t n_ids; /* host */
+    pv_buffer *out; uint64_t out_off;
+} pv_embed_gather_args;
+
+/* out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * weight[:]; in place allowed. */
+typedef struct pv_rmsnorm_args {
+    int64_t rows, dim;
+    float eps;
+    const pv_buffer *x; uint64_t x_off;
+    const pv_buffer *weight; uint64_t weight_off;
+    pv_buffer *out; uint64_t out_off;
+} pv_rmsnorm_args;
+
+/* Rotary embedding in place on x[T][n_heads][head_dim] at positions pos[T].
+ * Pair i (i < head_dim/2) rotates by pos * base^(-2i/head_dim); the pair is
+ * (2i, 2i+1) ("normal", GGUF Llama) or (i, i + head_dim/2) with neox. */
+typedef struct pv_rope_args {
+    int32_t n_tokens, n_heads, head_dim;
+    float base;
+    int neox;
+    pv_buffer *x; uint64_t x_off;
+    const int32_t *pos; /* [T] host */
+} pv_rope_args;
+
+/* out[i] = silu(gate[i]) * up[i] over n elements. */
+typedef struct pv_swiglu_args {
+    int64_t n;
+    const pv_buffer *gate; uint64_t gate_off;
+    const pv_buffer *up; uint64_t up_off;
+    pv_buffer *out; uint64_t out_off;
+} pv_swiglu_args;
+
+/* out[i] = a[i] + b[i] over n elements (the residual add); in place allowed. */
+typedef struct pv_add_args {
+    int64_t n;
+    const pv_buffer *a; uint64_t a_off;
+    const pv_buffer *b; uint64_t b_off;
+    pv_buffer *out; uint64_t out_off;
+} pv_add_args;
+
+/* Row-wise softmax of x * scale over rows x cols; in place allowed. */
+typedef struct pv_softmax_args {
+    int64_t rows, cols;
+    float scale;
+    const pv_buffer *x; uint64_t x_off;
+    pv_buffer *out; uint64_t out_off;
+} pv_softmax_args;
+
+/* Row-wise argmax (lowest index on ties) into host out[rows]. Blocking. */
+typedef struct pv_argmax_args {
+    int64_t rows, cols;
+    const pv_buffer *x; uint64_t x_off;
+    int32_t *out; /* host */
+} pv_argmax_args;
+
+/* Top-p (nucleus) sampling per row, blocking, into host out[rows]:
+ * p = softmax(logits / temperature); keep the smallest set of highest-p
+ * tokens whose mass reaches top_p (ties at the threshold kept); renormalise;
+ * pick the first token, in index order, whose cumulative kept mass exceeds
+ * u[r] * kept mass. u[r] in [0,1) comes from the caller's RNG, so every
+ * backend draws the same token for the same u. */
+typedef struct pv_sample_args {
+    int64_t rows, cols;
+    float temperature, top_p;
+    const pv_buffer *logits; uint64_t logits_off;
+    const float *u; /* [rows] host */
+    int32_t *out;   /* [rows] host */
+} pv_sample_args;
+
+/* ---- the vtable ---------------------------------------------------------- */
+
+typedef struct pv_backend_ops {
+    int api_version; /* PV_BACKEND_API_VERSION */
+    const char *name;
+
+    pv_status (*device_count)(int *count);
+    pv_status (*device_info)(int device, pv_device_info *info);
+    /* Fills be->impl; be->ops, be->device are set by the front end. */
+    pv_status (*init)(pv_backend *be);
+    void (*free)(pv_backend *be);
+    int (*supports)(const pv_backend *be, pv_op op, pv_dtype dtype);
+
+    pv_status (*buffer_alloc)(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf);
+    void (*buffer_free)(pv_backend *be, pv_buffer *buf);
+    /* Blocking transfers between host memory and a buffer (bytes). */
+    pv_status (*buffer_write)(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
+    pv_status (*buffer_read)(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
+    /* Asynchronous buffer -> buffer copy (host<->device, device<->device) on
+     * queue q, after `wait` (may be NULL); *done (if non-NULL) gets an event
+     * that completes with the copy. */
+    pv_status (*copy_async)(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
+                            const pv_buffer *src, uint64_t src_off, uint64_t bytes,
+                            pv_event *wait, pv_event **done);
+    /* An event completing when all work enqueued so far on q is done. */
+    pv_status (*event_record)(pv_backend *be, pv_queue q, pv_event **out);
+    /* Make later work on q wait for ev, without blocking the host. */
+    pv_status (*queue_wait)(pv_backend *be, pv_queue q, pv_event *ev);
+    pv_status (*event_wait)(pv_backend *be, pv_event *ev);
+    void (*event_free)(pv_backend *be, pv_event *ev);
+    pv_status (*finish)(pv_backend *be);
+
+    pv_status (*gemm)(pv_backend *be, const pv_gemm_args *a);
+    pv_status (*attention)(pv_backend *be, const pv_attention_args *a);
+    pv_status (*kv_write)(pv_backend *be, const pv_kv_write_args *a);
+    pv_status (*slot_gather)(pv_backend *be, const pv_slot_copy_args *a);
+    pv_status (*slot_scatter)(pv_backend *be, const pv_slot_copy_args *a);
+    pv_status (*embed_gather)(pv_backend *be, const pv_embed_gather_args *a);
+    pv_status (*rmsnorm)(pv_backend *be, const pv_rmsnorm_args *a);
+    pv_status (*rope)(pv_backend *be, const pv_rope_args *a);
+    pv_status (*swiglu)(pv_backend *be, const pv_swiglu_args *a);
+    pv_status (*add)(pv_backend *be, const pv_add_args *a);
+    pv_status (*softmax)(pv_backend *be, const pv_softmax_args *a);
+    pv_status (*argmax)(pv_backend *be, const pv_argmax_args *a);
+    pv_status (*sample_top_p)(pv_backend *be, const pv_sample_args *a);
+} pv_backend_ops;
+
+struct pv_backend {
+    const pv_backend_ops *ops;
+    int device;
+    pv_device_info info;
+    void *impl;
+};
+
+/* ---- front end: validation, then dispatch ---------------------------------
+ * These check every argument (shapes, buffer sizes, index ranges, dtype
+ * support) before calling the backend, so a backend sees only valid input. */
+
+/* Names of the backends built into this library, NULL-terminated. */
+const char *const *pv_backend_names(void);
+
+/* Open backend `name` ("cpu", "opencl", "cuda") on device index `device`.
+ * Unknown or unbuilt names fail with PV_ERR_NOT_FOUND listing the built
+ * ones; a built backend with no device fails with PV_ERR_NO_DEVICE. */
+pv_status pv_backend_init(pv_backend **out, const char *name, int device);
+void pv_backend_free(pv_backend *be);
+
+pv_status pv_backend_device_count(const char *name, int *count);
+int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype);
+
+pv_status pv_buffer_init(pv_buffer **out, pv_backend *be, pv_mem_kind kind, uint64_t bytes);
+void pv_buffer_free(pv_buffer *buf);
+pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
+pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
+pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,
+                        uint64_t src_off, uint64_t bytes, pv_event *wait, pv_event **done);
+pv_status pv_event_record(pv_backend *be, pv_queue q, pv_event **out);
+pv_status pv_queue_wait(pv_backend *be, pv_queue q, pv_event *ev);
+pv_status pv_event_wait(pv_event *ev);
+void pv_event_free(pv_event *ev);
+pv_status pv_backend_finish(pv_backend *be);
+
+pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a);
+pv_status pv_attention(pv_backend *be, const pv_attention_args *a);
+pv_status pv_kv_write(pv_backend *be, const pv_kv_write_args *a);
+pv_status pv_slot_gather(pv_backend *be, const pv_slot_copy_args *a);
+pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
+pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
+pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a);
+pv_status pv_rope(pv_backend *be, const pv_rope_args *a);
+pv_status pv_swiglu(pv_backend *be, const pv_swiglu_args *a);
+pv_status pv_add(pv_backend *be, const pv_add_args *a);
+pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a);
+pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a);
+pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a);
+
+/* Head dims the attention kernels are built for. */
+int pv_attention_head_dim_supported(int32_t head_dim);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

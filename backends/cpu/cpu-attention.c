@@ -1,0 +1,435 @@
+/* Causal multi-token attention over the paged KV pool, and the writes of new
+ * K/V rows into it: the reference for every backend.
+ *
+ * A work item is one query token (with all its heads, or a range of kv heads
+ * and the query heads that read them). It walks its sequence's context
+ * 0..token_pos[i] block by block (one block = one chunk's rows) and keeps,
+ * per query head, an online softmax: running max, running sum and an
+ * unnormalised output. No T x context matrix exists; each K/V row is read
+ * once per item, front to back, for all the item's heads. */
+#include "config.h"
+
+#include "backends/cpu/cpu.h"
+
+#include <pensieve/half.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Head dims are multiples of 16 (pv_attention_head_dim_supported), so the
+ * inner loops run over fixed 16-wide lanes that the compiler vectorises
+ * without reassociation flags. */
+#define LANES 16
+
+/* The hot loops also get AVX2 and AVX-512 clones, chosen at load time from
+ * the CPU's features (function multiversioning): the code stays plain C and
+ * the default clone runs on any x86-64. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define PV_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef PV_CPU_CLONES
+#define PV_CPU_CLONES
+#endif
+
+/* The small helpers must be inlined into each clone: a call from AVX code
+ * into SSE code pays a state-transition penalty on every call. */
+#if defined(__GNUC__)
+#define PV_CPU_INLINE static inline __attribute__((always_inline))
+#else
+#define PV_CPU_INLINE static inline
+#endif
+
+/* Blocks of the contiguous layout match the pool's default chunk, so both
+ * layouts run the same inner loop on the same block sizes. */
+#define CONTIGUOUS_BLOCK_TOKENS 32
+
+/* a . b with 16 independent partial sums, so the compiler keeps them in
+ * vector registers without reassociating floating-point adds. */
+PV_CPU_INLINE float dot_lanes(const float *restrict a, const float *restrict b, int n)
+{
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    float s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;
+    for (int d = 0; d < n; d += LANES) {
+        s0 += a[d + 0] * b[d + 0];
+        s1 += a[d + 1] * b[d + 1];
+        s2 += a[d + 2] * b[d + 2];
+        s3 += a[d + 3] * b[d + 3];
+        s4 += a[d + 4] * b[d + 4];
+        s5 += a[d + 5] * b[d + 5];
+        s6 += a[d + 6] * b[d + 6];
+        s7 += a[d + 7] * b[d + 7];
+        s8 += a[d + 8] * b[d + 8];
+        s9 += a[d + 9] * b[d + 9];
+        s10 += a[d + 10] * b[d + 10];
+        s11 += a[d + 11] * b[d + 11];
+        s12 += a[d + 12] * b[d + 12];
+        s13 += a[d + 13] * b[d + 13];
+        s14 += a[d + 14] * b[d + 14];
+        s15 += a[d + 15] * b[d + 15];
+    }
+    return (((s0 + s8) + (s4 + s12)) + ((s2 + s10) + (s6 + s14))) +
+           (((s1 + s9) + (s5 + s13)) + ((s3 + s11) + (s7 + s15)));
+}
+
+/* y[0..n) += alpha * x[0..n) */
+PV_CPU_INLINE void axpy_lanes(float *restrict y, float alpha, const float *restrict x, int n)
+{
+    for (int d = 0; d < n; d += LANES)
+        for (int j = 0; j < LANES; j++)
+            y[d + j] += alpha * x[d + j];
+}
+
+PV_CPU_INLINE void scale_lanes(float *y, float s, int n)
+{
+    for (int d = 0; d < n; d += LANES)
+        for (int j = 0; j < LANES; j++)
+            y[d + j] *= s;
+}
+
+/* e^x for softmax weights (x = score - running max <= 0) in plain arithmetic,
+ * so a loop of them vectorises where libm's expf is a call per element.
+ * x = n ln2 + r with |r| <= ln2/2; e^r by its Taylor series to r^6
+ * (relative error about 2e-7); 2^n goes straight into the exponent bits.
+ * Weights under e^-87 (1.6e-38) are clamped there; NaN stays NaN. */
+PV_CPU_INLINE float exp_weight(float x)
+{
+    float clamped = x >= -87.0f ? x : -87.0f;
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (clamped * 1.44269504f + shifter) - shifter;
+    /* ln 2 split so that n * ln2_hi is exact for |n| < 128 */
+    float r = (clamped - n * 0.693145752f) - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return x == x ? p * two_n : x;
+}
+
+/* f16 -> f32 without branches so the lanes vectorise: shift exponent and
+ * mantissa into place, rebias by multiplying by 2^112 (which also turns
+ * half subnormals into normal floats), then restore inf/nan and the sign.
+ * Exact for every half value, as pv_half_to_float. */
+PV_CPU_INLINE float half_bits_to_float(uint32_t h)
+{
+    uint32_t magnitude = (h & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &magnitude, sizeof f);
+    f *= 0x1p112f;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (magnitude >= (0x1fu << 23)) /* half exponent all ones: inf or nan */
+        bits |= 0x7f800000u;
+    bits |= (h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* dst[0..n) = src[0..n) widened; n is a multiple of LANES */
+PV_CPU_CLONES static void half_row_to_float(float *restrict dst, const uint16_t *restrict src, int n)
+{
+    for (int d = 0; d < n; d += LANES)
+        for (int j = 0; j < LANES; j++)
+            dst[d + j] = half_bits_to_float(src[d + j]);
+}
+
+/* Where the K/V rows of a sequence live: the paged pool (slot_table set) or
+ * the contiguous layout k[s][p][h][d], v[s][p][h][d]. In both a block's rows
+ * are n_kv_heads * head_dim elements apart. */
+typedef struct kv_source {
+    pv_dtype dtype;
+    int32_t n_kv_heads, head_dim;
+    int32_t block_tokens;
+    /* paged */
+    const char *pool;
+    const int32_t *slot_table;
+    int32_t max_chunks;
+    /* contiguous */
+    const char *k, *v;
+    int64_t max_tokens;
+} kv_source;
+
+/* Pointers to the rows [first_pos, first_pos + block), at kv head g. */
+static void kv_block(const kv_source *src, int32_t seq, int64_t first_pos, int32_t g, const void **k,
+                     const void **v)
+{
+    size_t elem = pv_dtype_size(src->dtype);
+    int64_t row_elems = (int64_t)src->n_kv_heads * src->head_dim;
+    if (src->slot_table) {
+        int64_t chunk = first_pos / src->block_tokens;
+        int64_t row = first_pos % src->block_tokens;
+        int64_t slot = src->slot_table[(int64_t)seq * src->max_chunks + chunk];
+        int64_t slot_elems = 2 * (int64_t)src->block_tokens * row_elems;
+        const char *slot_base = src->pool + (size_t)(slot * slot_elems) * elem;
+        int64_t k_elem = row * row_elems + (int64_t)g * src->head_dim;
+        int64_t v_elem = (int64_t)src->block_tokens * row_elems + k_elem;
+        *k = slot_base + (size_t)k_elem * elem;
+        *v = slot_base + (size_t)v_elem * elem;
+    } else {
+        int64_t elem_off = ((int64_t)seq * src->max_tokens + first_pos) * row_elems + (int64_t)g * src->head_dim;
+        *k = src->k + (size_t)elem_off * elem;
+        *v = src->v + (size_t)elem_off * elem;
+    }
+}
+
+typedef struct attention_problem {
+    kv_source kv;
+    int32_t n_tokens, n_heads;
+    float scale;
+    const float *q;           /* [T][n_heads][head_dim] */
+    const int32_t *token_seq; /* [T] */
+    const int32_t *token_pos; /* [T] */
+    float *out;               /* [T][n_heads][head_dim] */
+    int32_t part_kv_heads;    /* kv heads per work item */
+} attention_problem;
+
+/* One thread's working memory for an item of n_h = part_kv_heads * group
+ * query heads; every array is a multiple of LANES floats. */
+typedef struct attention_scratch {
+    float *q;      /* [n_h][head_dim] query rows times scale */
+    float *acc;    /* [n_h][head_dim] unnormalised outputs */
+    float *max;    /* [n_h] running max score */
+    float *sum;    /* [n_h] running sum of exp(score - max) */
+    float *scores; /* [n_h][block_tokens] scores, then softmax weights */
+    float *k_rows; /* [block_tokens][part_kv_heads][head_dim] f16 rows widened */
+    float *v_rows;
+} attention_scratch;
+
+static size_t round_lanes(size_t n)
+{
+    return (n + LANES - 1) / LANES * LANES;
+}
+
+/* Carves the scratch out of base, or (base NULL) just counts its floats. */
+static size_t scratch_carve(float *base, const attention_problem *pb, attention_scratch *s)
+{
+    size_t n_h = (size_t)pb->part_kv_heads * (size_t)(pb->n_heads / pb->kv.n_kv_heads);
+    size_t head_dim = (size_t)pb->kv.head_dim, block = (size_t)pb->kv.block_tokens;
+    size_t sizes[7] = {
+        round_lanes(n_h * head_dim), round_lanes(n_h * head_dim), round_lanes(n_h), round_lanes(n_h),
+        n_h * round_lanes(block), round_lanes(block * (size_t)pb->part_kv_heads * head_dim),
+        round_lanes(block * (size_t)pb->part_kv_heads * head_dim),
+    };
+    float **arrays[7] = {&s->q, &s->acc, &s->max, &s->sum, &s->scores, &s->k_rows, &s->v_rows};
+    size_t total = 0;
+    for (int i = 0; i < 7; i++) {
+        if (base)
+            *arrays[i] = base + total;
+        total += sizes[i];
+    }
+    return total;
+}
+
+/* Online-softmax update of an item's n_h query heads with one block of rows.
+ *   s->q      [n_h][head_dim] (scaled); query head h reads kv head h / group
+ *   k, v      rows x [part kv heads][head_dim], row_stride elements apart
+ *   s->max, s->sum [n_h]; s->acc [n_h][head_dim]
+ *   s->scores [n_h][block], block = chunk rows rounded up to whole LANES
+ * Each K and V row is read once, front to back, for all the item's heads. */
+PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_t group, int32_t head_dim,
+                                       int32_t block, const float *k, const float *v, int64_t row_stride,
+                                       int32_t rows)
+{
+    /* scores[h][t] = q_h . k_t */
+    for (int32_t t = 0; t < rows; t++) {
+        const float *k_row = k + t * row_stride;
+        for (int32_t h = 0; h < n_h; h++)
+            s->scores[h * block + t] =
+                dot_lanes(s->q + (size_t)h * head_dim, k_row + (size_t)(h / group) * head_dim, head_dim);
+    }
+    /* Rescale what is accumulated to the new running max; scores -> weights. */
+    for (int32_t h = 0; h < n_h; h++) {
+        float *scores = s->scores + (size_t)h * block;
+        float block_max = -INFINITY;
+        for (int32_t t = 0; t < rows; t++)
+            block_max = scores[t] > block_max ? scores[t] : block_max;
+        float new_max = s->max[h] > block_max ? s->max[h] : block_max;
+        /* exp(-inf) = 0 on the first block, when nothing is accumulated yet. */
+        float rescale = expf(s->max[h] - new_max);
+        if (rescale != 1.0f) {
+            s->sum[h] *= rescale;
+            scale_lanes(s->acc + (size_t)h * head_dim, rescale, head_dim);
+        }
+        /* Whole lanes vectorise; lanes past `rows` get weight 0. */
+        for (int32_t t0 = 0; t0 < rows; t0 += LANES)
+            for (int32_t j = 0; j < LANES; j++)
+                scores[t0 + j] = exp_weight(scores[t0 + j] - new_max);
+        for (int32_t t = rows; t < block; t++)
+            scores[t] = 0.0f;
+        for (int32_t t = 0; t < rows; t++)
+            s->sum[h] += scores[t];
+        s->max[h] = new_max;
+    }
+    /* acc_h += weight[h][t] * v_t */
+    for (int32_t t = 0; t < rows; t++) {
+        const float *v_row = v + t * row_stride;
+        for (int32_t h = 0; h < n_h; h++)
+            axpy_lanes(s->acc + (size_t)h * head_dim, s->scores[h * block + t],
+                       v_row + (size_t)(h / group) * head_dim, head_dim);
+    }
+}
+
+/* Query token i, kv heads g0 .. g0 + part_kv_heads - 1 and the query heads
+ * that read them. */
+static void attend_item(const attention_problem *pb, attention_scratch *s, int32_t i, int32_t g0)
+{
+    const kv_source *kv = &pb->kv;
+    int32_t head_dim = kv->head_dim;
+    int32_t group = pb->n_heads / kv->n_kv_heads;
+    int32_t n_h = pb->part_kv_heads * group;
+    int32_t part_elems = pb->part_kv_heads * head_dim;
+    int32_t seq = pb->token_seq[i];
+    int64_t n_ctx = (int64_t)pb->token_pos[i] + 1;
+    int64_t row_stride = (int64_t)kv->n_kv_heads * head_dim;
+    size_t first_head = (size_t)i * pb->n_heads + (size_t)g0 * group;
+    int32_t score_stride = (int32_t)round_lanes((size_t)kv->block_tokens);
+
+    const float *q = pb->q + first_head * head_dim;
+    for (size_t e = 0; e < (size_t)n_h * head_dim; e++)
+        s->q[e] = q[e] * pb->scale;
+    memset(s->acc, 0, (size_t)n_h * head_dim * sizeof(float));
+    /* Score lanes past a short block's rows are read (then zeroed) by the
+     * vectorised exp: give them defined values. */
+    memset(s->scores, 0, (size_t)n_h * score_stride * sizeof(float));
+    for (int32_t h = 0; h < n_h; h++) {
+        s->max[h] = -INFINITY;
+        s->sum[h] = 0.0f;
+    }
+
+    for (int64_t first = 0; first < n_ctx; first += kv->block_tokens) {
+        int32_t rows = (int32_t)(n_ctx - first < kv->block_tokens ? n_ctx - first : kv->block_tokens);
+        const void *k, *v;
+        kv_block(kv, seq, first, g0, &k, &v);
+        if (kv->dtype == PV_F32) {
+            attend_block(s, n_h, group, head_dim, score_stride, k, v, row_stride, rows);
+        } else {
+            for (int32_t t = 0; t < rows; t++) {
+                half_row_to_float(s->k_rows + (size_t)t * part_elems, (const uint16_t *)k + t * row_stride,
+                                  part_elems);
+                half_row_to_float(s->v_rows + (size_t)t * part_elems, (const uint16_t *)v + t * row_stride,
+                                  part_elems);
+            }
+            attend_block(s, n_h, group, head_dim, score_stride, s->k_rows, s->v_rows, part_elems, rows);
+        }
+    }
+
+    float *out = pb->out + first_head * head_dim;
+    for (int32_t h = 0; h < n_h; h++)
+        for (int32_t d = 0; d < head_dim; d++)
+            out[(size_t)h * head_dim + d] = s->acc[(size_t)h * head_dim + d] / s->sum[h];
+}
+
+static pv_status attention_run(attention_problem *pb)
+{
+    int n_threads = pv_cpu_max_threads();
+    /* A work item is one query token with all its heads, so K/V rows stream
+     * front to back. Only when tokens are too few to keep every thread busy
+     * (long-context decode of a few sequences) are heads split too. */
+    int32_t parts = 1;
+    while ((int64_t)pb->n_tokens * parts < 4 * (int64_t)n_threads && pb->kv.n_kv_heads % (parts * 2) == 0)
+        parts *= 2;
+    pb->part_kv_heads = pb->kv.n_kv_heads / parts;
+
+    attention_scratch counted;
+    size_t per_thread = scratch_carve(NULL, pb, &counted);
+    float *scratch = NULL;
+    if (posix_memalign((void **)&scratch, 64, per_thread * sizeof(float) * (size_t)n_threads) != 0)
+        return pv_error(PV_ERR_OUT_OF_MEMORY,
+                        "cpu attention: cannot allocate %zu bytes of scratch for %d threads "
+                        "(n_heads %d, head_dim %d, chunk_tokens %d)",
+                        per_thread * sizeof(float) * (size_t)n_threads, n_threads, pb->n_heads,
+                        pb->kv.head_dim, pb->kv.block_tokens);
+
+    int64_t n_items = (int64_t)pb->n_tokens * parts;
+    PV_CPU_OMP("omp parallel")
+    {
+        attention_scratch s;
+        scratch_carve(scratch + per_thread * (size_t)pv_cpu_thread_id(), pb, &s);
+        PV_CPU_OMP("omp for schedule(dynamic, 1)")
+        for (int64_t item = 0; item < n_items; item++)
+            attend_item(pb, &s, (int32_t)(item / parts), (int32_t)(item % parts) * pb->part_kv_heads);
+    }
+    free(scratch);
+    return PV_OK;
+}
+
+pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a)
+{
+    attention_problem pb = {
+        .kv = {
+            .dtype = a->kv_dtype,
+            .n_kv_heads = a->n_kv_heads,
+            .head_dim = a->head_dim,
+            .block_tokens = a->chunk_tokens,
+            .pool = a->kv_pool->host_ptr,
+            .slot_table = a->slot_table,
+            .max_chunks = a->max_chunks,
+        },
+        .n_tokens = a->n_tokens,
+        .n_heads = a->n_heads,
+        .scale = a->scale,
+        .q = pv_cpu_elem_ptr(a->q, a->q_off, sizeof(float)),
+        .token_seq = a->token_seq,
+        .token_pos = a->token_pos,
+        .out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float)),
+    };
+    return attention_run(&pb);
+}
+
+pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a)
+{
+    attention_problem pb = {
+        .kv = {
+            .dtype = a->kv_dtype,
+            .n_kv_heads = a->n_kv_heads,
+            .head_dim = a->head_dim,
+            .block_tokens = CONTIGUOUS_BLOCK_TOKENS,
+            .k = a->k,
+            .v = a->v,
+            .max_tokens = a->max_tokens,
+        },
+        .n_tokens = a->n_tokens,
+        .n_heads = a->n_heads,
+        .scale = a->scale,
+        .q = a->q,
+        .token_seq = a->token_seq,
+        .token_pos = a->token_pos,
+        .out = a->out,
+    };
+    return attention_run(&pb);
+}
+
+/* Token i's K and V rows ([n_kv_heads][head_dim] each) go to row
+ * token_pos[i] % chunk_tokens of its chunk's slot, as kv_dtype. */
+pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a)
+{
+    int64_t row_elems = (int64_t)a->n_kv_heads * a->head_dim;
+    int64_t slot_elems = 2 * (int64_t)a->chunk_tokens * row_elems;
+    const float *k = pv_cpu_elem_ptr(a->k, a->k_off, sizeof(float));
+    const float *v = pv_cpu_elem_ptr(a->v, a->v_off, sizeof(float));
+    size_t elem = pv_dtype_size(a->kv_dtype);
+
+    PV_CPU_OMP("omp parallel for schedule(static)")
+    for (int32_t i = 0; i < a->n_tokens; i++) {
+        int64_t pos = a->token_pos[i];
+        int64_t slot = a->slot_table[(int64_t)a->token_seq[i] * a->max_chunks + pos / a->chunk_tokens];
+        int64_t k_elem = slot * slot_elems + (pos % a->chunk_tokens) * row_elems;
+        int64_t v_elem = k_elem + (int64_t)a->chunk_tokens * row_elems;
+        const float *k_src = k + (size_t)i * row_elems;
+        const float *v_src = v + (size_t)i * row_elems;
+        if (a->kv_dtype == PV_F32) {
+            memcpy((float *)a->kv_pool->host_ptr + k_elem, k_src, (size_t)row_elems * elem);
+            memcpy((float *)a->kv_pool->host_ptr + v_elem, v_src, (size_t)row_elems * elem);
+        } else {
+            pv_half *k_dst = (pv_half *)a->kv_pool->host_ptr + k_elem;
+            pv_half *v_dst = (pv_half *)a->kv_pool->host_ptr + v_elem;
+            for (int64_t e = 0; e < row_elems; e++) {
+                k_dst[e] = pv_float_to_half(k_src[e]);
+                v_dst[e] = pv_float_to_half(v_src[e]);
+            }
+        }
+    }
+    return PV_OK;
+}

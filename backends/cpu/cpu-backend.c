@@ -1,0 +1,238 @@
+/* The CPU backend: the reference every other backend is tested against.
+ * Buffers of both kinds are aligned host memory, copies are memcpy and every
+ * op runs to completion before it returns, so events are already complete
+ * when they are handed out (but are still real objects, freed by
+ * event_free). GEMM goes through OpenBLAS. */
+#include "config.h"
+
+#include "backends/cpu/cpu.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Cache-line and SIMD friendly; also what posix_memalign needs. */
+#define PV_CPU_ALIGN 64
+
+static pv_status cpu_device_count(int *count)
+{
+    *count = 1;
+    return PV_OK;
+}
+
+/* Copies the value of the first "key : value" line of /proc/cpuinfo whose
+ * key is `key`; leaves `dst` untouched when there is none. */
+static void cpuinfo_field(const char *key, char *dst, size_t dst_size)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    size_t key_len = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, key, key_len) != 0)
+            continue;
+        char *colon = strchr(line, ':');
+        if (!colon)
+            continue;
+        char *value = colon + 1;
+        while (*value == ' ' || *value == '\t')
+            value++;
+        value[strcspn(value, "\n")] = '\0';
+        snprintf(dst, dst_size, "%s", value);
+        break;
+    }
+    fclose(f);
+}
+
+static pv_status cpu_device_info(int device, pv_device_info *info)
+{
+    if (device != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "cpu: device %d out of range (the CPU backend has 1 device)",
+                        device);
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "CPU");
+    snprintf(info->vendor, sizeof info->vendor, "unknown");
+    cpuinfo_field("model name", info->name, sizeof info->name);
+    cpuinfo_field("vendor_id", info->vendor, sizeof info->vendor);
+    long pages = sysconf(_SC_PHYS_PAGES);
+    long page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0)
+        info->global_mem_bytes = (uint64_t)pages * (uint64_t)page_size;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    info->compute_units = cores > 0 ? (uint32_t)cores : 1;
+    info->has_f16 = 0; /* OpenBLAS has no f16 GEMM */
+    return PV_OK;
+}
+
+static pv_status cpu_init(pv_backend *be)
+{
+    be->impl = NULL; /* stateless: all work is synchronous */
+    return PV_OK;
+}
+
+static void cpu_free(pv_backend *be)
+{
+    be->impl = NULL;
+}
+
+static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
+{
+    switch (op) {
+    case PV_OP_GEMM:
+        return dtype == PV_F32;
+    case PV_OP_ATTENTION:
+    case PV_OP_KV_WRITE:
+    case PV_OP_SLOT_GATHER:
+    case PV_OP_SLOT_SCATTER:
+    case PV_OP_EMBED_GATHER:
+        return dtype == PV_F32 || dtype == PV_F16;
+    case PV_OP_RMSNORM:
+    case PV_OP_ROPE:
+    case PV_OP_SWIGLU:
+    case PV_OP_ADD:
+    case PV_OP_SOFTMAX:
+    case PV_OP_ARGMAX:
+    case PV_OP_SAMPLE_TOP_P:
+        return dtype == PV_F32;
+    case PV_OP_COUNT:
+        break;
+    }
+    return 0;
+}
+
+static pv_status cpu_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
+{
+    /* Round up so a zero-byte buffer still has a distinct pointer. */
+    uint64_t rounded = (bytes + PV_CPU_ALIGN - 1) / PV_CPU_ALIGN * PV_CPU_ALIGN;
+    if (rounded == 0)
+        rounded = PV_CPU_ALIGN;
+    if (rounded < bytes || rounded > (uint64_t)SIZE_MAX)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: buffer of %llu bytes exceeds the address space",
+                        (unsigned long long)bytes);
+    void *mem = NULL;
+    int rc = posix_memalign(&mem, PV_CPU_ALIGN, (size_t)rounded);
+    if (rc != 0)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a buffer of %llu bytes: %s",
+                        (unsigned long long)bytes, strerror(rc));
+    buf->backend = be;
+    buf->kind = kind;
+    buf->bytes = bytes;
+    buf->host_ptr = mem;
+    buf->handle = mem;
+    return PV_OK;
+}
+
+static void cpu_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    free(buf->host_ptr);
+    buf->host_ptr = NULL;
+    buf->handle = NULL;
+}
+
+static pv_status cpu_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
+                                  uint64_t bytes)
+{
+    memcpy((char *)dst->host_ptr + dst_off, src, (size_t)bytes);
+    return PV_OK;
+}
+
+static pv_status cpu_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst,
+                                 uint64_t bytes)
+{
+    memcpy(dst, (const char *)src->host_ptr + src_off, (size_t)bytes);
+    return PV_OK;
+}
+
+/* Every CPU event is complete from birth; the object only carries identity. */
+static pv_status cpu_event_new(pv_backend *be, pv_event **out)
+{
+    pv_event *ev = malloc(sizeof *ev);
+    if (!ev)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate an event (%zu bytes)", sizeof *ev);
+    ev->backend = be;
+    ev->handle = NULL;
+    *out = ev;
+    return PV_OK;
+}
+
+static pv_status cpu_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
+                                const pv_buffer *src, uint64_t src_off, uint64_t bytes, pv_event *wait,
+                                pv_event **done)
+{
+    /* memmove: a device-to-device copy within one buffer may overlap. */
+    memmove((char *)dst->host_ptr + dst_off, (const char *)src->host_ptr + src_off, (size_t)bytes);
+    return done ? cpu_event_new(be, done) : PV_OK;
+}
+
+static pv_status cpu_event_record(pv_backend *be, pv_queue q, pv_event **out)
+{
+    return cpu_event_new(be, out);
+}
+
+static pv_status cpu_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
+{
+    return PV_OK;
+}
+
+static pv_status cpu_event_wait(pv_backend *be, pv_event *ev)
+{
+    return PV_OK;
+}
+
+static void cpu_event_free(pv_backend *be, pv_event *ev)
+{
+    free(ev);
+}
+
+static pv_status cpu_finish(pv_backend *be)
+{
+    return PV_OK;
+}
+
+/* C[m x n] = alpha * op(A)[m x k] op(B)[k x n] + beta * C, row-major. */
+static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
+{
+    const float *A = pv_cpu_elem_ptr(a->a, a->a_off, sizeof(float));
+    const float *B = pv_cpu_elem_ptr(a->b, a->b_off, sizeof(float));
+    float *C = pv_cpu_elem_ptr(a->c, a->c_off, sizeof(float));
+    cblas_sgemm(CblasRowMajor, a->trans_a ? CblasTrans : CblasNoTrans,
+                a->trans_b ? CblasTrans : CblasNoTrans, (blasint)a->m, (blasint)a->n, (blasint)a->k,
+                a->alpha, A, (blasint)a->lda, B, (blasint)a->ldb, a->beta, C, (blasint)a->ldc);
+    return PV_OK;
+}
+
+const pv_backend_ops pv_cpu_backend_ops = {
+    .api_version = PV_BACKEND_API_VERSION,
+    .name = "cpu",
+    .device_count = cpu_device_count,
+    .device_info = cpu_device_info,
+    .init = cpu_init,
+    .free = cpu_free,
+    .supports = cpu_supports,
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_free = cpu_buffer_free,
+    .buffer_write = cpu_buffer_write,
+    .buffer_read = cpu_buffer_read,
+    .copy_async = cpu_copy_async,
+    .event_record = cpu_event_record,
+    .queue_wait = cpu_queue_wait,
+    .event_wait = cpu_event_wait,
+    .event_free = cpu_event_free,
+    .finish = cpu_finish,
+    .gemm = cpu_gemm,
+    .attention = pv_cpu_attention,
+    .kv_write = pv_cpu_kv_write,
+    .slot_gather = pv_cpu_slot_gather,
+    .slot_scatter = pv_cpu_slot_scatter,
+    .embed_gather = pv_cpu_embed_gather,
+    .rmsnorm = pv_cpu_rmsnorm,
+    .rope = pv_cpu_rope,
+    .swiglu = pv_cpu_swiglu,
+    .add = pv_cpu_add,
+    .softmax = pv_cpu_softmax,
+    .argmax = pv_cpu_argmax,
+    .sample_top_p = pv_cpu_sample_top_p,
+};

@@ -1,0 +1,70 @@
+/* The CPU backend's internals, shared between its source files and the
+ * kernel benchmark. Not installed: the public entry is pv_cpu_backend_ops,
+ * reached through the front end (backends/backend.h). */
+#ifndef PV_BACKENDS_CPU_H
+#define PV_BACKENDS_CPU_H
+
+#include "backends/backend.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* OpenMP directives that vanish (without -Wunknown-pragmas noise) when the
+ * compiler has no OpenMP: the code is then plain serial C. */
+#ifdef _OPENMP
+#define PV_CPU_OMP(directive) _Pragma(directive)
+static inline int pv_cpu_max_threads(void) { return omp_get_max_threads(); }
+static inline int pv_cpu_thread_id(void) { return omp_get_thread_num(); }
+#else
+#define PV_CPU_OMP(directive)
+static inline int pv_cpu_max_threads(void) { return 1; }
+static inline int pv_cpu_thread_id(void) { return 0; }
+#endif
+
+extern const pv_backend_ops pv_cpu_backend_ops;
+
+/* Paged KV: attention over the slot pool and writes of new K/V rows
+ * (cpu-attention.c). */
+pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a);
+pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a);
+
+/* The same attention over K/V laid out contiguously per sequence:
+ *   k[s][p][h][d], v[s][p][h][d] for sequence s, position p < max_tokens.
+ * It shares the paged kernel's inner loop, so the kernel benchmark can
+ * measure what paging alone costs. Arguments are trusted (benchmark only). */
+typedef struct pv_cpu_contiguous_attention_args {
+    pv_dtype kv_dtype;
+    int32_t n_tokens, n_heads, n_kv_heads, head_dim;
+    float scale;
+    const float *q;           /* [T][n_heads][head_dim] */
+    const void *k, *v;        /* [n_seqs][max_tokens][n_kv_heads][head_dim] */
+    int64_t max_tokens;
+    const int32_t *token_seq; /* [T] */
+    const int32_t *token_pos; /* [T] */
+    float *out;               /* [T][n_heads][head_dim] */
+} pv_cpu_contiguous_attention_args;
+
+pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a);
+
+/* Slot moves and embedding rows (cpu-gather.c). */
+pv_status pv_cpu_slot_gather(pv_backend *be, const pv_slot_copy_args *a);
+pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
+pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
+
+/* The rest of a layer and the sampling helpers (cpu-recompute.c). */
+pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a);
+pv_status pv_cpu_rope(pv_backend *be, const pv_rope_args *a);
+pv_status pv_cpu_swiglu(pv_backend *be, const pv_swiglu_args *a);
+pv_status pv_cpu_add(pv_backend *be, const pv_add_args *a);
+pv_status pv_cpu_softmax(pv_backend *be, const pv_softmax_args *a);
+pv_status pv_cpu_argmax(pv_backend *be, const pv_argmax_args *a);
+pv_status pv_cpu_sample_top_p(pv_backend *be, const pv_sample_args *a);
+
+/* Element pointer into a CPU buffer: byte base + offset in elements. */
+static inline void *pv_cpu_elem_ptr(const pv_buffer *buf, uint64_t off, size_t elem_size)
+{
+    return (char *)buf->host_ptr + off * elem_size;
+}
+
+#endif

@@ -1,0 +1,7 @@
+# The CPU backend: the reference and test oracle (OpenBLAS GEMM, OpenMP).
+libpensieve_la_SOURCES += \
+	backends/cpu/cpu-backend.c \
+	backends/cpu/cpu-attention.c \
+	backends/cpu/cpu-gather.c \
+	backends/cpu/cpu-recompute.c
+noinst_HEADERS += backends/cpu/cpu.h

@@ -1,0 +1,804 @@
+/* The CUDA backend: device memory and pinned host memory through the CUDA
+ * runtime, two streams (compute and copy) ordered by events, GEMM through
+ * cuBLAS, and the portable kernels of kernels/ built by nvcc (launchers in
+ * cuda_kernels.cu). The front end (backends/backend.c) has validated every
+ * argument; what can still fail here is the runtime, the library or the
+ * device, and each failure becomes a status naming the call and its error.
+ *
+ * Host index arrays are only valid during a call, while the kernels that
+ * read them run later on the compute stream. Each op therefore copies its
+ * index arrays into the next entry of a small ring of (pinned host, device)
+ * staging pairs and uploads them on the compute stream; an entry is reused
+ * only after the event recorded behind its last kernel has completed. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "backends/backend.h"
+#include "backends/cuda/cuda_kernels.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Ops in flight that each own a staging entry; more entries only let the
+ * host run further ahead of the device. */
+#define STAGING_RING 8
+/* Arrays are packed into an entry at this alignment, so every device copy
+ * starts aligned for any load width. */
+#define STAGING_ALIGN 16
+#define STAGING_MIN_BYTES 4096
+
+typedef struct staging {
+    void *host;        /* pinned, filled by the host */
+    void *dev;         /* device copy read by the kernels */
+    size_t capacity;   /* bytes of each */
+    cudaEvent_t done;  /* completes after the last kernel that read dev */
+    int in_flight;
+} staging;
+
+typedef struct cuda_impl {
+    int device;
+    cudaStream_t stream[2]; /* indexed by pv_queue */
+    cublasHandle_t blas;
+    staging ring[STAGING_RING];
+    int ring_next;
+} cuda_impl;
+
+/* One host array to upload, and where its device copy ends up. */
+typedef struct upload {
+    const void *src;
+    size_t bytes;
+    void *dev;
+} upload;
+
+extern const pv_backend_ops pv_cuda_backend_ops;
+
+/* ---- errors ----------------------------------------------------------------- */
+
+/* A failed runtime call as a status: "cuda: <call> (<context>) failed:
+ * <error> (<name>)", the context formatted only on failure. Allocation
+ * failures are PV_ERR_OUT_OF_MEMORY so the cache can tell a full device
+ * from a broken one; everything else is PV_ERR_BACKEND. The runtime's
+ * last-error state is cleared so the next call is not blamed for this one. */
+static pv_status cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static pv_status cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
+{
+    char context[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    (void)cudaGetLastError();
+    pv_status st = err == cudaErrorMemoryAllocation ? PV_ERR_OUT_OF_MEMORY : PV_ERR_BACKEND;
+    return pv_error(st, "cuda: %s (%s) failed: %s (%s)", call, context, cudaGetErrorString(err),
+                    cudaGetErrorName(err));
+}
+
+/* CUDA_TRY(call, context format, args...): return the failure's status. */
+#define CUDA_TRY(call, ...)                                                                        \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess)                                                                   \
+            return cuda_fail(err_, #call, __VA_ARGS__);                                            \
+    } while (0)
+
+static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt, ...)
+{
+    char context[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    pv_status code = st == CUBLAS_STATUS_ALLOC_FAILED ? PV_ERR_OUT_OF_MEMORY : PV_ERR_BACKEND;
+    return pv_error(code, "cuda: %s (%s) failed: %s (%s)", call, context, cublasGetStatusString(st),
+                    cublasGetStatusName(st));
+}
+
+#define BLAS_TRY(call, ...)                                                                        \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            return blas_fail(st_, #call, __VA_ARGS__);                                             \
+    } while (0)
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        pv_status st_ = (expr);                                                                    \
+        if (st_ != PV_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+
+static cuda_impl *impl_of(pv_backend *be)
+{
+    return (cuda_impl *)be->impl;
+}
+
+/* The runtime's current device is per host thread: make it this backend's
+ * before touching any of its objects. */
+static pv_status enter(cuda_impl *cu)
+{
+    CUDA_TRY(cudaSetDevice(cu->device), "device %d", cu->device);
+    return PV_OK;
+}
+
+/* Device address of element `off` (of elem_size bytes) of a buffer. Host
+ * buffers are mapped pinned memory, so their handle is a device address too. */
+static void *dev_ptr(const pv_buffer *buf, uint64_t off, size_t elem_size)
+{
+    return (char *)buf->handle + off * elem_size;
+}
+
+/* ---- devices ---------------------------------------------------------------- */
+
+static pv_status cuda_device_count(int *count)
+{
+    *count = 0;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        /* No driver or no GPU: the normal "not here" case, not a backend fault. */
+        (void)cudaGetLastError();
+        return pv_error(PV_ERR_NO_DEVICE, "cuda: no CUDA device: cudaGetDeviceCount failed: %s (%s)",
+                        cudaGetErrorString(err), cudaGetErrorName(err));
+    }
+    *count = n;
+    return PV_OK;
+}
+
+static pv_status cuda_device_info(int device, pv_device_info *info)
+{
+    struct cudaDeviceProp prop;
+    CUDA_TRY(cudaGetDeviceProperties(&prop, device), "device %d", device);
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%.100s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    snprintf(info->vendor, sizeof info->vendor, "NVIDIA");
+    info->global_mem_bytes = (uint64_t)prop.totalGlobalMem;
+    info->compute_units = (uint32_t)prop.multiProcessorCount;
+    /* Half arithmetic arrived with sm_53. */
+    info->has_f16 = prop.major > 5 || (prop.major == 5 && prop.minor >= 3);
+    return PV_OK;
+}
+
+/* ---- backend lifetime --------------------------------------------------------- */
+
+static void staging_release(staging *s)
+{
+    if (s->host)
+        cudaFreeHost(s->host);
+    if (s->dev)
+        cudaFree(s->dev);
+    s->host = NULL;
+    s->dev = NULL;
+    s->capacity = 0;
+}
+
+static void cuda_free(pv_backend *be)
+{
+    cuda_impl *cu = impl_of(be);
+    if (!cu)
+        return;
+    cudaSetDevice(cu->device);
+    /* Nothing may still read the staging memory or the streams. */
+    for (int q = 0; q < 2; q++)
+        if (cu->stream[q])
+            cudaStreamSynchronize(cu->stream[q]);
+    for (int i = 0; i < STAGING_RING; i++) {
+        staging_release(&cu->ring[i]);
+        if (cu->ring[i].done)
+            cudaEventDestroy(cu->ring[i].done);
+    }
+    if (cu->blas)
+        cublasDestroy(cu->blas);
+    for (int q = 0; q < 2; q++)
+        if (cu->stream[q])
+            cudaStreamDestroy(cu->stream[q]);
+    (void)cudaGetLastError();
+    free(cu);
+    be->impl = NULL;
+}
+
+/* Fails early, with the fix, on a GPU whose SM version the build left out. */
+static pv_status check_kernels(cuda_impl *cu)
+{
+    cudaError_t err = pv_cuda_kernels_loadable();
+    if (err == cudaSuccess)
+        return PV_OK;
+    (void)cudaGetLastError();
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device);
+    return pv_error(PV_ERR_UNSUPPORTED,
+                    "cuda: device %d (sm_%d%d) cannot run this build's kernels: %s (%s); "
+                    "reconfigure with --with-cuda-arch including %d%d",
+                    cu->device, major, minor, cudaGetErrorString(err), cudaGetErrorName(err), major,
+                    minor);
+}
+
+static pv_status cuda_init(pv_backend *be)
+{
+    cuda_impl *cu = calloc(1, sizeof *cu);
+    if (!cu)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot allocate the backend state");
+    cu->device = be->device;
+    be->impl = cu;
+    pv_status st = enter(cu);
+    if (st == PV_OK)
+        st = check_kernels(cu);
+    /* Non-blocking streams: they must not serialise with the legacy default
+     * stream that other libraries in the process may use. */
+    for (int q = 0; q < 2 && st == PV_OK; q++) {
+        cudaError_t err = cudaStreamCreateWithFlags(&cu->stream[q], cudaStreamNonBlocking);
+        if (err != cudaSuccess)
+            st = cuda_fail(err, "cudaStreamCreateWithFlags", "%s stream", q ? "copy" : "compute");
+    }
+    for (int i = 0; i < STAGING_RING && st == PV_OK; i++) {
+        cudaError_t err = cudaEventCreateWithFlags(&cu->ring[i].done, cudaEventDisableTiming);
+        if (err != cudaSuccess)
+            st = cuda_fail(err, "cudaEventCreateWithFlags", "staging event %d", i);
+    }
+    if (st == PV_OK) {
+        cublasStatus_t bs = cublasCreate(&cu->blas);
+        if (bs != CUBLAS_STATUS_SUCCESS) {
+            cu->blas = NULL;
+            st = blas_fail(bs, "cublasCreate", "device %d", cu->device);
+        }
+    }
+    if (st == PV_OK) {
+        cublasStatus_t bs = cublasSetStream(cu->blas, cu->stream[PV_QUEUE_COMPUTE]);
+        if (bs != CUBLAS_STATUS_SUCCESS)
+            st = blas_fail(bs, "cublasSetStream", "%s", "compute stream");
+    }
+    if (st != PV_OK)
+        cuda_free(be);
+    return st;
+}
+
+static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
+{
+    switch (op) {
+    case PV_OP_GEMM:
+        return dtype == PV_F32 || (dtype == PV_F16 && be->info.has_f16);
+    case PV_OP_ATTENTION:
+    case PV_OP_KV_WRITE:
+    case PV_OP_SLOT_GATHER:
+    case PV_OP_SLOT_SCATTER:
+    case PV_OP_EMBED_GATHER:
+        return dtype == PV_F32 || dtype == PV_F16;
+    case PV_OP_RMSNORM:
+    case PV_OP_ROPE:
+    case PV_OP_SWIGLU:
+    case PV_OP_ADD:
+    case PV_OP_SOFTMAX:
+    case PV_OP_ARGMAX:
+    case PV_OP_SAMPLE_TOP_P:
+        return dtype == PV_F32;
+    case PV_OP_COUNT:
+        break;
+    }
+    return 0;
+}
+
+/* ---- buffers -------------------------------------------------------------------- */
+
+static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    if (kind == PV_MEM_HOST) {
+        /* Pinned so copies are truly asynchronous; mapped so kernels may
+         * also read it (at bus speed) like any buffer. */
+        void *host = NULL;
+        CUDA_TRY(cudaHostAlloc(&host, bytes, cudaHostAllocPortable | cudaHostAllocMapped),
+                 "%" PRIu64 " bytes of pinned host memory", bytes);
+        void *dev = NULL;
+        cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
+        if (err != cudaSuccess) {
+            cudaFreeHost(host);
+            return cuda_fail(err, "cudaHostGetDevicePointer", "%" PRIu64 " bytes", bytes);
+        }
+        buf->host_ptr = host;
+        buf->handle = dev;
+    } else {
+        void *dev = NULL;
+        CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of device memory", bytes);
+        buf->host_ptr = NULL;
+        buf->handle = dev;
+    }
+    return PV_OK;
+}
+
+static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    cuda_impl *cu = impl_of(be);
+    cudaSetDevice(cu->device);
+    /* Work still queued may use the buffer. cudaFree waits for the device
+     * on its own; cudaFreeHost does too, but be explicit for both. */
+    cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]);
+    cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
+    if (buf->kind == PV_MEM_HOST)
+        cudaFreeHost(buf->host_ptr);
+    else
+        cudaFree(buf->handle);
+    (void)cudaGetLastError();
+    buf->host_ptr = NULL;
+    buf->handle = NULL;
+}
+
+/* Blocking transfers go on the compute stream after the copy stream has
+ * drained, so they follow every earlier op and copy that touched the buffer. */
+static pv_status cuda_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
+                                   uint64_t bytes)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
+    CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), src, bytes, cudaMemcpyDefault, s),
+             "dst offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, bytes);
+    CUDA_TRY(cudaStreamSynchronize(s), "write of %" PRIu64 " bytes", bytes);
+    return PV_OK;
+}
+
+static pv_status cuda_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst,
+                                  uint64_t bytes)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
+    CUDA_TRY(cudaMemcpyAsync(dst, dev_ptr(src, src_off, 1), bytes, cudaMemcpyDefault, s),
+             "src offset %" PRIu64 ", %" PRIu64 " bytes", src_off, bytes);
+    CUDA_TRY(cudaStreamSynchronize(s), "read of %" PRIu64 " bytes", bytes);
+    return PV_OK;
+}
+
+/* ---- events and copies ------------------------------------------------------------ */
+
+static pv_status event_new(pv_backend *be, pv_event **out)
+{
+    pv_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot allocate an event record");
+    cudaEvent_t e;
+    cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        free(ev);
+        return cuda_fail(err, "cudaEventCreateWithFlags", "%s", "event");
+    }
+    ev->backend = be;
+    ev->handle = e;
+    *out = ev;
+    return PV_OK;
+}
+
+static void cuda_event_free(pv_backend *be, pv_event *ev)
+{
+    cudaSetDevice(impl_of(be)->device);
+    cudaEventDestroy((cudaEvent_t)ev->handle);
+    (void)cudaGetLastError();
+    free(ev);
+}
+
+static pv_status cuda_event_record(pv_backend *be, pv_queue q, pv_event **out)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    pv_event *ev = NULL;
+    TRY(event_new(be, &ev));
+    cudaError_t err = cudaEventRecord((cudaEvent_t)ev->handle, cu->stream[q]);
+    if (err != cudaSuccess) {
+        cuda_event_free(be, ev);
+        return cuda_fail(err, "cudaEventRecord", "%s stream", q == PV_QUEUE_COPY ? "copy" : "compute");
+    }
+    *out = ev;
+    return PV_OK;
+}
+
+static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, 0), "%s stream",
+             q == PV_QUEUE_COPY ? "copy" : "compute");
+    return PV_OK;
+}
+
+static pv_status cuda_event_wait(pv_backend *be, pv_event *ev)
+{
+    TRY(enter(impl_of(be)));
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev->handle), "%s", "event");
+    return PV_OK;
+}
+
+static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
+                                 const pv_buffer *src, uint64_t src_off, uint64_t bytes,
+                                 pv_event *wait, pv_event **done)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    cudaStream_t s = cu->stream[q];
+    if (wait)
+        CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
+    /* Unified addressing tells the runtime which side each pointer is on. */
+    CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), dev_ptr(src, src_off, 1), bytes,
+                             cudaMemcpyDefault, s),
+             "dst offset %" PRIu64 ", src offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, src_off,
+             bytes);
+    if (done)
+        TRY(cuda_event_record(be, q, done));
+    return PV_OK;
+}
+
+static pv_status cuda_finish(pv_backend *be)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
+    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]), "%s", "compute stream");
+    return PV_OK;
+}
+
+/* ---- index arrays: the staging ring ---------------------------------------------------- */
+
+static size_t align_up(size_t n)
+{
+    return (n + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
+}
+
+/* The next ring entry with room for `bytes`, once the kernels that last
+ * read it are done. */
+static pv_status staging_acquire(cuda_impl *cu, size_t bytes, staging **out)
+{
+    staging *s = &cu->ring[cu->ring_next];
+    cu->ring_next = (cu->ring_next + 1) % STAGING_RING;
+    if (s->in_flight) {
+        CUDA_TRY(cudaEventSynchronize(s->done), "%s", "staging event");
+        s->in_flight = 0;
+    }
+    if (s->capacity < bytes) {
+        size_t cap = s->capacity ? s->capacity : STAGING_MIN_BYTES;
+        while (cap < bytes)
+            cap *= 2;
+        staging_release(s);
+        CUDA_TRY(cudaHostAlloc(&s->host, cap, cudaHostAllocDefault), "%zu bytes of index staging",
+                 cap);
+        cudaError_t err = cudaMalloc(&s->dev, cap);
+        if (err != cudaSuccess) {
+            staging_release(s);
+            return cuda_fail(err, "cudaMalloc", "%zu bytes of index staging", cap);
+        }
+        s->capacity = cap;
+    }
+    *out = s;
+    return PV_OK;
+}
+
+/* Packs the host arrays into a staging entry, uploads them on the compute
+ * stream and sets each part's dev pointer. `extra` more bytes (for device
+ * results of blocking ops) follow the arrays at *extra_off. The caller
+ * launches its kernel and then calls staging_done(). */
+static pv_status staging_upload(cuda_impl *cu, upload *parts, int n_parts, size_t extra,
+                                staging **out, size_t *extra_off)
+{
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++)
+        total += align_up(parts[i].bytes);
+    size_t uploaded = total;
+    total += align_up(extra);
+    staging *s = NULL;
+    TRY(staging_acquire(cu, total, &s));
+    size_t off = 0;
+    for (int i = 0; i < n_parts; i++) {
+        memcpy((char *)s->host + off, parts[i].src, parts[i].bytes);
+        parts[i].dev = (char *)s->dev + off;
+        off += align_up(parts[i].bytes);
+    }
+    if (uploaded)
+        CUDA_TRY(cudaMemcpyAsync(s->dev, s->host, uploaded, cudaMemcpyHostToDevice,
+                                 cu->stream[PV_QUEUE_COMPUTE]),
+                 "%zu bytes of index arrays", uploaded);
+    if (extra_off)
+        *extra_off = uploaded;
+    *out = s;
+    return PV_OK;
+}
+
+/* Keeps a staging entry busy until the compute stream has passed the op
+ * that reads it. Called whether or not the kernel launched: the upload was
+ * enqueued either way. */
+static pv_status staging_done(cuda_impl *cu, staging *s, cudaError_t launch_err)
+{
+    cudaError_t err = cudaEventRecord(s->done, cu->stream[PV_QUEUE_COMPUTE]);
+    if (err == cudaSuccess)
+        s->in_flight = 1;
+    else if (launch_err == cudaSuccess)
+        return cuda_fail(err, "cudaEventRecord", "%s", "staging event");
+    return PV_OK;
+}
+
+/* ---- GEMM ---------------------------------------------------------------------------- */
+
+/* cuBLAS is column-major. A row-major matrix is its transpose read
+ * column-major, so row-major C = op(A) op(B) is computed as column-major
+ * C^T = op(B)^T op(A)^T: swap the operands and the m/n extents, keep the
+ * transpose flags. */
+static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX || a->lda > INT32_MAX ||
+        a->ldb > INT32_MAX || a->ldc > INT32_MAX)
+        return pv_error(PV_ERR_UNSUPPORTED,
+                        "cuda: gemm m=%" PRId64 " n=%" PRId64 " k=%" PRId64 " lda=%" PRId64
+                        " ldb=%" PRId64 " ldc=%" PRId64 ": cuBLAS takes at most %d",
+                        a->m, a->n, a->k, a->lda, a->ldb, a->ldc, INT32_MAX);
+    cublasOperation_t op_a = a->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t op_b = a->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int m = (int)a->m, n = (int)a->n, k = (int)a->k;
+    int lda = (int)a->lda, ldb = (int)a->ldb, ldc = (int)a->ldc;
+    size_t es = pv_dtype_size(a->dtype);
+    void *pc = dev_ptr(a->c, a->c_off, es);
+    /* With k = 0 (C = beta C) A and B may be absent and are never read;
+     * cuBLAS still gets valid addresses. */
+    const void *pa = a->k ? dev_ptr(a->a, a->a_off, es) : pc;
+    const void *pb = a->k ? dev_ptr(a->b, a->b_off, es) : pc;
+    if (a->dtype == PV_F32)
+        BLAS_TRY(cublasSgemm(cu->blas, op_b, op_a, n, m, k, &a->alpha, (const float *)pb, ldb,
+                             (const float *)pa, lda, &a->beta, (float *)pc, ldc),
+                 "f32 m=%d n=%d k=%d", m, n, k);
+    else /* f16 storage; f32 accumulation and f32 alpha, beta */
+        BLAS_TRY(cublasGemmEx(cu->blas, op_b, op_a, n, m, k, &a->alpha, pb, CUDA_R_16F, ldb, pa,
+                              CUDA_R_16F, lda, &a->beta, pc, CUDA_R_16F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "f16 m=%d n=%d k=%d", m, n, k);
+    return PV_OK;
+}
+
+/* ---- kernels ----------------------------------------------------------------------------- */
+
+static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[3] = {
+        {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
+        {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
+        {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
+    };
+    staging *s = NULL;
+    TRY(staging_upload(cu, up, 3, 0, &s, NULL));
+    cudaError_t err = pv_cuda_launch_attention(
+        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->q, a->q_off, 4),
+        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev,
+        (float *)dev_ptr(a->out, a->out_off, 4));
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "attention kernel", "%d tokens, %d heads, %d kv heads, head_dim %d, kv %s",
+                         a->n_tokens, a->n_heads, a->n_kv_heads, a->head_dim,
+                         pv_dtype_name(a->kv_dtype));
+    return PV_OK;
+}
+
+static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[3] = {
+        {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
+        {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
+        {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
+    };
+    staging *s = NULL;
+    TRY(staging_upload(cu, up, 3, 0, &s, NULL));
+    cudaError_t err = pv_cuda_launch_kv_write(
+        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->k, a->k_off, 4),
+        (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev,
+        up[2].dev);
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "kv_write kernel", "%d tokens, %d kv heads, head_dim %d, kv %s",
+                         a->n_tokens, a->n_kv_heads, a->head_dim, pv_dtype_name(a->kv_dtype));
+    return PV_OK;
+}
+
+static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatter)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[1] = {{a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), NULL}};
+    staging *s = NULL;
+    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    size_t es = pv_dtype_size(a->dtype);
+    cudaError_t err = pv_cuda_launch_slot_copy(cu->stream[PV_QUEUE_COMPUTE], a, scatter,
+                                               dev_ptr(a->pool, 0, es),
+                                               dev_ptr(a->staging, a->staging_off, es), up[0].dev);
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, scatter ? "slot_scatter kernel" : "slot_gather kernel",
+                         "%d slots of %" PRId64 " %s elements", a->n_slots_moved, a->slot_elems,
+                         pv_dtype_name(a->dtype));
+    return PV_OK;
+}
+
+static pv_status cuda_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
+{
+    return slot_copy(be, a, 0);
+}
+
+static pv_status cuda_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
+{
+    return slot_copy(be, a, 1);
+}
+
+static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
+    staging *s = NULL;
+    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    cudaError_t err = pv_cuda_launch_embed_gather(
+        cu->stream[PV_QUEUE_COMPUTE], a,
+        dev_ptr(a->table, a->table_off, pv_dtype_size(a->table_dtype)), up[0].dev,
+        (float *)dev_ptr(a->out, a->out_off, 4));
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "embed_gather kernel", "%d ids, dim %" PRId64 ", table %s", a->n_ids,
+                         a->dim, pv_dtype_name(a->table_dtype));
+    return PV_OK;
+}
+
+static pv_status cuda_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(pv_cuda_launch_rmsnorm(cu->stream[PV_QUEUE_COMPUTE], a,
+                                    (const float *)dev_ptr(a->x, a->x_off, 4),
+                                    (const float *)dev_ptr(a->weight, a->weight_off, 4),
+                                    (float *)dev_ptr(a->out, a->out_off, 4)),
+             "%" PRId64 " rows of %" PRId64, a->rows, a->dim);
+    return PV_OK;
+}
+
+static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[1] = {{a->pos, (size_t)a->n_tokens * sizeof(int32_t), NULL}};
+    staging *s = NULL;
+    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    cudaError_t err = pv_cuda_launch_rope(cu->stream[PV_QUEUE_COMPUTE], a,
+                                          (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "rope kernel", "%d tokens, %d heads, head_dim %d", a->n_tokens,
+                         a->n_heads, a->head_dim);
+    return PV_OK;
+}
+
+static pv_status cuda_swiglu(pv_backend *be, const pv_swiglu_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(pv_cuda_launch_swiglu(cu->stream[PV_QUEUE_COMPUTE], a,
+                                   (const float *)dev_ptr(a->gate, a->gate_off, 4),
+                                   (const float *)dev_ptr(a->up, a->up_off, 4),
+                                   (float *)dev_ptr(a->out, a->out_off, 4)),
+             "n = %" PRId64, a->n);
+    return PV_OK;
+}
+
+static pv_status cuda_add(pv_backend *be, const pv_add_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(pv_cuda_launch_add(cu->stream[PV_QUEUE_COMPUTE], a,
+                                (const float *)dev_ptr(a->a, a->a_off, 4),
+                                (const float *)dev_ptr(a->b, a->b_off, 4),
+                                (float *)dev_ptr(a->out, a->out_off, 4)),
+             "n = %" PRId64, a->n);
+    return PV_OK;
+}
+
+static pv_status cuda_softmax(pv_backend *be, const pv_softmax_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    CUDA_TRY(pv_cuda_launch_softmax(cu->stream[PV_QUEUE_COMPUTE], a,
+                                    (const float *)dev_ptr(a->x, a->x_off, 4),
+                                    (float *)dev_ptr(a->out, a->out_off, 4)),
+             "%" PRId64 " rows of %" PRId64, a->rows, a->cols);
+    return PV_OK;
+}
+
+/* The blocking ops' tail: once op's kernel has written one int32 per row
+ * at `result_off` of the staging entry, copy the rows back, wait, and hand
+ * them to the caller. */
+static pv_status fetch_rows(cuda_impl *cu, staging *s, const char *op, cudaError_t launch_err,
+                            size_t result_off, int64_t rows, int64_t cols, int32_t *out)
+{
+    cudaStream_t stream = cu->stream[PV_QUEUE_COMPUTE];
+    size_t bytes = (size_t)rows * sizeof(int32_t);
+    cudaError_t err = launch_err;
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync((char *)s->host + result_off, (char *)s->dev + result_off, bytes,
+                              cudaMemcpyDeviceToHost, stream);
+    TRY(staging_done(cu, s, err));
+    if (err != cudaSuccess)
+        return cuda_fail(err, launch_err != cudaSuccess ? "kernel launch" : "cudaMemcpyAsync",
+                         "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
+    CUDA_TRY(cudaStreamSynchronize(stream), "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
+    memcpy(out, (char *)s->host + result_off, bytes);
+    return PV_OK;
+}
+
+static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    staging *s = NULL;
+    size_t result_off = 0;
+    TRY(staging_upload(cu, NULL, 0, (size_t)a->rows * sizeof(int32_t), &s, &result_off));
+    cudaError_t err = pv_cuda_launch_argmax(cu->stream[PV_QUEUE_COMPUTE], a,
+                                            (const float *)dev_ptr(a->x, a->x_off, 4),
+                                            (int32_t *)((char *)s->dev + result_off));
+    return fetch_rows(cu, s, "argmax", err, result_off, a->rows, a->cols, a->out);
+}
+
+static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    upload up[1] = {{a->u, (size_t)a->rows * sizeof(float), NULL}};
+    staging *s = NULL;
+    size_t result_off = 0;
+    TRY(staging_upload(cu, up, 1, (size_t)a->rows * sizeof(int32_t), &s, &result_off));
+    cudaError_t err = pv_cuda_launch_sample_top_p(
+        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->logits, a->logits_off, 4),
+        up[0].dev, (int32_t *)((char *)s->dev + result_off));
+    return fetch_rows(cu, s, "sample_top_p", err, result_off, a->rows, a->cols, a->out);
+}
+
+const pv_backend_ops pv_cuda_backend_ops = {
+    .api_version = PV_BACKEND_API_VERSION,
+    .name = "cuda",
+    .device_count = cuda_device_count,
+    .device_info = cuda_device_info,
+    .init = cuda_init,
+    .free = cuda_free,
+    .supports = cuda_supports,
+    .buffer_alloc = cuda_buffer_alloc,
+    .buffer_free = cuda_buffer_free,
+    .buffer_write = cuda_buffer_write,
+    .buffer_read = cuda_buffer_read,
+    .copy_async = cuda_copy_async,
+    .event_record = cuda_event_record,
+    .queue_wait = cuda_queue_wait,
+    .event_wait = cuda_event_wait,
+    .event_free = cuda_event_free,
+    .finish = cuda_finish,
+    .gemm = cuda_gemm,
+    .attention = cuda_attention,
+    .kv_write = cuda_kv_write,
+    .slot_gather = cuda_slot_gather,
+    .slot_scatter = cuda_slot_scatter,
+    .embed_gather = cuda_embed_gather,
+    .rmsnorm = cuda_rmsnorm,
+    .rope = cuda_rope,
+    .swiglu = cuda_swiglu,
+    .add = cuda_add,
+    .softmax = cuda_softmax,
+    .argmax = cuda_argmax,
+    .sample_top_p = cuda_sample_top_p,
+};

@@ -1,0 +1,271 @@
+/* The CUDA build of the portable kernels in kernels/ and their launchers.
+ *
+ * The kernel text is the same that the OpenCL backend hands to its compiler
+ * at run time (kernels/dialect.h maps it onto CUDA C). The families with a
+ * storage dtype are included twice, once per PV_STORE_F16 value, which gives
+ * the _f32 and _f16 kernels; the f32-only recompute family is included
+ * once. PV_WG, PV_ITEM_ELEMS and PV_MAX_HEAD_DIM keep
+ * the dialect's defaults, as the OpenCL backend's default build does.
+ *
+ * Launch geometry follows each kernel's comment: gridDim = the kernel's
+ * groups, blockDim = PV_WG. CUDA caps gridDim.y at 65535, so a launch with
+ * more rows along dimension 1 (tokens, moved slots, ids) runs as several
+ * launches, each shifted to its first row through the kernel's offset
+ * arguments and the index-array pointers. */
+#include "backends/cuda/cuda_kernels.h"
+
+#define PV_STORE_F16 0
+#include "kernels/attention.cl"
+#include "kernels/gather.cl"
+#undef PV_STORE_F16
+#define PV_STORE_F16 1
+#include "kernels/attention.cl"
+#include "kernels/gather.cl"
+#undef PV_STORE_F16
+#include "kernels/recompute.cl" /* f32 only: included once */
+
+namespace {
+
+const long long max_grid_rows = 65535;      /* gridDim.y limit */
+const long long max_grid_x = 2147483647LL;  /* gridDim.x limit */
+
+unsigned int groups_of(long long n, long long per_group)
+{
+    return (unsigned int)((n + per_group - 1) / per_group);
+}
+
+/* Rows of dimension 1 in the launch that starts at row `first`. */
+long long rows_in_launch(long long total, long long first)
+{
+    return total - first < max_grid_rows ? total - first : max_grid_rows;
+}
+
+/* Groups of dimension 0 in the launch that starts at group `first`. */
+long long rows_in_grid_x(long long total, long long first)
+{
+    return total - first < max_grid_x ? total - first : max_grid_x;
+}
+
+} // namespace
+
+/* Whether this build holds code the current device can run: the kernels
+ * are built for the SM versions of --with-cuda-arch only. */
+extern "C" cudaError_t pv_cuda_kernels_loadable(void)
+{
+    cudaFuncAttributes attributes;
+    return cudaFuncGetAttributes(&attributes, pv_slot_gather_f32);
+}
+
+/* ---- attention: groups {n_heads, T} ----------------------------------------- */
+
+extern "C" cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
+                                                const float *q, const void *kv_pool,
+                                                const int32_t *token_seq, const int32_t *token_pos,
+                                                const int32_t *slot_table, float *out)
+{
+    const long long token_elems = (long long)a->n_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += max_grid_rows) {
+        const dim3 grid((unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0));
+        const long long off = i0 * token_elems;
+        if (a->kv_dtype == PV_F16)
+            pv_attention_f16<<<grid, PV_WG, 0, stream>>>(
+                q, off, (const pv_half *)kv_pool, token_seq + i0, token_pos + i0, slot_table,
+                a->max_chunks, a->n_heads, a->n_kv_heads, a->head_dim, a->chunk_tokens, a->scale,
+                out, off);
+        else
+            pv_attention_f32<<<grid, PV_WG, 0, stream>>>(
+                q, off, (const float *)kv_pool, token_seq + i0, token_pos + i0, slot_table,
+                a->max_chunks, a->n_heads, a->n_kv_heads, a->head_dim, a->chunk_tokens, a->scale,
+                out, off);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* ---- gather family ---------------------------------------------------------------- */
+
+/* groups {ceil(row_elems / PV_WG), T} */
+extern "C" cudaError_t pv_cuda_launch_kv_write(cudaStream_t stream, const pv_kv_write_args *a,
+                                               const float *k, const float *v, void *kv_pool,
+                                               const int32_t *token_seq, const int32_t *token_pos,
+                                               const int32_t *slot_table)
+{
+    const long long row_elems = (long long)a->n_kv_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += max_grid_rows) {
+        const dim3 grid(groups_of(row_elems, PV_WG), (unsigned int)rows_in_launch(a->n_tokens, i0));
+        const long long off = i0 * row_elems;
+        if (a->kv_dtype == PV_F16)
+            pv_kv_write_f16<<<grid, PV_WG, 0, stream>>>(k, off, v, off, (pv_half *)kv_pool,
+                                                        token_seq + i0, token_pos + i0, slot_table,
+                                                        a->max_chunks, a->chunk_tokens, row_elems);
+        else
+            pv_kv_write_f32<<<grid, PV_WG, 0, stream>>>(k, off, v, off, (float *)kv_pool,
+                                                        token_seq + i0, token_pos + i0, slot_table,
+                                                        a->max_chunks, a->chunk_tokens, row_elems);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {ceil(slot_elems / (PV_WG * PV_ITEM_ELEMS)), n_moved}; the words
+ * are moved bit-exactly, so f16 slots travel as 16-bit words. */
+extern "C" cudaError_t pv_cuda_launch_slot_copy(cudaStream_t stream, const pv_slot_copy_args *a,
+                                                int scatter, void *pool, void *staging,
+                                                const int32_t *slots)
+{
+    const long long slot_elems = a->slot_elems;
+    for (long long i0 = 0; i0 < a->n_slots_moved; i0 += max_grid_rows) {
+        const dim3 grid(groups_of(slot_elems, (long long)PV_WG * PV_ITEM_ELEMS),
+                        (unsigned int)rows_in_launch(a->n_slots_moved, i0));
+        const long long off = i0 * slot_elems;
+        const int32_t *ids = slots + i0;
+        if (a->dtype == PV_F16) {
+            pv_u16 *p = (pv_u16 *)pool, *s = (pv_u16 *)staging;
+            if (scatter)
+                pv_slot_scatter_f16<<<grid, PV_WG, 0, stream>>>(p, s, off, ids, slot_elems);
+            else
+                pv_slot_gather_f16<<<grid, PV_WG, 0, stream>>>(p, s, off, ids, slot_elems);
+        } else {
+            pv_u32 *p = (pv_u32 *)pool, *s = (pv_u32 *)staging;
+            if (scatter)
+                pv_slot_scatter_f32<<<grid, PV_WG, 0, stream>>>(p, s, off, ids, slot_elems);
+            else
+                pv_slot_gather_f32<<<grid, PV_WG, 0, stream>>>(p, s, off, ids, slot_elems);
+        }
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {ceil(dim / PV_WG), n_ids} */
+extern "C" cudaError_t pv_cuda_launch_embed_gather(cudaStream_t stream, const pv_embed_gather_args *a,
+                                                   const void *table, const int32_t *ids, float *out)
+{
+    for (long long i0 = 0; i0 < a->n_ids; i0 += max_grid_rows) {
+        const dim3 grid(groups_of(a->dim, PV_WG), (unsigned int)rows_in_launch(a->n_ids, i0));
+        const long long out_off = i0 * a->dim;
+        if (a->table_dtype == PV_F16)
+            pv_embed_gather_f16<<<grid, PV_WG, 0, stream>>>((const pv_half *)table, 0, ids + i0,
+                                                            a->dim, out, out_off);
+        else
+            pv_embed_gather_f32<<<grid, PV_WG, 0, stream>>>((const float *)table, 0, ids + i0,
+                                                            a->dim, out, out_off);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* ---- recompute family ------------------------------------------------------------ */
+
+/* groups {rows, 1} */
+extern "C" cudaError_t pv_cuda_launch_rmsnorm(cudaStream_t stream, const pv_rmsnorm_args *a,
+                                              const float *x, const float *weight, float *out)
+{
+    for (long long r0 = 0; r0 < a->rows; r0 += max_grid_x) {
+        const long long off = r0 * a->dim;
+        pv_rmsnorm<<<(unsigned int)rows_in_grid_x(a->rows, r0), PV_WG, 0, stream>>>(
+            x, off, weight, 0, out, off, a->dim, a->eps);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {n_heads, T} */
+extern "C" cudaError_t pv_cuda_launch_rope(cudaStream_t stream, const pv_rope_args *a, float *x,
+                                           const int32_t *pos)
+{
+    const long long token_elems = (long long)a->n_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += max_grid_rows) {
+        const dim3 grid((unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0));
+        pv_rope<<<grid, PV_WG, 0, stream>>>(x, i0 * token_elems, pos + i0, a->n_heads, a->head_dim,
+                                            a->base, a->neox);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* Element-wise: groups {ceil(n / (PV_WG * PV_ITEM_ELEMS)), 1}. */
+extern "C" cudaError_t pv_cuda_launch_swiglu(cudaStream_t stream, const pv_swiglu_args *a,
+                                             const float *gate, const float *up, float *out)
+{
+    const long long per_launch = max_grid_x * PV_WG * PV_ITEM_ELEMS;
+    for (long long e0 = 0; e0 < a->n; e0 += per_launch) {
+        const long long n = a->n - e0 < per_launch ? a->n - e0 : per_launch;
+        pv_swiglu<<<groups_of(n, (long long)PV_WG * PV_ITEM_ELEMS), PV_WG, 0, stream>>>(
+            gate + e0, 0, up + e0, 0, out + e0, 0, n);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t pv_cuda_launch_add(cudaStream_t stream, const pv_add_args *a, const float *x,
+                                          const float *y, float *out)
+{
+    const long long per_launch = max_grid_x * PV_WG * PV_ITEM_ELEMS;
+    for (long long e0 = 0; e0 < a->n; e0 += per_launch) {
+        const long long n = a->n - e0 < per_launch ? a->n - e0 : per_launch;
+        pv_add<<<groups_of(n, (long long)PV_WG * PV_ITEM_ELEMS), PV_WG, 0, stream>>>(
+            x + e0, 0, y + e0, 0, out + e0, 0, n);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {rows, 1} */
+extern "C" cudaError_t pv_cuda_launch_softmax(cudaStream_t stream, const pv_softmax_args *a,
+                                              const float *x, float *out)
+{
+    for (long long r0 = 0; r0 < a->rows; r0 += max_grid_x) {
+        const long long off = r0 * a->cols;
+        pv_softmax<<<(unsigned int)rows_in_grid_x(a->rows, r0), PV_WG, 0, stream>>>(
+            x, off, out, off, a->cols, a->scale);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {rows, 1} */
+extern "C" cudaError_t pv_cuda_launch_argmax(cudaStream_t stream, const pv_argmax_args *a,
+                                             const float *x, int32_t *out)
+{
+    for (long long r0 = 0; r0 < a->rows; r0 += max_grid_x) {
+        pv_argmax<<<(unsigned int)rows_in_grid_x(a->rows, r0), PV_WG, 0, stream>>>(
+            x, r0 * a->cols, a->cols, out + r0);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
+/* groups {rows, 1} */
+extern "C" cudaError_t pv_cuda_launch_sample_top_p(cudaStream_t stream, const pv_sample_args *a,
+                                                   const float *logits, const float *u, int32_t *out)
+{
+    for (long long r0 = 0; r0 < a->rows; r0 += max_grid_x) {
+        pv_sample_top_p<<<(unsigned int)rows_in_grid_x(a->rows, r0), PV_WG, 0, stream>>>(
+            logits, r0 * a->cols, a->cols, a->temperature, a->top_p, u + r0, out + r0);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}

@@ -1,0 +1,592 @@
+/* The OpenCL backend: devices through the ICD loader (every platform, one
+ * flat device index), a context with two in-order queues (compute, copy),
+ * buffers, copies and events, GEMM through CLBlast. The kernels are the
+ * portable ones of kernels/, built at run time (opencl-kernels.c).
+ *
+ * Host buffers (PV_MEM_HOST) are CL_MEM_ALLOC_HOST_PTR buffers mapped once
+ * for their lifetime, so host_ptr is valid and the memory is pinned where
+ * the driver can. Copies between such a buffer and a device buffer go
+ * through clEnqueueRead/WriteBuffer on host_ptr, the pinned-transfer path
+ * that also keeps the mapped object itself out of the transfer. */
+#include "config.h"
+
+#include "backends/opencl/opencl.h"
+
+#include <pensieve/half.h>
+
+#include <clblast_c.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *pv_opencl_error_name(cl_int err)
+{
+    switch (err) {
+    case CL_SUCCESS: return "CL_SUCCESS";
+    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+    case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+    case CL_COMPILER_NOT_AVAILABLE: return "CL_COMPILER_NOT_AVAILABLE";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_MEM_COPY_OVERLAP: return "CL_MEM_COPY_OVERLAP";
+    case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_MAP_FAILURE: return "CL_MAP_FAILURE";
+    case CL_MISALIGNED_SUB_BUFFER_OFFSET: return "CL_MISALIGNED_SUB_BUFFER_OFFSET";
+    case CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_DEVICE_TYPE: return "CL_INVALID_DEVICE_TYPE";
+    case CL_INVALID_PLATFORM: return "CL_INVALID_PLATFORM";
+    case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
+    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_BUILD_OPTIONS: return "CL_INVALID_BUILD_OPTIONS";
+    case CL_INVALID_PROGRAM: return "CL_INVALID_PROGRAM";
+    case CL_INVALID_PROGRAM_EXECUTABLE: return "CL_INVALID_PROGRAM_EXECUTABLE";
+    case CL_INVALID_KERNEL_NAME: return "CL_INVALID_KERNEL_NAME";
+    case CL_INVALID_KERNEL: return "CL_INVALID_KERNEL";
+    case CL_INVALID_ARG_INDEX: return "CL_INVALID_ARG_INDEX";
+    case CL_INVALID_ARG_VALUE: return "CL_INVALID_ARG_VALUE";
+    case CL_INVALID_ARG_SIZE: return "CL_INVALID_ARG_SIZE";
+    case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_WORK_DIMENSION: return "CL_INVALID_WORK_DIMENSION";
+    case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_INVALID_WORK_ITEM_SIZE: return "CL_INVALID_WORK_ITEM_SIZE";
+    case CL_INVALID_GLOBAL_OFFSET: return "CL_INVALID_GLOBAL_OFFSET";
+    case CL_INVALID_EVENT_WAIT_LIST: return "CL_INVALID_EVENT_WAIT_LIST";
+    case CL_INVALID_EVENT: return "CL_INVALID_EVENT";
+    case CL_INVALID_OPERATION: return "CL_INVALID_OPERATION";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case CL_INVALID_GLOBAL_WORK_SIZE: return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+    }
+    return "unknown OpenCL error";
+}
+
+pv_status pv_opencl_fail(const char *what, const char *call, cl_int err)
+{
+    pv_status status = PV_ERR_BACKEND;
+    if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY ||
+        err == CL_INVALID_BUFFER_SIZE)
+        status = PV_ERR_OUT_OF_MEMORY;
+    return pv_error(status, "opencl %s: %s failed: %s (%d)", what, call, pv_opencl_error_name(err), (int)err);
+}
+
+/* ---- devices ---------------------------------------------------------------- */
+
+/* The ICD loader's answer when no platform (no ICD) is installed. */
+#define PV_CL_PLATFORM_NOT_FOUND_KHR (-1001)
+
+/* Calls visit(platform, device, flat index, ctx) for every device of every
+ * platform until it returns nonzero; *count gets the number visited. */
+static pv_status enumerate_devices(int *count,
+                                   int (*visit)(cl_platform_id, cl_device_id, int, void *),
+                                   void *ctx)
+{
+    *count = 0;
+    cl_uint n_platforms = 0;
+    cl_int err = clGetPlatformIDs(0, NULL, &n_platforms);
+    if (err == PV_CL_PLATFORM_NOT_FOUND_KHR || (err == CL_SUCCESS && n_platforms == 0))
+        return PV_OK;
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("device enumeration", "clGetPlatformIDs", err);
+    cl_platform_id *platforms = malloc(n_platforms * sizeof *platforms);
+    if (!platforms)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl: cannot list %u platforms", n_platforms);
+    err = clGetPlatformIDs(n_platforms, platforms, NULL);
+    if (err != CL_SUCCESS) {
+        free(platforms);
+        return pv_opencl_fail("device enumeration", "clGetPlatformIDs", err);
+    }
+    pv_status st = PV_OK;
+    int stop = 0;
+    for (cl_uint p = 0; p < n_platforms && !stop; p++) {
+        cl_uint n_devices = 0;
+        err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 0, NULL, &n_devices);
+        if (err == CL_DEVICE_NOT_FOUND || n_devices == 0)
+            continue; /* a platform without devices is not an error */
+        if (err != CL_SUCCESS) {
+            st = pv_opencl_fail("device enumeration", "clGetDeviceIDs", err);
+            break;
+        }
+        cl_device_id *devices = malloc(n_devices * sizeof *devices);
+        if (!devices) {
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "opencl: cannot list %u devices", n_devices);
+            break;
+        }
+        err = clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, n_devices, devices, NULL);
+        if (err != CL_SUCCESS) {
+            free(devices);
+            st = pv_opencl_fail("device enumeration", "clGetDeviceIDs", err);
+            break;
+        }
+        for (cl_uint d = 0; d < n_devices && !stop; d++) {
+            if (visit)
+                stop = visit(platforms[p], devices[d], *count, ctx);
+            if (!stop)
+                (*count)++;
+        }
+        free(devices);
+    }
+    free(platforms);
+    return st;
+}
+
+typedef struct device_query {
+    int index;
+    cl_platform_id platform;
+    cl_device_id device;
+} device_query;
+
+static int visit_find(cl_platform_id platform, cl_device_id device, int index, void *ctx)
+{
+    device_query *query = ctx;
+    if (index != query->index)
+        return 0;
+    query->platform = platform;
+    query->device = device;
+    return 1;
+}
+
+pv_status pv_opencl_find_device(int index, cl_platform_id *platform, cl_device_id *device)
+{
+    device_query query = {index, NULL, NULL};
+    int count = 0;
+    pv_status st = enumerate_devices(&count, visit_find, &query);
+    if (st != PV_OK)
+        return st;
+    if (!query.device) {
+        if (count == 0)
+            return pv_error(PV_ERR_NO_DEVICE, "opencl: no OpenCL platform or device found");
+        return pv_error(PV_ERR_INVALID_ARG, "opencl: device %d out of range [0, %d)", index, count);
+    }
+    *platform = query.platform;
+    *device = query.device;
+    return PV_OK;
+}
+
+static pv_status opencl_device_count(int *count)
+{
+    return enumerate_devices(count, NULL, NULL);
+}
+
+/* The device's extension list contains `name` as a whole word. */
+static int device_has_extension(cl_device_id device, const char *name)
+{
+    size_t size = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, 0, NULL, &size) != CL_SUCCESS || size == 0)
+        return 0;
+    char *list = malloc(size + 1);
+    if (!list)
+        return 0;
+    int found = 0;
+    if (clGetDeviceInfo(device, CL_DEVICE_EXTENSIONS, size, list, NULL) == CL_SUCCESS) {
+        list[size] = '\0';
+        size_t len = strlen(name);
+        for (const char *at = strstr(list, name); at && !found; at = strstr(at + 1, name))
+            found = (at == list || at[-1] == ' ') && (at[len] == ' ' || at[len] == '\0');
+    }
+    free(list);
+    return found;
+}
+
+static pv_status opencl_device_info(int index, pv_device_info *info)
+{
+    cl_platform_id platform;
+    cl_device_id device;
+    pv_status st = pv_opencl_find_device(index, &platform, &device);
+    if (st != PV_OK)
+        return st;
+    memset(info, 0, sizeof *info);
+    cl_ulong mem = 0;
+    cl_uint units = 0;
+    cl_int err = clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof info->name - 1, info->name, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_VENDOR, sizeof info->vendor - 1, info->vendor, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("device info", "clGetDeviceInfo", err);
+    info->global_mem_bytes = mem;
+    info->compute_units = units;
+    info->has_f16 = device_has_extension(device, "cl_khr_fp16");
+    return PV_OK;
+}
+
+/* ---- life cycle -------------------------------------------------------------- */
+
+static void opencl_free(pv_backend *be)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    if (!cl)
+        return;
+    for (int q = 0; q < 2; q++)
+        if (cl->queues[q])
+            clFinish(cl->queues[q]);
+    pv_opencl_programs_free(cl);
+    for (int q = 0; q < 2; q++)
+        if (cl->queues[q])
+            clReleaseCommandQueue(cl->queues[q]);
+    if (cl->context)
+        clReleaseContext(cl->context);
+    free(cl);
+    be->impl = NULL;
+}
+
+/* The largest power of two not above 64 and the device's work-group limit:
+ * the kernels' reductions need a power of two. */
+static int pick_work_group(size_t device_max)
+{
+    int wg = 64;
+    while ((size_t)wg > device_max && wg > 1)
+        wg /= 2;
+    return wg;
+}
+
+static pv_status opencl_init(pv_backend *be)
+{
+    pv_opencl *cl = calloc(1, sizeof *cl);
+    if (!cl)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl: cannot allocate the backend state");
+    be->impl = cl;
+    pv_status st = pv_opencl_find_device(be->device, &cl->platform, &cl->device);
+    if (st != PV_OK) {
+        opencl_free(be);
+        return st;
+    }
+    size_t max_wg = 0;
+    cl_int err = clGetDeviceInfo(cl->device, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
+    if (err != CL_SUCCESS) {
+        opencl_free(be);
+        return pv_opencl_fail("init", "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)", err);
+    }
+    cl->work_group = pick_work_group(max_wg);
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)cl->platform, 0};
+    cl->context = clCreateContext(props, 1, &cl->device, NULL, NULL, &err);
+    if (err != CL_SUCCESS) {
+        cl->context = NULL;
+        opencl_free(be);
+        return pv_opencl_fail("init", "clCreateContext", err);
+    }
+    for (int q = 0; q < 2; q++) {
+        cl->queues[q] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
+        if (err != CL_SUCCESS) {
+            cl->queues[q] = NULL;
+            opencl_free(be);
+            return pv_opencl_fail("init", "clCreateCommandQueue", err);
+        }
+    }
+    return PV_OK;
+}
+
+static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
+{
+    switch (op) {
+    case PV_OP_GEMM:
+        return dtype == PV_F32 || (dtype == PV_F16 && be->info.has_f16);
+    case PV_OP_ATTENTION:
+    case PV_OP_KV_WRITE:
+    case PV_OP_SLOT_GATHER:
+    case PV_OP_SLOT_SCATTER:
+    case PV_OP_EMBED_GATHER:
+        return dtype == PV_F32 || dtype == PV_F16; /* f16 is storage only: vload/vstore_half */
+    case PV_OP_RMSNORM:
+    case PV_OP_ROPE:
+    case PV_OP_SWIGLU:
+    case PV_OP_ADD:
+    case PV_OP_SOFTMAX:
+    case PV_OP_ARGMAX:
+    case PV_OP_SAMPLE_TOP_P:
+        return dtype == PV_F32;
+    case PV_OP_COUNT:
+        break;
+    }
+    return 0;
+}
+
+/* ---- buffers ----------------------------------------------------------------- */
+
+static pv_status opencl_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    cl_ulong max_alloc = 0;
+    cl_int err = clGetDeviceInfo(cl->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("buffer_alloc", "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)", err);
+    if (bytes > max_alloc)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl buffer_alloc: bytes = %" PRIu64
+                        " exceeds the device's largest allocation %" PRIu64,
+                        bytes, (uint64_t)max_alloc);
+    cl_mem_flags flags = CL_MEM_READ_WRITE | (kind == PV_MEM_HOST ? CL_MEM_ALLOC_HOST_PTR : 0);
+    cl_mem mem = clCreateBuffer(cl->context, flags, (size_t)bytes, NULL, &err);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("buffer_alloc", "clCreateBuffer", err);
+    void *host_ptr = NULL;
+    if (kind == PV_MEM_HOST) {
+        host_ptr = clEnqueueMapBuffer(cl->queues[PV_QUEUE_COMPUTE], mem, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE,
+                                      0, (size_t)bytes, 0, NULL, NULL, &err);
+        if (err != CL_SUCCESS) {
+            clReleaseMemObject(mem);
+            return pv_opencl_fail("buffer_alloc", "clEnqueueMapBuffer", err);
+        }
+    }
+    buf->kind = kind;
+    buf->bytes = bytes;
+    buf->host_ptr = host_ptr;
+    buf->handle = mem;
+    return PV_OK;
+}
+
+static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    cl_mem mem = pv_opencl_mem(buf);
+    if (!mem)
+        return;
+    /* The release waits, inside the runtime, for commands still using it. */
+    if (buf->host_ptr)
+        clEnqueueUnmapMemObject(cl->queues[PV_QUEUE_COMPUTE], mem, buf->host_ptr, 0, NULL, NULL);
+    clReleaseMemObject(mem);
+    buf->handle = NULL;
+    buf->host_ptr = NULL;
+}
+
+/* Blocking transfers see all work enqueued before them on both queues: host
+ * buffers by waiting for both queues, device buffers by a read/write on the
+ * in-order compute queue that also waits for the copy queue's last work. */
+static pv_status wait_all(pv_opencl *cl, const char *what)
+{
+    for (int q = 0; q < 2; q++) {
+        cl_int err = clFinish(cl->queues[q]);
+        if (err != CL_SUCCESS)
+            return pv_opencl_fail(what, "clFinish", err);
+    }
+    return PV_OK;
+}
+
+static pv_status copy_queue_marker(pv_opencl *cl, const char *what, cl_event *ev)
+{
+    cl_int err = clEnqueueMarkerWithWaitList(cl->queues[PV_QUEUE_COPY], 0, NULL, ev);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clEnqueueMarkerWithWaitList", err);
+}
+
+static pv_status opencl_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
+                                     uint64_t bytes)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    if (bytes == 0)
+        return PV_OK;
+    if (dst->host_ptr) {
+        pv_status st = wait_all(cl, "buffer_write");
+        if (st == PV_OK)
+            memcpy((char *)dst->host_ptr + dst_off, src, (size_t)bytes);
+        return st;
+    }
+    cl_event copies;
+    pv_status st = copy_queue_marker(cl, "buffer_write", &copies);
+    if (st != PV_OK)
+        return st;
+    cl_int err = clEnqueueWriteBuffer(cl->queues[PV_QUEUE_COMPUTE], pv_opencl_mem(dst), CL_TRUE,
+                                      (size_t)dst_off, (size_t)bytes, src, 1, &copies, NULL);
+    clReleaseEvent(copies);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("buffer_write", "clEnqueueWriteBuffer", err);
+}
+
+static pv_status opencl_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst,
+                                    uint64_t bytes)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    if (bytes == 0)
+        return PV_OK;
+    if (src->host_ptr) {
+        pv_status st = wait_all(cl, "buffer_read");
+        if (st == PV_OK)
+            memcpy(dst, (const char *)src->host_ptr + src_off, (size_t)bytes);
+        return st;
+    }
+    cl_event copies;
+    pv_status st = copy_queue_marker(cl, "buffer_read", &copies);
+    if (st != PV_OK)
+        return st;
+    cl_int err = clEnqueueReadBuffer(cl->queues[PV_QUEUE_COMPUTE], pv_opencl_mem(src), CL_TRUE,
+                                     (size_t)src_off, (size_t)bytes, dst, 1, &copies, NULL);
+    clReleaseEvent(copies);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("buffer_read", "clEnqueueReadBuffer", err);
+}
+
+/* ---- events and copies -------------------------------------------------------- */
+
+static pv_status wrap_event(pv_backend *be, cl_event handle, pv_event **out)
+{
+    pv_event *ev = malloc(sizeof *ev);
+    if (!ev) {
+        clReleaseEvent(handle);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl: cannot allocate an event (%zu bytes)", sizeof *ev);
+    }
+    ev->backend = be;
+    ev->handle = handle;
+    *out = ev;
+    return PV_OK;
+}
+
+static pv_status opencl_event_record(pv_backend *be, pv_queue q, pv_event **out)
+{
+    cl_event handle;
+    cl_int err = clEnqueueMarkerWithWaitList(pv_opencl_of(be)->queues[q], 0, NULL, &handle);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("event_record", "clEnqueueMarkerWithWaitList", err);
+    return wrap_event(be, handle, out);
+}
+
+static pv_status opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
+                                   const pv_buffer *src, uint64_t src_off, uint64_t bytes,
+                                   pv_event *wait, pv_event **done)
+{
+    cl_command_queue queue = pv_opencl_of(be)->queues[q];
+    cl_event wait_handle = wait ? (cl_event)wait->handle : NULL;
+    cl_uint n_wait = wait ? 1 : 0;
+    if (bytes == 0) {
+        /* Nothing to move; still honour the ordering the caller asked for. */
+        if (wait) {
+            cl_int err = clEnqueueBarrierWithWaitList(queue, 1, &wait_handle, NULL);
+            if (err != CL_SUCCESS)
+                return pv_opencl_fail("copy_async", "clEnqueueBarrierWithWaitList", err);
+        }
+        return done ? opencl_event_record(be, q, done) : PV_OK;
+    }
+    cl_event handle = NULL;
+    cl_event *event = done ? &handle : NULL;
+    cl_int err;
+    const char *call;
+    if (src->host_ptr && !dst->host_ptr) {
+        call = "clEnqueueWriteBuffer";
+        err = clEnqueueWriteBuffer(queue, pv_opencl_mem(dst), CL_FALSE, (size_t)dst_off, (size_t)bytes,
+                                   (const char *)src->host_ptr + src_off, n_wait, wait ? &wait_handle : NULL,
+                                   event);
+    } else if (!src->host_ptr && dst->host_ptr) {
+        call = "clEnqueueReadBuffer";
+        err = clEnqueueReadBuffer(queue, pv_opencl_mem(src), CL_FALSE, (size_t)src_off, (size_t)bytes,
+                                  (char *)dst->host_ptr + dst_off, n_wait, wait ? &wait_handle : NULL, event);
+    } else {
+        call = "clEnqueueCopyBuffer";
+        err = clEnqueueCopyBuffer(queue, pv_opencl_mem(src), pv_opencl_mem(dst), (size_t)src_off,
+                                  (size_t)dst_off, (size_t)bytes, n_wait, wait ? &wait_handle : NULL, event);
+    }
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("copy_async", call, err);
+    return done ? wrap_event(be, handle, done) : PV_OK;
+}
+
+static pv_status opencl_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
+{
+    cl_event handle = (cl_event)ev->handle;
+    cl_int err = clEnqueueBarrierWithWaitList(pv_opencl_of(be)->queues[q], 1, &handle, NULL);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("queue_wait", "clEnqueueBarrierWithWaitList", err);
+}
+
+static pv_status opencl_event_wait(pv_backend *be, pv_event *ev)
+{
+    cl_event handle = (cl_event)ev->handle;
+    cl_int err = clWaitForEvents(1, &handle);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("event_wait", "clWaitForEvents", err);
+}
+
+static void opencl_event_free(pv_backend *be, pv_event *ev)
+{
+    if (ev->handle)
+        clReleaseEvent((cl_event)ev->handle);
+    free(ev);
+}
+
+static pv_status opencl_finish(pv_backend *be)
+{
+    return wait_all(pv_opencl_of(be), "finish");
+}
+
+/* ---- GEMM through CLBlast ------------------------------------------------------ */
+
+/* k == 0: C = beta * C row by row (CLBlast rejects an empty inner dimension). */
+static pv_status gemm_scale_only(pv_opencl *cl, const pv_gemm_args *a)
+{
+    size_t es = pv_dtype_size(a->dtype);
+    cl_mem c = pv_opencl_mem(a->c);
+    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    for (int64_t r = 0; r < a->m; r++) {
+        size_t off = (size_t)(a->c_off + (uint64_t)r * (uint64_t)a->ldc);
+        if (a->beta == 0.0f) {
+            const uint32_t zero = 0;
+            cl_int err = clEnqueueFillBuffer(queue, c, &zero, es, off * es, (size_t)a->n * es, 0, NULL, NULL);
+            if (err != CL_SUCCESS)
+                return pv_opencl_fail("gemm", "clEnqueueFillBuffer", err);
+            continue;
+        }
+        CLBlastStatusCode status =
+            a->dtype == PV_F16 ? CLBlastHscal((size_t)a->n, pv_float_to_half(a->beta), c, off, 1, &queue, NULL)
+                               : CLBlastSscal((size_t)a->n, a->beta, c, off, 1, &queue, NULL);
+        if (status != CLBlastSuccess)
+            return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast scal of row %" PRId64 " failed with status %d",
+                            r, (int)status);
+    }
+    return PV_OK;
+}
+
+static pv_status opencl_gemm(pv_backend *be, const pv_gemm_args *a)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    if (a->k == 0)
+        return gemm_scale_only(cl, a);
+    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    CLBlastTranspose ta = a->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastTranspose tb = a->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
+    CLBlastStatusCode status;
+    if (a->dtype == PV_F16)
+        status = CLBlastHgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)a->m, (size_t)a->n, (size_t)a->k,
+                              pv_float_to_half(a->alpha), pv_opencl_mem(a->a), (size_t)a->a_off, (size_t)a->lda,
+                              pv_opencl_mem(a->b), (size_t)a->b_off, (size_t)a->ldb, pv_float_to_half(a->beta),
+                              pv_opencl_mem(a->c), (size_t)a->c_off, (size_t)a->ldc, &queue, NULL);
+    else
+        status = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)a->m, (size_t)a->n, (size_t)a->k, a->alpha,
+                              pv_opencl_mem(a->a), (size_t)a->a_off, (size_t)a->lda, pv_opencl_mem(a->b),
+                              (size_t)a->b_off, (size_t)a->ldb, a->beta, pv_opencl_mem(a->c), (size_t)a->c_off,
+                              (size_t)a->ldc, &queue, NULL);
+    if (status != CLBlastSuccess)
+        return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast%cgemm (m %" PRId64 ", n %" PRId64 ", k %" PRId64
+                        ") failed with status %d", a->dtype == PV_F16 ? 'H' : 'S', a->m, a->n, a->k, (int)status);
+    return PV_OK;
+}
+
+const pv_backend_ops pv_opencl_backend_ops = {
+    .api_version = PV_BACKEND_API_VERSION,
+    .name = "opencl",
+    .device_count = opencl_device_count,
+    .device_info = opencl_device_info,
+    .init = opencl_init,
+    .free = opencl_free,
+    .supports = opencl_supports,
+    .buffer_alloc = opencl_buffer_alloc,
+    .buffer_free = opencl_buffer_free,
+    .buffer_write = opencl_buffer_write,
+    .buffer_read = opencl_buffer_read,
+    .copy_async = opencl_copy_async,
+    .event_record = opencl_event_record,
+    .queue_wait = opencl_queue_wait,
+    .event_wait = opencl_event_wait,
+    .event_free = opencl_event_free,
+    .finish = opencl_finish,
+    .gemm = opencl_gemm,
+    .attention = pv_opencl_attention,
+    .kv_write = pv_opencl_kv_write,
+    .slot_gather = pv_opencl_slot_gather,
+    .slot_scatter = pv_opencl_slot_scatter,
+    .embed_gather = pv_opencl_embed_gather,
+    .rmsnorm = pv_opencl_rmsnorm,
+    .rope = pv_opencl_rope,
+    .swiglu = pv_opencl_swiglu,
+    .add = pv_opencl_add,
+    .softmax = pv_opencl_softmax,
+    .argmax = pv_opencl_argmax,
+    .sample_top_p = pv_opencl_sample_top_p,
+};

@@ -1,0 +1,7 @@
+# Kernel benchmark: paged vs contiguous attention, decode and swap-gather
+# bandwidth against memcpy, GEMM against the BLAS peak. Prints a table or
+# --json; never run by make check.
+noinst_PROGRAMS += bench/bench-kernels
+bench_bench_kernels_SOURCES = bench/bench-kernels.c
+bench_bench_kernels_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
+bench_bench_kernels_LDADD = $(PV_LINK) $(OPENBLAS_LIBS)

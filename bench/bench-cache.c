@@ -1,0 +1,273 @@
+/* bench-cache: operations per second of the tiered KV cache core for store,
+ * lookup, touch and evict, at 1,000 and 10,000 sessions of 30 layers x 64
+ * chunks (1.92M and 19.2M chunk records), so the cost of a victim choice can
+ * be compared across a 10x change in the number of chunks.
+ *
+ * Usage: bench-cache [--json] [--sessions N]... [--repeats R]
+ * Each phase runs R batches (default 5); the table gives the median batch. */
+#include <pensieve/cache.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+enum { LAYERS = 30, CHUNKS = 64, MAX_SIZES = 8 };
+
+typedef struct bench_clock {
+    double now;
+} bench_clock;
+
+static double bench_clock_read(void *ctx)
+{
+    return ((bench_clock *)ctx)->now;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct result {
+    uint32_t sessions;
+    uint64_t records;
+    double store_ops, lookup_ops, touch_ops, evict_ops, evict_us;
+    double evict_us_min, evict_us_max;
+    uint64_t evictions, to_host, dropped;
+    double seconds_total;
+    long max_rss_mb;
+} result;
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "bench-cache: %s: %s\n", what, pv_last_error());
+    return 1;
+}
+
+static int run_size(uint32_t n_sessions, int repeats, result *res)
+{
+    double t_start = wall_seconds();
+    uint64_t records = (uint64_t)n_sessions * CHUNKS * LAYERS;
+    bench_clock clk = {0};
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    cfg.n_layers = LAYERS;
+    cfg.chunk_tokens = 32;
+    /* Slot size does not change the core's work; budgets are counted in
+     * slots: every record fits on device, half of them on host. */
+    cfg.slot_bytes = 4096;
+    cfg.device_bytes = records * cfg.slot_bytes;
+    cfg.host_bytes = records / 2 * cfg.slot_bytes;
+    pv_cache *cache = NULL;
+    if (pv_cache_init(&cache, &cfg, bench_clock_read, &clk) != PV_OK)
+        return fail("init");
+    char (*ids)[16] = malloc((size_t)n_sessions * sizeof *ids);
+    double *rates = malloc((size_t)repeats * sizeof *rates);
+    double *per = malloc((size_t)repeats * sizeof *per);
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    if (!ids || !rates || !per) {
+        fprintf(stderr, "bench-cache: out of memory\n");
+        return 1;
+    }
+    for (uint32_t s = 0; s < n_sessions; s++) {
+        snprintf(ids[s], sizeof ids[s], "user-%06u", s);
+        clk.now += 0.01;
+        if (pv_cache_session_open(cache, ids[s]) != PV_OK)
+            return fail("open");
+    }
+
+    /* store: every (chunk, layer) of every session; sessions split into
+     * `repeats` batches. */
+    uint32_t per_batch = (n_sessions + (uint32_t)repeats - 1) / (uint32_t)repeats;
+    int batches = 0;
+    for (uint32_t first = 0; first < n_sessions; first += per_batch) {
+        uint32_t last = first + per_batch < n_sessions ? first + per_batch : n_sessions;
+        double t0 = wall_seconds();
+        for (uint32_t s = first; s < last; s++) {
+            for (uint32_t c = 0; c < CHUNKS; c++)
+                for (uint32_t l = 0; l < LAYERS; l++)
+                    if (pv_cache_store_chunk(cache, ids[s], c, l, PV_TIER_DEVICE, NULL) != PV_OK)
+                        return fail("store");
+            clk.now += 0.01;
+            if (pv_cache_touch(cache, ids[s]) != PV_OK)
+                return fail("touch");
+        }
+        rates[batches++] = (double)(last - first) * CHUNKS * LAYERS / (wall_seconds() - t0);
+    }
+    res->store_ops = median(rates, batches);
+
+    /* lookup: random (session, chunk, layer) */
+    const uint64_t n_lookup = 1000000;
+    for (int r = 0; r < repeats; r++) {
+        double t0 = wall_seconds();
+        for (uint64_t i = 0; i < n_lookup; i++) {
+            uint64_t x = rng();
+            pv_tier tier;
+            uint32_t slot;
+            if (pv_cache_lookup(cache, ids[x % n_sessions], (uint32_t)(x >> 32) % CHUNKS,
+                                (uint32_t)(x >> 48) % LAYERS, &tier, &slot) != PV_OK)
+                return fail("lookup");
+        }
+        rates[r] = (double)n_lookup / (wall_seconds() - t0);
+    }
+    res->lookup_ops = median(rates, repeats);
+
+    /* touch: random sessions become active as time passes */
+    const uint64_t n_touch = 200000;
+    for (int r = 0; r < repeats; r++) {
+        double t0 = wall_seconds();
+        for (uint64_t i = 0; i < n_touch; i++) {
+            clk.now += 1e-4;
+            if (pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
+                return fail("touch");
+        }
+        rates[r] = (double)n_touch / (wall_seconds() - t0);
+    }
+    res->touch_ops = median(rates, repeats);
+
+    /* evict: one slot per call, time moving and sessions touched between
+     * calls so the order across sessions keeps changing. The first half
+     * goes to host; once host is full, the colder of host and device
+     * victims is dropped. */
+    const uint64_t n_evict = 200000;
+    uint64_t slot_bytes = cfg.slot_bytes;
+    res->evictions = 0;
+    res->evict_us_min = 1e30;
+    res->evict_us_max = 0;
+    for (int r = 0; r < repeats; r++) {
+        pv_cache_stats st;
+        pv_cache_stats_get(cache, &st);
+        uint64_t free_slots = (cfg.device_bytes - st.used_bytes[PV_TIER_DEVICE]) / slot_bytes;
+        double busy = 0;
+        for (uint64_t i = 0; i < n_evict; i++) {
+            clk.now += 1e-4;
+            if (i % 16 == 0 && pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
+                return fail("touch");
+            pv_cache_plan_clear(&plan);
+            free_slots++;
+            double t0 = wall_seconds();
+            if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_slots * slot_bytes, &plan) != PV_OK)
+                return fail("evict");
+            busy += wall_seconds() - t0;
+        }
+        res->evictions += n_evict;
+        per[r] = 1e6 * busy / (double)n_evict;
+        rates[r] = (double)n_evict / busy;
+        if (per[r] < res->evict_us_min)
+            res->evict_us_min = per[r];
+        if (per[r] > res->evict_us_max)
+            res->evict_us_max = per[r];
+    }
+    res->evict_ops = median(rates, repeats);
+    res->evict_us = median(per, repeats);
+    pv_cache_stats st;
+    pv_cache_stats_get(cache, &st);
+    res->to_host = st.swap_out_chunks;
+    res->dropped = st.dropped_chunks;
+    if (pv_cache_check(cache) != PV_OK)
+        return fail("check after the run");
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    res->max_rss_mb = ru.ru_maxrss / 1024;
+    res->sessions = n_sessions;
+    res->records = records;
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+    free(ids);
+    free(rates);
+    free(per);
+    res->seconds_total = wall_seconds() - t_start;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int json = 0, repeats = 5, n_sizes = 0;
+    uint32_t sizes[MAX_SIZES];
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--sessions") == 0 && i + 1 < argc && n_sizes < MAX_SIZES) {
+            long v = strtol(argv[++i], NULL, 10);
+            if (v < 1 || v > 100000) {
+                fprintf(stderr, "bench-cache: --sessions %s out of range [1, 100000]\n", argv[i]);
+                return 2;
+            }
+            sizes[n_sizes++] = (uint32_t)v;
+        } else if (strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
+            repeats = atoi(argv[++i]);
+            if (repeats < 1 || repeats > 100) {
+                fprintf(stderr, "bench-cache: --repeats %s out of range [1, 100]\n", argv[i]);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: bench-cache [--json] [--sessions N]... [--repeats R]\n");
+            return 2;
+        }
+    }
+    if (n_sizes == 0) {
+        sizes[n_sizes++] = 1000;
+        sizes[n_sizes++] = 10000;
+    }
+    result res[MAX_SIZES];
+    for (int i = 0; i < n_sizes; i++) {
+        memset(&res[i], 0, sizeof res[i]);
+        if (run_size(sizes[i], repeats, &res[i]) != 0)
+            return 1;
+    }
+    if (json) {
+        printf("{\"bench\": \"cache\", \"layers\": %d, \"chunks\": %d, \"repeats\": %d, \"results\": [", LAYERS,
+               CHUNKS, repeats);
+        for (int i = 0; i < n_sizes; i++)
+            printf("%s\n  {\"sessions\": %u, \"records\": %" PRIu64 ", \"store_ops\": %.0f, "
+                   "\"lookup_ops\": %.0f, \"touch_ops\": %.0f, \"evict_ops\": %.0f, "
+                   "\"evict_us\": %.3f, \"evict_us_min\": %.3f, \"evict_us_max\": %.3f, "
+                   "\"evictions\": %" PRIu64 ", \"to_host\": %" PRIu64 ", \"dropped\": %" PRIu64 ", "
+                   "\"max_rss_mb\": %ld, \"seconds\": %.1f}",
+                   i ? "," : "", res[i].sessions, res[i].records, res[i].store_ops, res[i].lookup_ops,
+                   res[i].touch_ops, res[i].evict_ops, res[i].evict_us, res[i].evict_us_min,
+                   res[i].evict_us_max, res[i].evictions, res[i].to_host, res[i].dropped,
+                   res[i].max_rss_mb, res[i].seconds_total);
+        printf("\n]}\n");
+        return 0;
+    }
+    printf("bench-cache: %d layers x %d chunks per session, median of %d batches\n", LAYERS, CHUNKS,
+           repeats);
+    printf("%9s %11s %12s %12s %12s %12s %10s %13s %9s\n", "sessions", "records", "store/s",
+           "lookup/s", "touch/s", "evict/s", "evict us", "(min-max)", "RSS MB");
+    for (int i = 0; i < n_sizes; i++)
+        printf("%9u %11" PRIu64 " %12.0f %12.0f %12.0f %12.0f %10.3f %6.3f-%-6.3f %9ld\n", res[i].sessions,
+               res[i].records, res[i].store_ops, res[i].lookup_ops, res[i].touch_ops, res[i].evict_ops,
+               res[i].evict_us, res[i].evict_us_min, res[i].evict_us_max, res[i].max_rss_mb);
+    for (int i = 0; i < n_sizes; i++)
+        printf("%u sessions: %" PRIu64 " evictions, %" PRIu64 " to host, %" PRIu64 " dropped, %.1f s\n",
+               res[i].sessions, res[i].evictions, res[i].to_host, res[i].dropped, res[i].seconds_total);
+    return 0;
+}

@@ -1,0 +1,679 @@
+/* Kernel benchmark, per backend (the paper's Fig. 12 shape and the issue's
+ * bandwidth targets):
+ *   1. attention over paged KV (shuffled slots) vs the same data laid out
+ *      contiguously, batch 32 sequences, 8 and 1 query tokens each, context
+ *      256..4096;
+ *   2. decode attention bandwidth (KV bytes read / time) against a
+ *      device-to-device memcpy of the same bytes timed in the same run;
+ *   3. swap gather (shuffled slots -> staging, one call) against a memcpy of
+ *      the same bytes;
+ *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
+ *      directly at 2048^3 (the library's peak here).
+ * Every figure is the median of --reps timed runs after one warm-up run.
+ * Bandwidth is payload over time: the KV bytes a decode step reads, the
+ * bytes a gather moves, the bytes a memcpy copies, all as bytes / time (a
+ * memcpy or gather also writes each byte, so its memory traffic is twice
+ * that).
+ *
+ * "Contiguous" is, on the CPU, K[seq][pos][head][dim] and V likewise, run by
+ * pv_cpu_attention_contiguous (the paged kernel's inner loop on plain
+ * arrays); on other backends it is the pool with each sequence's chunks in
+ * consecutive slots.
+ *
+ * Usage: bench-kernels [--backend cpu|opencl|cuda|all] [--kv f16|f32]
+ *                      [--heads 32] [--kv-heads 8] [--head-dim 128]
+ *                      [--max-context 4096] [--reps 5] [--json]
+ * The default shape is one layer of Llama 3 8B (32 heads, 8 KV heads,
+ * head_dim 128); SmolLM2-135M is --heads 9 --kv-heads 3 --head-dim 64. */
+#include "config.h"
+
+#include "backends/cpu/cpu.h"
+
+#include <pensieve/half.h>
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BATCH 32
+#define CHUNK 32
+#define MAX_REPS 64
+#define GATHER_SLOTS 1024
+
+typedef struct options {
+    const char *backend;
+    pv_dtype kv_dtype;
+    int32_t n_heads, n_kv_heads, head_dim;
+    int32_t max_context;
+    int reps;
+    int json;
+} options;
+
+typedef struct attention_row {
+    int32_t context, query;
+    double paged_ms, contiguous_ms;
+} attention_row;
+
+typedef struct bandwidth_row {
+    int32_t context;
+    double bytes, attention_ms, memcpy_ms;
+} bandwidth_row;
+
+typedef struct gemm_row {
+    int64_t m, n, k;
+    double ms;
+} gemm_row;
+
+typedef struct report {
+    const char *backend;
+    pv_device_info info;
+    const char *contiguous_kind;
+    attention_row attention[16];
+    int n_attention;
+    bandwidth_row decode[8];
+    int n_decode;
+    double gather_bytes, gather_ms, gather_memcpy_ms;
+    gemm_row gemm[4];
+    int n_gemm;
+    double blas_peak_ms; /* cblas_sgemm at 2048^3 */
+} report;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *x, int n)
+{
+    qsort(x, (size_t)n, sizeof *x, by_value);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* A timed action: returns a status; the backend is finished inside. */
+typedef pv_status (*action_fn)(void *state);
+
+/* Median wall time of reps runs after one warm-up, or a negative value (and
+ * a message on stderr) when the action fails. */
+static double time_median(action_fn action, void *state, int reps)
+{
+    double samples[MAX_REPS];
+    if (action(state) != PV_OK) {
+        fprintf(stderr, "bench-kernels: %s\n", pv_last_error());
+        return -1.0;
+    }
+    for (int r = 0; r < reps; r++) {
+        double start = now_ms();
+        if (action(state) != PV_OK) {
+            fprintf(stderr, "bench-kernels: %s\n", pv_last_error());
+            return -1.0;
+        }
+        samples[r] = now_ms() - start;
+    }
+    return median(samples, reps);
+}
+
+/* ---- the data: BATCH sequences of max_context tokens ------------------------------ */
+
+typedef struct kv_data {
+    const options *opt;
+    pv_backend *be;
+    size_t elem;
+    int64_t row_elems;  /* n_kv_heads * head_dim */
+    int64_t slot_elems; /* 2 * CHUNK * row_elems */
+    int32_t max_chunks;
+    int64_t n_slots;    /* BATCH * max_chunks */
+    int32_t *paged_table, *consecutive_table; /* [BATCH][max_chunks] */
+    pv_buffer *paged_pool;       /* shuffled slots */
+    pv_buffer *consecutive_pool; /* non-CPU backends: chunks in order */
+    void *k, *v;                 /* CPU: [BATCH][max_context][n_kv_heads][head_dim] */
+    pv_buffer *k_buf, *v_buf;
+    pv_buffer *scratch;          /* memcpy / gather destination, pool-sized */
+} kv_data;
+
+static void fill_values(void *dst, size_t n, pv_dtype dtype, uint64_t *state)
+{
+    for (size_t i = 0; i < n; i++) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        float x = (float)((int64_t)(*state >> 40) - (1 << 23)) / (float)(1 << 23);
+        if (dtype == PV_F32)
+            ((float *)dst)[i] = x;
+        else
+            ((pv_half *)dst)[i] = pv_float_to_half(x);
+    }
+}
+
+/* Writes one chunk (K rows then V rows, CHUNK x row_elems each) of sequence
+ * s into slot `slot` of pool, from the contiguous image when there is one. */
+static pv_status write_slot(kv_data *d, pv_buffer *pool, int32_t slot, int32_t s, int32_t chunk, void *tmp,
+                            uint64_t *state)
+{
+    size_t half_bytes = (size_t)(CHUNK * d->row_elems) * d->elem;
+    if (d->k) {
+        size_t at = ((size_t)s * (size_t)d->opt->max_context + (size_t)chunk * CHUNK) * (size_t)d->row_elems * d->elem;
+        memcpy(tmp, (char *)d->k + at, half_bytes);
+        memcpy((char *)tmp + half_bytes, (char *)d->v + at, half_bytes);
+    } else {
+        fill_values(tmp, (size_t)d->slot_elems, d->opt->kv_dtype, state);
+    }
+    return pv_buffer_write(pool, (uint64_t)slot * (uint64_t)d->slot_elems * d->elem, tmp, 2 * half_bytes);
+}
+
+static void kv_data_free(kv_data *d)
+{
+    free(d->paged_table);
+    free(d->consecutive_table);
+    pv_buffer_free(d->paged_pool);
+    pv_buffer_free(d->consecutive_pool);
+    pv_buffer_free(d->k_buf);
+    pv_buffer_free(d->v_buf);
+    pv_buffer_free(d->scratch);
+    memset(d, 0, sizeof *d);
+}
+
+static pv_status kv_data_init(kv_data *d, const options *opt, pv_backend *be, int is_cpu)
+{
+    memset(d, 0, sizeof *d);
+    d->opt = opt;
+    d->be = be;
+    d->elem = pv_dtype_size(opt->kv_dtype);
+    d->row_elems = (int64_t)opt->n_kv_heads * opt->head_dim;
+    d->slot_elems = 2 * CHUNK * d->row_elems;
+    d->max_chunks = (opt->max_context + CHUNK - 1) / CHUNK;
+    d->n_slots = (int64_t)BATCH * d->max_chunks;
+    uint64_t pool_bytes = (uint64_t)d->n_slots * (uint64_t)d->slot_elems * d->elem;
+
+    d->paged_table = malloc((size_t)d->n_slots * sizeof *d->paged_table);
+    d->consecutive_table = malloc((size_t)d->n_slots * sizeof *d->consecutive_table);
+    if (!d->paged_table || !d->consecutive_table)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate slot tables of %lld entries",
+                        (long long)d->n_slots);
+    uint64_t state = 42;
+    for (int64_t i = 0; i < d->n_slots; i++) {
+        d->paged_table[i] = (int32_t)i;
+        d->consecutive_table[i] = (int32_t)i;
+    }
+    for (int64_t i = d->n_slots; i > 1; i--) { /* shuffle: chunks land anywhere */
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        int64_t j = (int64_t)((state >> 33) % (uint64_t)i);
+        int32_t t = d->paged_table[i - 1];
+        d->paged_table[i - 1] = d->paged_table[j];
+        d->paged_table[j] = t;
+    }
+
+    pv_status st = pv_buffer_init(&d->paged_pool, be, PV_MEM_DEVICE, pool_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_init(&d->scratch, be, PV_MEM_DEVICE, pool_bytes);
+    if (st == PV_OK && is_cpu) {
+        uint64_t contiguous_bytes = (uint64_t)BATCH * (uint64_t)opt->max_context * (uint64_t)d->row_elems * d->elem;
+        st = pv_buffer_init(&d->k_buf, be, PV_MEM_DEVICE, contiguous_bytes);
+        if (st == PV_OK)
+            st = pv_buffer_init(&d->v_buf, be, PV_MEM_DEVICE, contiguous_bytes);
+        if (st == PV_OK) {
+            d->k = d->k_buf->host_ptr;
+            d->v = d->v_buf->host_ptr;
+            fill_values(d->k, (size_t)(contiguous_bytes / d->elem), opt->kv_dtype, &state);
+            fill_values(d->v, (size_t)(contiguous_bytes / d->elem), opt->kv_dtype, &state);
+        }
+    } else if (st == PV_OK) {
+        st = pv_buffer_init(&d->consecutive_pool, be, PV_MEM_DEVICE, pool_bytes);
+    }
+    void *tmp = malloc((size_t)d->slot_elems * d->elem);
+    if (!tmp && st == PV_OK)
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate a slot of %lld elements",
+                      (long long)d->slot_elems);
+    for (int32_t s = 0; st == PV_OK && s < BATCH; s++)
+        for (int32_t c = 0; st == PV_OK && c < d->max_chunks; c++) {
+            size_t at = (size_t)s * d->max_chunks + c;
+            /* The same seed per chunk makes both pools hold the same data. */
+            uint64_t chunk_state = at + 1;
+            st = write_slot(d, d->paged_pool, d->paged_table[at], s, c, tmp, &chunk_state);
+            chunk_state = at + 1;
+            if (st == PV_OK && d->consecutive_pool)
+                st = write_slot(d, d->consecutive_pool, d->consecutive_table[at], s, c, tmp, &chunk_state);
+        }
+    free(tmp);
+    return st;
+}
+
+/* ---- attention --------------------------------------------------------------------- */
+
+typedef struct attention_run {
+    kv_data *d;
+    int contiguous;
+    int32_t n_tokens;
+    int32_t *token_seq, *token_pos;
+    pv_buffer *q, *out;
+} attention_run;
+
+static pv_status run_attention(void *state)
+{
+    attention_run *r = state;
+    const options *opt = r->d->opt;
+    float scale = 1.0f / sqrtf((float)opt->head_dim);
+    if (r->contiguous && r->d->k) {
+        pv_cpu_contiguous_attention_args a = {
+            .kv_dtype = opt->kv_dtype,
+            .n_tokens = r->n_tokens,
+            .n_heads = opt->n_heads,
+            .n_kv_heads = opt->n_kv_heads,
+            .head_dim = opt->head_dim,
+            .scale = scale,
+            .q = r->q->host_ptr,
+            .k = r->d->k,
+            .v = r->d->v,
+            .max_tokens = opt->max_context,
+            .token_seq = r->token_seq,
+            .token_pos = r->token_pos,
+            .out = r->out->host_ptr,
+        };
+        return pv_cpu_attention_contiguous(&a);
+    }
+    pv_attention_args a = {
+        .kv_dtype = opt->kv_dtype,
+        .n_tokens = r->n_tokens,
+        .n_heads = opt->n_heads,
+        .n_kv_heads = opt->n_kv_heads,
+        .head_dim = opt->head_dim,
+        .chunk_tokens = CHUNK,
+        .scale = scale,
+        .q = r->q,
+        .kv_pool = r->contiguous ? r->d->consecutive_pool : r->d->paged_pool,
+        .n_slots = r->d->n_slots,
+        .token_seq = r->token_seq,
+        .token_pos = r->token_pos,
+        .slot_table = r->contiguous ? r->d->consecutive_table : r->d->paged_table,
+        .n_seqs = BATCH,
+        .max_chunks = r->d->max_chunks,
+        .out = r->out,
+    };
+    pv_status st = pv_attention(r->d->be, &a);
+    return st == PV_OK ? pv_backend_finish(r->d->be) : st;
+}
+
+typedef struct copy_run {
+    pv_backend *be;
+    pv_buffer *dst, *src;
+    uint64_t bytes;
+    pv_slot_copy_args gather;
+} copy_run;
+
+static pv_status run_memcpy(void *state)
+{
+    copy_run *r = state;
+    pv_status st = pv_copy_async(PV_QUEUE_COMPUTE, r->dst, 0, r->src, 0, r->bytes, NULL, NULL);
+    return st == PV_OK ? pv_backend_finish(r->be) : st;
+}
+
+static pv_status run_gather(void *state)
+{
+    copy_run *r = state;
+    pv_status st = pv_slot_gather(r->be, &r->gather);
+    return st == PV_OK ? pv_backend_finish(r->be) : st;
+}
+
+/* Batch of BATCH sequences of `context` tokens, `query` queries each at the
+ * last positions (sequence-major). */
+static pv_status bench_attention(kv_data *d, report *rep, const int32_t *contexts, int n_contexts)
+{
+    const options *opt = d->opt;
+    static const int32_t queries[2] = {8, 1};
+    int32_t max_tokens = BATCH * queries[0];
+    uint64_t q_bytes = (uint64_t)max_tokens * opt->n_heads * opt->head_dim * sizeof(float);
+    attention_run r = {.d = d};
+    r.token_seq = malloc((size_t)max_tokens * sizeof *r.token_seq);
+    r.token_pos = malloc((size_t)max_tokens * sizeof *r.token_pos);
+    float *q_host = malloc((size_t)q_bytes);
+    pv_status st = PV_OK;
+    if (!r.token_seq || !r.token_pos || !q_host)
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate %d query tokens", max_tokens);
+    if (st == PV_OK)
+        st = pv_buffer_init(&r.q, d->be, PV_MEM_DEVICE, q_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_init(&r.out, d->be, PV_MEM_DEVICE, q_bytes);
+    if (st == PV_OK) {
+        uint64_t state = 7;
+        fill_values(q_host, (size_t)(q_bytes / sizeof(float)), PV_F32, &state);
+        st = pv_buffer_write(r.q, 0, q_host, q_bytes);
+    }
+    for (int qi = 0; qi < 2 && st == PV_OK; qi++) {
+        for (int ci = 0; ci < n_contexts && st == PV_OK; ci++) {
+            int32_t query = queries[qi], context = contexts[ci];
+            r.n_tokens = BATCH * query;
+            for (int32_t s = 0; s < BATCH; s++)
+                for (int32_t j = 0; j < query; j++) {
+                    r.token_seq[s * query + j] = s;
+                    r.token_pos[s * query + j] = context - query + j;
+                }
+            attention_row *row = &rep->attention[rep->n_attention++];
+            row->context = context;
+            row->query = query;
+            r.contiguous = 0;
+            row->paged_ms = time_median(run_attention, &r, opt->reps);
+            r.contiguous = 1;
+            row->contiguous_ms = time_median(run_attention, &r, opt->reps);
+            if (row->paged_ms < 0 || row->contiguous_ms < 0)
+                st = PV_ERR_BACKEND;
+            if (query == 1 && st == PV_OK) {
+                /* Decode reads every KV byte of the context once. */
+                bandwidth_row *bw = &rep->decode[rep->n_decode++];
+                bw->context = context;
+                bw->bytes = (double)BATCH * context * (double)d->row_elems * 2.0 * (double)d->elem;
+                bw->attention_ms = row->paged_ms;
+                copy_run c = {.be = d->be, .dst = d->scratch, .src = d->paged_pool, .bytes = (uint64_t)bw->bytes};
+                bw->memcpy_ms = time_median(run_memcpy, &c, opt->reps);
+                if (bw->memcpy_ms < 0)
+                    st = PV_ERR_BACKEND;
+            }
+        }
+    }
+    pv_buffer_free(r.q);
+    pv_buffer_free(r.out);
+    free(r.token_seq);
+    free(r.token_pos);
+    free(q_host);
+    return st;
+}
+
+/* GATHER_SLOTS shuffled slots -> staging in one call, vs memcpy of the bytes. */
+static pv_status bench_gather(kv_data *d, report *rep)
+{
+    int32_t n = d->n_slots < GATHER_SLOTS ? (int32_t)d->n_slots : GATHER_SLOTS;
+    copy_run c = {
+        .be = d->be,
+        .dst = d->scratch,
+        .src = d->paged_pool,
+        .bytes = (uint64_t)n * (uint64_t)d->slot_elems * d->elem,
+        .gather = {
+            .dtype = d->opt->kv_dtype,
+            .slot_elems = d->slot_elems,
+            .pool = d->paged_pool,
+            .n_slots = d->n_slots,
+            .staging = d->scratch,
+            .staging_off = 0,
+            .slots = d->paged_table, /* a shuffled permutation */
+            .n_slots_moved = n,
+        },
+    };
+    rep->gather_bytes = (double)c.bytes;
+    rep->gather_ms = time_median(run_gather, &c, d->opt->reps);
+    rep->gather_memcpy_ms = time_median(run_memcpy, &c, d->opt->reps);
+    return rep->gather_ms < 0 || rep->gather_memcpy_ms < 0 ? PV_ERR_BACKEND : PV_OK;
+}
+
+/* ---- GEMM ----------------------------------------------------------------------------- */
+
+typedef struct gemm_run {
+    pv_backend *be;
+    pv_gemm_args args;
+} gemm_run;
+
+static pv_status run_gemm(void *state)
+{
+    gemm_run *r = state;
+    pv_status st = pv_gemm(r->be, &r->args);
+    return st == PV_OK ? pv_backend_finish(r->be) : st;
+}
+
+typedef struct blas_run {
+    int n;
+    float *a, *b, *c;
+} blas_run;
+
+static pv_status run_blas(void *state)
+{
+    blas_run *r = state;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r->n, r->n, r->n, 1.0f, r->a, r->n, r->b, r->n, 0.0f, r->c,
+                r->n);
+    return PV_OK;
+}
+
+static pv_status bench_gemm(pv_backend *be, const options *opt, report *rep)
+{
+    /* A square one, and a layer's projection for a 256-token batch. */
+    static const int64_t shapes[][3] = {{2048, 2048, 2048}, {256, 4096, 4096}, {1024, 1024, 1024}};
+    pv_status st = PV_OK;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && st == PV_OK; i++) {
+        int64_t m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+        gemm_run r = {.be = be};
+        pv_buffer *a = NULL, *b = NULL, *c = NULL;
+        st = pv_buffer_init(&a, be, PV_MEM_DEVICE, (uint64_t)(m * k) * sizeof(float));
+        if (st == PV_OK)
+            st = pv_buffer_init(&b, be, PV_MEM_DEVICE, (uint64_t)(k * n) * sizeof(float));
+        if (st == PV_OK)
+            st = pv_buffer_init(&c, be, PV_MEM_DEVICE, (uint64_t)(m * n) * sizeof(float));
+        float *host = malloc((size_t)(m * k > k * n ? m * k : k * n) * sizeof(float));
+        if (!host && st == PV_OK)
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate GEMM inputs");
+        uint64_t state = 3;
+        if (st == PV_OK) {
+            fill_values(host, (size_t)(m * k), PV_F32, &state);
+            st = pv_buffer_write(a, 0, host, (uint64_t)(m * k) * sizeof(float));
+        }
+        if (st == PV_OK) {
+            fill_values(host, (size_t)(k * n), PV_F32, &state);
+            st = pv_buffer_write(b, 0, host, (uint64_t)(k * n) * sizeof(float));
+        }
+        free(host);
+        if (st == PV_OK) {
+            r.args = (pv_gemm_args){.dtype = PV_F32, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f,
+                                    .a = a, .lda = k, .b = b, .ldb = n, .c = c, .ldc = n};
+            gemm_row *row = &rep->gemm[rep->n_gemm++];
+            row->m = m;
+            row->n = n;
+            row->k = k;
+            row->ms = time_median(run_gemm, &r, opt->reps);
+            if (row->ms < 0)
+                st = PV_ERR_BACKEND;
+        }
+        pv_buffer_free(a);
+        pv_buffer_free(b);
+        pv_buffer_free(c);
+    }
+
+    blas_run br = {.n = 2048};
+    size_t elems = (size_t)br.n * (size_t)br.n;
+    br.a = malloc(elems * sizeof(float));
+    br.b = malloc(elems * sizeof(float));
+    br.c = malloc(elems * sizeof(float));
+    if (!br.a || !br.b || !br.c) {
+        if (st == PV_OK)
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate 3 x %zu floats for cblas_sgemm", elems);
+    } else if (st == PV_OK) {
+        uint64_t state = 5;
+        fill_values(br.a, elems, PV_F32, &state);
+        fill_values(br.b, elems, PV_F32, &state);
+        rep->blas_peak_ms = time_median(run_blas, &br, opt->reps);
+    }
+    free(br.a);
+    free(br.b);
+    free(br.c);
+    return st;
+}
+
+/* ---- output ---------------------------------------------------------------------------------- */
+
+static double gbps(double bytes, double ms)
+{
+    return bytes / (ms * 1e-3) / 1e9;
+}
+
+static double gflops(int64_t m, int64_t n, int64_t k, double ms)
+{
+    return 2.0 * (double)m * (double)n * (double)k / (ms * 1e-3) / 1e9;
+}
+
+static void print_table(const report *rep, const options *opt)
+{
+    printf("\n== backend %s: %s (%s), %u compute units ==\n", rep->backend, rep->info.name, rep->info.vendor,
+           rep->info.compute_units);
+    printf("shape: batch %d, heads %d, kv heads %d, head_dim %d, chunk %d, KV %s, median of %d runs\n", BATCH,
+           opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
+    printf("\nattention: paged (shuffled slots) vs contiguous (%s)\n", rep->contiguous_kind);
+    printf("%8s %6s %12s %14s %12s\n", "context", "query", "paged ms", "contiguous ms", "paged/contig");
+    for (int i = 0; i < rep->n_attention; i++) {
+        const attention_row *r = &rep->attention[i];
+        printf("%8d %6d %12.3f %14.3f %12.3f\n", r->context, r->query, r->paged_ms, r->contiguous_ms,
+               r->paged_ms / r->contiguous_ms);
+    }
+    printf("\ndecode attention bandwidth (KV bytes read / time) vs memcpy of the same bytes (bytes / time)\n");
+    printf("%8s %10s %12s %12s %12s %8s\n", "context", "MiB", "attn ms", "attn GB/s", "memcpy GB/s", "ratio");
+    for (int i = 0; i < rep->n_decode; i++) {
+        const bandwidth_row *r = &rep->decode[i];
+        double attn = gbps(r->bytes, r->attention_ms), copy = gbps(r->bytes, r->memcpy_ms);
+        printf("%8d %10.1f %12.3f %12.2f %12.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->attention_ms, attn,
+               copy, attn / copy);
+    }
+    double gather = gbps(rep->gather_bytes, rep->gather_ms);
+    double gather_copy = gbps(rep->gather_bytes, rep->gather_memcpy_ms);
+    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call, vs memcpy of the same bytes\n", GATHER_SLOTS,
+           rep->gather_bytes / (1 << 20));
+    printf("%12s %12s %14s %8s\n", "gather ms", "gather GB/s", "memcpy GB/s", "ratio");
+    printf("%12.3f %12.2f %14.2f %8.2f\n", rep->gather_ms, gather, gather_copy, gather / gather_copy);
+    double peak = gflops(2048, 2048, 2048, rep->blas_peak_ms);
+    printf("\nGEMM f32 through the vtable vs cblas_sgemm 2048^3 called directly: %.1f GFLOP/s\n", peak);
+    printf("%6s %6s %6s %10s %10s %10s\n", "m", "n", "k", "ms", "GFLOP/s", "of peak");
+    for (int i = 0; i < rep->n_gemm; i++) {
+        const gemm_row *r = &rep->gemm[i];
+        double g = gflops(r->m, r->n, r->k, r->ms);
+        printf("%6lld %6lld %6lld %10.3f %10.1f %10.2f\n", (long long)r->m, (long long)r->n, (long long)r->k, r->ms, g,
+               g / peak);
+    }
+}
+
+static void print_json(const report *reps, int n_reports, const options *opt)
+{
+    printf("{\"batch\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"chunk_tokens\": %d, \"kv_dtype\": \"%s\", "
+           "\"reps\": %d, \"backends\": [",
+           BATCH, opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
+    for (int b = 0; b < n_reports; b++) {
+        const report *rep = &reps[b];
+        printf("%s\n  {\"backend\": \"%s\", \"device\": \"%s\", \"contiguous\": \"%s\", \"attention\": [", b ? "," : "",
+               rep->backend, rep->info.name, rep->contiguous_kind);
+        for (int i = 0; i < rep->n_attention; i++) {
+            const attention_row *r = &rep->attention[i];
+            printf("%s{\"context\": %d, \"query\": %d, \"paged_ms\": %.4f, \"contiguous_ms\": %.4f}", i ? ", " : "",
+                   r->context, r->query, r->paged_ms, r->contiguous_ms);
+        }
+        printf("],\n   \"decode_bandwidth\": [");
+        for (int i = 0; i < rep->n_decode; i++) {
+            const bandwidth_row *r = &rep->decode[i];
+            printf("%s{\"context\": %d, \"bytes\": %.0f, \"attention_gbps\": %.3f, \"memcpy_gbps\": %.3f}", i ? ", " : "",
+                   r->context, r->bytes, gbps(r->bytes, r->attention_ms), gbps(r->bytes, r->memcpy_ms));
+        }
+        printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, \"memcpy_gbps\": %.3f},\n",
+               GATHER_SLOTS, rep->gather_bytes, gbps(rep->gather_bytes, rep->gather_ms),
+               gbps(rep->gather_bytes, rep->gather_memcpy_ms));
+        printf("   \"blas_peak_gflops\": %.2f, \"gemm\": [", gflops(2048, 2048, 2048, rep->blas_peak_ms));
+        for (int i = 0; i < rep->n_gemm; i++) {
+            const gemm_row *r = &rep->gemm[i];
+            printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f}", i ? ", " : "", (long long)r->m,
+                   (long long)r->n, (long long)r->k, gflops(r->m, r->n, r->k, r->ms));
+        }
+        printf("]}");
+    }
+    printf("\n]}\n");
+}
+
+static pv_status bench_backend(const char *name, const options *opt, report *rep)
+{
+    memset(rep, 0, sizeof *rep);
+    rep->backend = name;
+    pv_backend *be = NULL;
+    pv_status st = pv_backend_init(&be, name, 0);
+    if (st != PV_OK)
+        return st;
+    rep->info = be->info;
+    int is_cpu = strcmp(name, "cpu") == 0;
+    rep->contiguous_kind = is_cpu ? "K/V arrays [seq][pos][head][dim]" : "consecutive slots";
+    int32_t contexts[8];
+    int n_contexts = 0;
+    for (int32_t c = 256; c <= opt->max_context && n_contexts < 8; c *= 2)
+        contexts[n_contexts++] = c;
+    kv_data d;
+    st = kv_data_init(&d, opt, be, is_cpu);
+    if (st == PV_OK)
+        st = bench_attention(&d, rep, contexts, n_contexts);
+    if (st == PV_OK)
+        st = bench_gather(&d, rep);
+    kv_data_free(&d);
+    if (st == PV_OK)
+        st = bench_gemm(be, opt, rep);
+    pv_backend_free(be);
+    return st;
+}
+
+static int usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--backend cpu|opencl|cuda|all] [--kv f16|f32] [--heads N] [--kv-heads N]\n"
+            "          [--head-dim N] [--max-context N] [--reps N] [--json]\n",
+            argv0);
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    options opt = {.backend = "all", .kv_dtype = PV_F16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+                   .max_context = 4096, .reps = 5};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(arg, "--json") == 0)
+            opt.json = 1;
+        else if (!value)
+            return usage(argv[0]);
+        else if (strcmp(arg, "--backend") == 0)
+            opt.backend = argv[++i];
+        else if (strcmp(arg, "--kv") == 0 && (strcmp(value, "f16") == 0 || strcmp(value, "f32") == 0))
+            opt.kv_dtype = strcmp(argv[++i], "f16") == 0 ? PV_F16 : PV_F32;
+        else if (strcmp(arg, "--heads") == 0)
+            opt.n_heads = atoi(argv[++i]);
+        else if (strcmp(arg, "--kv-heads") == 0)
+            opt.n_kv_heads = atoi(argv[++i]);
+        else if (strcmp(arg, "--head-dim") == 0)
+            opt.head_dim = atoi(argv[++i]);
+        else if (strcmp(arg, "--max-context") == 0)
+            opt.max_context = atoi(argv[++i]);
+        else if (strcmp(arg, "--reps") == 0)
+            opt.reps = atoi(argv[++i]);
+        else
+            return usage(argv[0]);
+    }
+    if (opt.reps < 1 || opt.reps > MAX_REPS || opt.max_context < 256 || opt.n_heads < 1 || opt.n_kv_heads < 1 ||
+        opt.n_heads % opt.n_kv_heads != 0 || !pv_attention_head_dim_supported(opt.head_dim)) {
+        fprintf(stderr, "bench-kernels: need 1 <= reps <= %d, max-context >= 256, heads a multiple of kv-heads, "
+                        "head-dim a multiple of 16 up to 256\n", MAX_REPS);
+        return 2;
+    }
+
+    report reports[4];
+    int n_reports = 0, failed = 0;
+    for (const char *const *name = pv_backend_names(); *name; name++) {
+        if (strcmp(opt.backend, "all") != 0 && strcmp(opt.backend, *name) != 0)
+            continue;
+        pv_status st = bench_backend(*name, &opt, &reports[n_reports]);
+        if (st == PV_OK) {
+            if (!opt.json)
+                print_table(&reports[n_reports], &opt);
+            n_reports++;
+        } else {
+            fprintf(stderr, "bench-kernels: backend %s: %s\n", *name, pv_last_error());
+            failed |= st != PV_ERR_NO_DEVICE;
+        }
+    }
+    if (opt.json)
+        print_json(reports, n_reports, &opt);
+    if (n_reports == 0 && strcmp(opt.backend, "all") != 0)
+        fprintf(stderr, "bench-kernels: backend '%s' did not run\n", opt.backend);
+    return failed || n_reports == 0 ? 1 : 0;
+}

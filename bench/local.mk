@@ -1,0 +1,4 @@
+# Benchmarks: programs that print tables (and --json), never run by make check.
+include bench/backend.mk
+include bench/cache.mk
+include bench/models.mk

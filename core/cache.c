@@ -1,0 +1,924 @@
+/* The tiered KV cache: slot pools, the session table, chunk records, session
+ * save/restore, statistics and the invariant check. Eviction choices live in
+ * core/cache_evict.c. */
+#include "core/cache_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *pv_tier_name(pv_tier tier)
+{
+    switch (tier) {
+    case PV_TIER_DEVICE: return "device";
+    case PV_TIER_HOST: return "host";
+    case PV_TIER_DROPPED: return "dropped";
+    case PV_TIER_NONE: return "none";
+    }
+    return "unknown";
+}
+
+static double monotonic_seconds(void *ctx)
+{
+    (void)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double pv_cache_now(pv_cache *cache)
+{
+    return cache->clock(cache->clock_ctx);
+}
+
+/* ---- slot pools ------------------------------------------------------------ */
+
+static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name)
+{
+    pool->n_slots = n_slots;
+    pool->n_free = n_slots;
+    pool->free_stack = malloc((size_t)n_slots * sizeof *pool->free_stack);
+    pool->owner = calloc(n_slots, sizeof *pool->owner);
+    if (!pool->free_stack || !pool->owner)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the %s pool's %u slot records",
+                        name, n_slots);
+    /* Slot 0 on top: slots are handed out in increasing order at first. */
+    for (uint32_t i = 0; i < n_slots; i++)
+        pool->free_stack[i] = n_slots - 1 - i;
+    return PV_OK;
+}
+
+static void pool_free(pv_pool *pool)
+{
+    free(pool->free_stack);
+    free(pool->owner);
+    pool->free_stack = NULL;
+    pool->owner = NULL;
+}
+
+uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chunk, uint32_t layer,
+                      uint8_t state)
+{
+    pv_pool *pool = &cache->pool[tier];
+    uint32_t slot = pool->free_stack[--pool->n_free];
+    pool->owner[slot] = (pv_slot_owner){handle_of(cache, s), chunk, (uint16_t)layer, state};
+    s->held_slots[tier]++;
+    cache->stats.used_bytes[tier] += cache->cfg.slot_bytes;
+    return slot;
+}
+
+void pv_slot_give(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t slot)
+{
+    pv_pool *pool = &cache->pool[tier];
+    pool->owner[slot].state = PV_SLOT_FREE;
+    pool->free_stack[pool->n_free++] = slot;
+    s->held_slots[tier]--;
+    cache->stats.used_bytes[tier] -= cache->cfg.slot_bytes;
+}
+
+/* ---- session table: open addressing, linear probing, backward-shift delete - */
+
+static uint32_t hash_id(const char *id)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+static uint32_t map_find(const pv_cache *cache, const char *id, uint32_t h)
+{
+    uint32_t mask = cache->map_cap - 1;
+    for (uint32_t i = h & mask;; i = (i + 1) & mask) {
+        uint32_t handle = cache->map[i];
+        if (handle == PV_NONE32)
+            return PV_NONE32;
+        const pv_session *s = &cache->sessions[handle];
+        if (s->hash == h && strcmp(s->id, id) == 0)
+            return handle;
+    }
+}
+
+static void map_put(pv_cache *cache, uint32_t handle)
+{
+    uint32_t mask = cache->map_cap - 1;
+    uint32_t i = cache->sessions[handle].hash & mask;
+    while (cache->map[i] != PV_NONE32)
+        i = (i + 1) & mask;
+    cache->map[i] = handle;
+}
+
+static void map_remove(pv_cache *cache, uint32_t handle)
+{
+    uint32_t mask = cache->map_cap - 1;
+    uint32_t i = cache->sessions[handle].hash & mask;
+    while (cache->map[i] != handle)
+        i = (i + 1) & mask;
+    /* Shift later members of the probe run back so lookups need no tombstones. */
+    for (uint32_t j = (i + 1) & mask; cache->map[j] != PV_NONE32; j = (j + 1) & mask) {
+        uint32_t home = cache->sessions[cache->map[j]].hash & mask;
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            cache->map[i] = cache->map[j];
+            i = j;
+        }
+    }
+    cache->map[i] = PV_NONE32;
+}
+
+static pv_status map_grow(pv_cache *cache)
+{
+    uint32_t cap = cache->map_cap * 2;
+    uint32_t *map = malloc((size_t)cap * sizeof *map);
+    if (!map)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for a session table of %u entries", cap);
+    memset(map, 0xff, (size_t)cap * sizeof *map);
+    free(cache->map);
+    cache->map = map;
+    cache->map_cap = cap;
+    for (uint32_t h = 0; h < cache->next_handle; h++)
+        if (cache->sessions[h].id)
+            map_put(cache, h);
+    return PV_OK;
+}
+
+uint32_t pv_session_find(const pv_cache *cache, const char *id)
+{
+    return map_find(cache, id, hash_id(id));
+}
+
+static pv_status find_session(const pv_cache *cache, const char *id, const char *fn,
+                              uint32_t *handle)
+{
+    if (!cache)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: cache is NULL", fn);
+    if (!id)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: session id is NULL", fn);
+    uint32_t h = map_find(cache, id, hash_id(id));
+    if (h == PV_NONE32)
+        return pv_error(PV_ERR_NOT_FOUND, "%s: unknown session \"%.64s\"", fn, id);
+    *handle = h;
+    return PV_OK;
+}
+
+/* ---- init / free ------------------------------------------------------------- */
+
+pv_status pv_cache_init(pv_cache **out, const pv_cache_config *cfg, pv_clock_fn clock,
+                        void *clock_ctx)
+{
+    if (!out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_init: out is NULL");
+    *out = NULL;
+    pv_status st = pv_cache_config_validate(cfg);
+    if (st != PV_OK)
+        return st;
+    pv_cache *cache = calloc(1, sizeof *cache);
+    if (!cache)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the cache (%zu bytes)", sizeof *cache);
+    cache->cfg = *cfg;
+    cache->clock = clock ? clock : monotonic_seconds;
+    cache->clock_ctx = clock_ctx;
+    cache->pin_head = cache->pin_tail = PV_NONE32;
+    uint32_t n_device = (uint32_t)(cfg->device_bytes / cfg->slot_bytes);
+    uint32_t n_host = (uint32_t)(cfg->host_bytes / cfg->slot_bytes);
+    cache->reserve_slots = (uint32_t)(cfg->reserve * n_device);
+    cache->map_cap = 64;
+    cache->map = malloc(cache->map_cap * sizeof *cache->map);
+    if (!cache->map) {
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the session table");
+        goto fail;
+    }
+    memset(cache->map, 0xff, cache->map_cap * sizeof *cache->map);
+    if ((st = pool_init(&cache->pool[PV_TIER_DEVICE], n_device, "device")) != PV_OK ||
+        (st = pool_init(&cache->pool[PV_TIER_HOST], n_host, "host")) != PV_OK ||
+        (st = pv_ktree_resize(cache, 16)) != PV_OK)
+        goto fail;
+    cache->stats.capacity_bytes[PV_TIER_DEVICE] = (uint64_t)n_device * cfg->slot_bytes;
+    cache->stats.capacity_bytes[PV_TIER_HOST] = (uint64_t)n_host * cfg->slot_bytes;
+    *out = cache;
+    return PV_OK;
+fail:
+    pv_cache_free(cache);
+    return st;
+}
+
+static void session_release(pv_session *s)
+{
+    free(s->id);
+    free(s->recs);
+    free(s->tokens);
+    free(s->lead);
+    memset(s, 0, sizeof *s);
+}
+
+void pv_cache_free(pv_cache *cache)
+{
+    if (!cache)
+        return;
+    for (uint32_t h = 0; h < cache->next_handle; h++)
+        session_release(&cache->sessions[h]);
+    free(cache->sessions);
+    free(cache->free_handles);
+    free(cache->map);
+    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        pool_free(&cache->pool[t]);
+        pv_ktree_free(&cache->tree[t]);
+    }
+    free(cache);
+}
+
+/* ---- sessions ---------------------------------------------------------------- */
+
+static void pin_list_remove(pv_cache *cache, uint32_t h)
+{
+    pv_session *s = &cache->sessions[h];
+    if (s->pin_prev != PV_NONE32)
+        cache->sessions[s->pin_prev].pin_next = s->pin_next;
+    else
+        cache->pin_head = s->pin_next;
+    if (s->pin_next != PV_NONE32)
+        cache->sessions[s->pin_next].pin_prev = s->pin_prev;
+    else
+        cache->pin_tail = s->pin_prev;
+    s->pin_prev = s->pin_next = PV_NONE32;
+}
+
+static pv_status new_handle(pv_cache *cache, uint32_t *handle)
+{
+    if (cache->n_free_handles > 0) {
+        *handle = cache->free_handles[--cache->n_free_handles];
+        return PV_OK;
+    }
+    if (cache->next_handle == cache->cap_sessions) {
+        if (cache->cap_sessions >= (1u << 30))
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "session limit of %u reached", cache->cap_sessions);
+        uint32_t cap = cache->cap_sessions ? cache->cap_sessions * 2 : 16;
+        pv_session *sessions = realloc(cache->sessions, (size_t)cap * sizeof *sessions);
+        if (!sessions)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u sessions", cap);
+        memset(sessions + cache->cap_sessions, 0, (size_t)(cap - cache->cap_sessions) * sizeof *sessions);
+        cache->sessions = sessions;
+        uint32_t *handles = realloc(cache->free_handles, (size_t)cap * sizeof *handles);
+        if (!handles)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u session handles", cap);
+        cache->free_handles = handles;
+        cache->cap_sessions = cap;
+        pv_status st = pv_ktree_resize(cache, cap);
+        if (st != PV_OK)
+            return st;
+    }
+    *handle = cache->next_handle++;
+    return PV_OK;
+}
+
+pv_status pv_cache_session_open(pv_cache *cache, const char *id)
+{
+    if (!cache || !id)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_session_open: cache and id must not be NULL");
+    size_t len = strlen(id);
+    if (len == 0 || len > PV_SESSION_ID_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "session id \"%.64s\" has length %zu, allowed [1, %d]", id,
+                        len, PV_SESSION_ID_MAX);
+    uint32_t hash = hash_id(id);
+    uint32_t h = map_find(cache, id, hash);
+    if (h != PV_NONE32) {
+        cache->sessions[h].last_active = pv_cache_now(cache);
+        pv_session_refresh(cache, &cache->sessions[h]);
+        return PV_OK;
+    }
+    pv_status st;
+    if ((cache->n_sessions + 1) * 2 > cache->map_cap && (st = map_grow(cache)) != PV_OK)
+        return st;
+    char *copy = malloc(len + 1);
+    uint32_t *lead = malloc((size_t)PV_SLOT_TIERS * cache->cfg.n_layers * sizeof *lead);
+    if (!copy || !lead) {
+        free(copy);
+        free(lead);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for session \"%.64s\"", id);
+    }
+    if ((st = new_handle(cache, &h)) != PV_OK) {
+        free(copy);
+        free(lead);
+        return st;
+    }
+    memcpy(copy, id, len + 1);
+    memset(lead, 0xff, (size_t)PV_SLOT_TIERS * cache->cfg.n_layers * sizeof *lead);
+    pv_session *s = &cache->sessions[h];
+    memset(s, 0, sizeof *s);
+    s->id = copy;
+    s->hash = hash;
+    s->lead = lead;
+    s->pin_prev = s->pin_next = PV_NONE32;
+    s->last_active = pv_cache_now(cache);
+    map_put(cache, h);
+    cache->n_sessions++;
+    pv_session_refresh(cache, s);
+    return PV_OK;
+}
+
+/* Removes one record from its tier, freeing its slot. */
+void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer)
+{
+    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    if (r->tier == PV_TIER_NONE)
+        return;
+    if (r->tier < PV_SLOT_TIERS) {
+        if (!r->copying)
+            pv_lead_remove(cache, s, r->tier, chunk, layer);
+        pv_slot_give(cache, s, (pv_tier)r->tier, r->slot);
+    }
+    s->records[r->tier]--;
+    cache->stats.records[r->tier]--;
+    r->tier = PV_TIER_NONE;
+    r->slot = PV_NONE32;
+}
+
+pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_freed)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_end_session", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (s->pins)
+        return pv_error(PV_ERR_BUSY, "pv_cache_end_session: session \"%.64s\" is pinned %u times",
+                        id, s->pins);
+    if (s->copy_src[PV_TIER_DEVICE] || s->copy_src[PV_TIER_HOST])
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_end_session: session \"%.64s\" has %u chunks under copy; "
+                        "complete or abort them first",
+                        id, s->copy_src[PV_TIER_DEVICE] + s->copy_src[PV_TIER_HOST]);
+    uint64_t freed = (uint64_t)(s->held_slots[PV_TIER_DEVICE] + s->held_slots[PV_TIER_HOST]) *
+                     cache->cfg.slot_bytes;
+    for (uint32_t c = 0; c < s->n_chunks; c++)
+        for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+            pv_rec_exit(cache, s, c, l);
+    s->candidate[0] = s->candidate[1] = 0;
+    pv_session_refresh(cache, s);
+    map_remove(cache, h);
+    session_release(s);
+    cache->free_handles[cache->n_free_handles++] = h;
+    cache->n_sessions--;
+    if (bytes_freed)
+        *bytes_freed = freed;
+    return PV_OK;
+}
+
+pv_status pv_cache_append_tokens(pv_cache *cache, const char *id, const int32_t *tokens,
+                                 size_t n_tokens)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_append_tokens", &h);
+    if (st != PV_OK)
+        return st;
+    if (n_tokens && !tokens)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_append_tokens: tokens is NULL for %zu tokens",
+                        n_tokens);
+    pv_session *s = &cache->sessions[h];
+    if (n_tokens > (size_t)UINT32_MAX - s->n_tokens)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_cache_append_tokens: history of %zu + %zu tokens exceeds %u", s->n_tokens,
+                        n_tokens, UINT32_MAX);
+    if (s->n_tokens + n_tokens > s->cap_tokens) {
+        size_t cap = s->cap_tokens ? s->cap_tokens : 256;
+        while (cap < s->n_tokens + n_tokens)
+            cap *= 2;
+        int32_t *grown = realloc(s->tokens, cap * sizeof *grown);
+        if (!grown)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for a history of %zu tokens", cap);
+        s->tokens = grown;
+        s->cap_tokens = cap;
+    }
+    if (n_tokens)
+        memcpy(s->tokens + s->n_tokens, tokens, n_tokens * sizeof *tokens);
+    s->n_tokens += n_tokens;
+    return PV_OK;
+}
+
+pv_status pv_cache_touch(pv_cache *cache, const char *id)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_touch", &h);
+    if (st != PV_OK)
+        return st;
+    cache->sessions[h].last_active = pv_cache_now(cache);
+    pv_session_refresh(cache, &cache->sessions[h]);
+    return PV_OK;
+}
+
+pv_status pv_cache_pin(pv_cache *cache, const char *id)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_pin", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (s->pins == UINT32_MAX)
+        return pv_error(PV_ERR_STATE, "pv_cache_pin: session \"%.64s\" pinned %u times", id, s->pins);
+    if (s->pins++ == 0) {
+        s->pin_seq = ++cache->pin_counter;
+        s->pin_prev = cache->pin_tail;
+        s->pin_next = PV_NONE32;
+        if (cache->pin_tail != PV_NONE32)
+            cache->sessions[cache->pin_tail].pin_next = h;
+        else
+            cache->pin_head = h;
+        cache->pin_tail = h;
+    }
+    s->last_active = pv_cache_now(cache);
+    pv_session_refresh(cache, s);
+    return PV_OK;
+}
+
+pv_status pv_cache_unpin(pv_cache *cache, const char *id)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_unpin", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (s->pins == 0)
+        return pv_error(PV_ERR_STATE, "pv_cache_unpin: session \"%.64s\" is not pinned", id);
+    if (--s->pins == 0)
+        pin_list_remove(cache, h);
+    s->last_active = pv_cache_now(cache);
+    pv_session_refresh(cache, s);
+    return PV_OK;
+}
+
+pv_status pv_cache_session_save(pv_cache *cache, const char *id, uint32_t committed_tokens)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_save", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (committed_tokens > s->n_tokens)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_cache_session_save: committed_tokens %u exceeds the history of \"%.64s\" "
+                        "(%zu tokens)",
+                        committed_tokens, id, s->n_tokens);
+    s->committed_tokens = committed_tokens;
+    s->turns++;
+    s->last_active = pv_cache_now(cache);
+    pv_session_refresh(cache, s);
+    return PV_OK;
+}
+
+pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_session_view *view)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_restore", &h);
+    if (st != PV_OK)
+        return st;
+    if (!view)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_session_restore: view is NULL");
+    const pv_session *s = &cache->sessions[h];
+    memset(view, 0, sizeof *view);
+    view->tokens = s->tokens;
+    view->n_tokens = s->n_tokens;
+    view->committed_tokens = s->committed_tokens;
+    view->turns = s->turns;
+    view->n_chunks = s->n_chunks;
+    for (int t = 0; t < 3; t++)
+        view->records[t] = s->records[t];
+    for (int t = 0; t < PV_SLOT_TIERS; t++)
+        view->held_bytes[t] = (uint64_t)s->held_slots[t] * cache->cfg.slot_bytes;
+    view->pins = s->pins;
+    view->last_active = s->last_active;
+    /* Recovery recomputes the prefix through the last chunk with any dropped
+     * layer (attention at that chunk needs every earlier position). */
+    uint32_t last_dropped = PV_NONE32;
+    if (s->records[PV_TIER_DROPPED]) {
+        for (uint32_t c = s->n_chunks; c-- > 0 && last_dropped == PV_NONE32;)
+            for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+                if (pv_rec(cache, s, c, l)->tier == PV_TIER_DROPPED) {
+                    last_dropped = c;
+                    break;
+                }
+    }
+    if (last_dropped != PV_NONE32) {
+        uint64_t tokens = (uint64_t)(last_dropped + 1) * cache->cfg.chunk_tokens;
+        view->recompute_tokens = (uint32_t)(tokens < s->n_tokens ? tokens : s->n_tokens);
+    }
+    return PV_OK;
+}
+
+pv_status pv_cache_held_bytes(const pv_cache *cache, const char *id, uint64_t *device_bytes,
+                              uint64_t *host_bytes)
+{
+    if (!cache)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_held_bytes: cache is NULL");
+    uint64_t held[PV_SLOT_TIERS];
+    if (!id) {
+        for (int t = 0; t < PV_SLOT_TIERS; t++)
+            held[t] = cache->stats.used_bytes[t];
+    } else {
+        uint32_t h;
+        pv_status st = find_session(cache, id, "pv_cache_held_bytes", &h);
+        if (st != PV_OK)
+            return st;
+        for (int t = 0; t < PV_SLOT_TIERS; t++)
+            held[t] = (uint64_t)cache->sessions[h].held_slots[t] * cache->cfg.slot_bytes;
+    }
+    if (device_bytes)
+        *device_bytes = held[PV_TIER_DEVICE];
+    if (host_bytes)
+        *host_bytes = held[PV_TIER_HOST];
+    return PV_OK;
+}
+
+const char *pv_cache_session_name(const pv_cache *cache, uint32_t session)
+{
+    if (!cache || session >= cache->next_handle)
+        return NULL;
+    return cache->sessions[session].id;
+}
+
+/* ---- chunks ------------------------------------------------------------------ */
+
+static pv_status check_chunk_args(const pv_cache *cache, const char *fn, uint32_t chunk,
+                                  uint32_t layer)
+{
+    if (chunk >= PV_CACHE_MAX_CHUNKS)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: chunk %u out of range [0, %u)", fn, chunk,
+                        PV_CACHE_MAX_CHUNKS);
+    if (layer >= cache->cfg.n_layers)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: layer %u out of range [0, %u)", fn, layer,
+                        cache->cfg.n_layers);
+    return PV_OK;
+}
+
+static pv_status ensure_chunks(pv_cache *cache, pv_session *s, uint32_t n_chunks)
+{
+    if (n_chunks <= s->cap_chunks)
+        return PV_OK;
+    uint32_t cap = s->cap_chunks ? s->cap_chunks : 4;
+    while (cap < n_chunks)
+        cap *= 2;
+    size_t per = cache->cfg.n_layers;
+    pv_chunk_rec *recs = realloc(s->recs, (size_t)cap * per * sizeof *recs);
+    if (!recs)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u chunks x %zu layers of \"%.64s\"",
+                        cap, per, s->id);
+    for (size_t i = (size_t)s->cap_chunks * per; i < (size_t)cap * per; i++)
+        recs[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0};
+    s->recs = recs;
+    s->cap_chunks = cap;
+    return PV_OK;
+}
+
+void pv_rec_enter(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer, pv_tier tier,
+                  uint32_t slot)
+{
+    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    r->tier = (uint8_t)tier;
+    r->slot = tier < PV_SLOT_TIERS ? slot : PV_NONE32;
+    s->records[tier]++;
+    cache->stats.records[tier]++;
+    if (tier < PV_SLOT_TIERS && !r->copying)
+        pv_lead_add(cache, s, tier, chunk, layer);
+}
+
+pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                               pv_tier tier, uint32_t *slot)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_store_chunk", &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, "pv_cache_store_chunk", chunk, layer)) != PV_OK)
+        return st;
+    if (tier != PV_TIER_DEVICE && tier != PV_TIER_HOST)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_cache_store_chunk: tier %s cannot hold bytes (use device or host)",
+                        pv_tier_name(tier));
+    pv_session *s = &cache->sessions[h];
+    if ((st = ensure_chunks(cache, s, chunk + 1)) != PV_OK)
+        return st;
+    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    if (r->copying)
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_store_chunk: chunk %u layer %u of \"%.64s\" is under copy", chunk,
+                        layer, id);
+    pv_pool *pool = &cache->pool[tier];
+    /* Check before removing the old copy, so a failure changes nothing. */
+    if (pool->n_free == 0 && r->tier != tier)
+        return pv_error(PV_ERR_OUT_OF_MEMORY,
+                        "pv_cache_store_chunk: no free %s slot (%u slots in use); evict first",
+                        pv_tier_name(tier), pool->n_slots);
+    pv_tier old = (pv_tier)r->tier;
+    /* Seed 002: a recomputed or rewritten chunk replaces its older copy in
+     * whatever tier it is, so it never lives in two tiers. */
+    pv_rec_exit(cache, s, chunk, layer);
+    uint32_t got = pv_slot_take(cache, s, tier, chunk, layer, PV_SLOT_OWNED);
+    if (chunk >= s->n_chunks)
+        s->n_chunks = chunk + 1;
+    pv_rec_enter(cache, s, chunk, layer, tier, got);
+    if (old == PV_TIER_DROPPED) {
+        cache->stats.recomputed_chunks++;
+        int still_dropped = 0;
+        for (uint32_t l = 0; l < cache->cfg.n_layers && !still_dropped; l++)
+            still_dropped = pv_rec(cache, s, chunk, l)->tier == PV_TIER_DROPPED;
+        if (!still_dropped)
+            cache->stats.recomputed_tokens += cache->cfg.chunk_tokens;
+    }
+    pv_session_refresh(cache, s);
+    if (slot)
+        *slot = got;
+    return PV_OK;
+}
+
+pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                          pv_tier *tier, uint32_t *slot)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_lookup", &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, "pv_cache_lookup", chunk, layer)) != PV_OK)
+        return st;
+    if (!tier)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_lookup: tier is NULL");
+    const pv_session *s = &cache->sessions[h];
+    pv_tier where = PV_TIER_NONE;
+    uint32_t at = PV_NONE32;
+    if (chunk < s->n_chunks) {
+        const pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+        where = (pv_tier)r->tier;
+        at = r->slot;
+    }
+    if (where == PV_TIER_NONE)
+        cache->stats.misses++;
+    else
+        cache->stats.hits[where]++;
+    *tier = where;
+    if (slot)
+        *slot = at;
+    return PV_OK;
+}
+
+pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                                   double *value)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_retention_value", &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, "pv_cache_retention_value", chunk, layer)) != PV_OK)
+        return st;
+    if (!value)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_retention_value: value is NULL");
+    const pv_session *s = &cache->sessions[h];
+    if (chunk >= s->n_chunks || pv_rec(cache, s, chunk, layer)->tier == PV_TIER_NONE)
+        return pv_error(PV_ERR_NOT_FOUND,
+                        "pv_cache_retention_value: chunk %u layer %u of \"%.64s\" was never stored",
+                        chunk, layer, id);
+    double idle = pv_cache_now(cache) - s->last_active;
+    double cost = pv_chunk_cost(cache, s, chunk, layer);
+    *value = idle > 0 ? cost / idle : INFINITY;
+    return PV_OK;
+}
+
+/* ---- plans ---------------------------------------------------------------------- */
+
+void pv_cache_plan_init(pv_cache_plan *plan)
+{
+    plan->moves = NULL;
+    plan->n_moves = 0;
+    plan->capacity = 0;
+}
+
+void pv_cache_plan_clear(pv_cache_plan *plan)
+{
+    plan->n_moves = 0;
+}
+
+void pv_cache_plan_free(pv_cache_plan *plan)
+{
+    free(plan->moves);
+    pv_cache_plan_init(plan);
+}
+
+/* ---- statistics and checks ------------------------------------------------------ */
+
+void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats)
+{
+    *stats = cache->stats;
+    stats->sessions = cache->n_sessions;
+}
+
+#define FAIL(...) return pv_error(PV_ERR_STATE, "pv_cache_check: " __VA_ARGS__)
+
+static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_size)
+{
+    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        const pv_pool *pool = &cache->pool[t];
+        const char *tn = pv_tier_name((pv_tier)t);
+        if (pool->n_free > pool->n_slots)
+            FAIL("%s pool has %u free of %u slots", tn, pool->n_free, pool->n_slots);
+        memset(seen, 0, seen_size);
+        for (uint32_t i = 0; i < pool->n_free; i++) {
+            uint32_t slot = pool->free_stack[i];
+            if (slot >= pool->n_slots)
+                FAIL("%s free list entry %u is slot %u, beyond %u slots", tn, i, slot, pool->n_slots);
+            if (seen[slot])
+                FAIL("%s slot %u is twice on the free list", tn, slot);
+            seen[slot] = 1;
+            if (pool->owner[slot].state != PV_SLOT_FREE)
+                FAIL("%s slot %u is on the free list but marked in use", tn, slot);
+        }
+        uint32_t in_use = 0;
+        uint64_t held = 0;
+        for (uint32_t slot = 0; slot < pool->n_slots; slot++) {
+            const pv_slot_owner *o = &pool->owner[slot];
+            if (o->state == PV_SLOT_FREE) {
+                if (!seen[slot])
+                    FAIL("%s slot %u is free but not on the free list (leaked)", tn, slot);
+                continue;
+            }
+            in_use++;
+            if (o->session >= cache->next_handle || !cache->sessions[o->session].id)
+                FAIL("%s slot %u belongs to ended session handle %u", tn, slot, o->session);
+            const pv_session *s = &cache->sessions[o->session];
+            if (o->chunk >= s->n_chunks || o->layer >= cache->cfg.n_layers)
+                FAIL("%s slot %u names chunk %u layer %u beyond session \"%s\"", tn, slot, o->chunk,
+                     o->layer, s->id);
+            const pv_chunk_rec *r = pv_rec(cache, s, o->chunk, o->layer);
+            if (o->state == PV_SLOT_OWNED && (r->tier != t || r->slot != slot))
+                FAIL("%s slot %u is owned by \"%s\" chunk %u layer %u, which is in %s slot %u", tn,
+                     slot, s->id, o->chunk, o->layer, pv_tier_name((pv_tier)r->tier), r->slot);
+            if (o->state == PV_SLOT_RESERVED && (!r->copying || r->tier == t || r->tier >= PV_SLOT_TIERS))
+                FAIL("%s slot %u is reserved for \"%s\" chunk %u layer %u, which is not under copy "
+                     "from the other tier",
+                     tn, slot, s->id, o->chunk, o->layer);
+            held += cache->cfg.slot_bytes;
+        }
+        if (in_use + pool->n_free != pool->n_slots)
+            FAIL("%s pool: %u in use + %u free != %u slots", tn, in_use, pool->n_free, pool->n_slots);
+        if (held != cache->stats.used_bytes[t])
+            FAIL("%s used bytes counter %llu != %llu, the sum of slots in use", tn,
+                 (unsigned long long)cache->stats.used_bytes[t], (unsigned long long)held);
+    }
+    return PV_OK;
+}
+
+static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *records,
+                               uint64_t *evictable, uint32_t *copies)
+{
+    const pv_session *s = &cache->sessions[h];
+    uint32_t n_layers = cache->cfg.n_layers;
+    if (map_find(cache, s->id, hash_id(s->id)) != h)
+        FAIL("session \"%s\" (handle %u) is not found under its id", s->id, h);
+    if (s->n_chunks > s->cap_chunks)
+        FAIL("session \"%s\" has %u chunks beyond its capacity %u", s->id, s->n_chunks, s->cap_chunks);
+    uint32_t count[3] = {0, 0, 0}, copying[PV_SLOT_TIERS] = {0, 0}, reserved[PV_SLOT_TIERS] = {0, 0};
+    for (uint32_t c = 0; c < s->cap_chunks; c++) {
+        for (uint32_t l = 0; l < n_layers; l++) {
+            const pv_chunk_rec *r = pv_rec(cache, s, c, l);
+            if (r->tier == PV_TIER_NONE) {
+                if (r->copying)
+                    FAIL("\"%s\" chunk %u layer %u is under copy but stored nowhere", s->id, c, l);
+                continue;
+            }
+            if (r->tier > PV_TIER_NONE || c >= s->n_chunks)
+                FAIL("\"%s\" chunk %u layer %u has tier %u beyond the index (%u chunks)", s->id, c, l,
+                     r->tier, s->n_chunks);
+            count[r->tier]++;
+            if (r->tier == PV_TIER_DROPPED) {
+                if (r->copying)
+                    FAIL("\"%s\" chunk %u layer %u is dropped but under copy", s->id, c, l);
+                continue;
+            }
+            const pv_pool *pool = &cache->pool[r->tier];
+            if (r->slot >= pool->n_slots)
+                FAIL("\"%s\" chunk %u layer %u: %s slot %u beyond %u slots", s->id, c, l,
+                     pv_tier_name((pv_tier)r->tier), r->slot, pool->n_slots);
+            const pv_slot_owner *o = &pool->owner[r->slot];
+            if (o->state != PV_SLOT_OWNED || o->session != h || o->chunk != c || o->layer != l)
+                FAIL("\"%s\" chunk %u layer %u: %s slot %u is not owned by it", s->id, c, l,
+                     pv_tier_name((pv_tier)r->tier), r->slot);
+            if (r->copying) {
+                copying[r->tier]++;
+                reserved[1 - r->tier]++;
+            }
+        }
+    }
+    for (int t = 0; t < 3; t++) {
+        if (count[t] != s->records[t])
+            FAIL("session \"%s\": %u %s records counted, counter says %u", s->id, count[t],
+                 pv_tier_name((pv_tier)t), s->records[t]);
+        records[t] += count[t];
+    }
+    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        const char *tn = pv_tier_name((pv_tier)t);
+        if (copying[t] != s->copy_src[t])
+            FAIL("session \"%s\": %u %s records under copy, counter says %u", s->id, copying[t], tn,
+                 s->copy_src[t]);
+        if (count[t] + reserved[t] != s->held_slots[t])
+            FAIL("session \"%s\": holds %u %s slots + %u reserved, counter says %u", s->id, count[t],
+                 tn, reserved[t], s->held_slots[t]);
+        copies[t] += copying[t];
+        for (uint32_t l = 0; l < n_layers; l++) {
+            uint32_t lead = PV_NONE32;
+            for (uint32_t c = 0; c < s->n_chunks && lead == PV_NONE32; c++) {
+                const pv_chunk_rec *r = pv_rec(cache, s, c, l);
+                if (r->tier == t && !r->copying)
+                    lead = c;
+            }
+            if (s->lead[t * n_layers + l] != lead)
+                FAIL("session \"%s\": %s lead of layer %u is %u, expected %u", s->id, tn, l,
+                     s->lead[t * n_layers + l], lead);
+        }
+        uint32_t fc, fl;
+        double cost;
+        pv_frontier_compute(cache, s, t, &fc, &fl, &cost);
+        int candidate = !s->pins && fc != PV_NONE32;
+        if (candidate != s->candidate[t] ||
+            (candidate && (fc != s->front_chunk[t] || fl != s->front_layer[t] ||
+                           cost != s->front_cost[t])))
+            FAIL("session \"%s\": %s frontier is chunk %u layer %u (candidate %d), expected chunk "
+                 "%u layer %u (candidate %d)",
+                 s->id, tn, s->front_chunk[t], s->front_layer[t], s->candidate[t], fc, fl, candidate);
+        uint32_t share = s->pins ? 0 : count[t] - copying[t];
+        if (share != s->evictable[t])
+            FAIL("session \"%s\": %u evictable %s records, counter says %u", s->id, share, tn,
+                 s->evictable[t]);
+        evictable[t] += share;
+        const pv_ktree *tree = &cache->tree[t];
+        if (tree->winner[tree->cap + h] != (candidate ? (int32_t)h : -1))
+            FAIL("session \"%s\": %s eviction tree leaf disagrees with candidate %d", s->id, tn,
+                 candidate);
+    }
+    return PV_OK;
+}
+
+pv_status pv_cache_check(const pv_cache *cache)
+{
+    if (!cache)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_check: cache is NULL");
+    uint32_t biggest = cache->pool[0].n_slots > cache->pool[1].n_slots ? cache->pool[0].n_slots
+                                                                       : cache->pool[1].n_slots;
+    uint8_t *seen = malloc(biggest);
+    if (!seen)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_cache_check: no memory for %u slot marks", biggest);
+    pv_status st = check_pools(cache, seen, biggest);
+    free(seen);
+    if (st != PV_OK)
+        return st;
+
+    uint64_t records[3] = {0, 0, 0}, evictable[PV_SLOT_TIERS] = {0, 0};
+    uint32_t copies[PV_SLOT_TIERS] = {0, 0}, live = 0, pinned = 0;
+    for (uint32_t h = 0; h < cache->next_handle; h++) {
+        const pv_session *s = &cache->sessions[h];
+        if (!s->id) {
+            /* Invariant 4: an ended session leaves nothing behind. */
+            if (s->recs || s->tokens || s->lead || s->held_slots[0] || s->held_slots[1] ||
+                s->records[0] || s->records[1] || s->records[2] || s->pins)
+                FAIL("ended session handle %u still holds records, history or slots", h);
+            if (cache->tree[0].winner[cache->tree[0].cap + h] != -1 ||
+                cache->tree[1].winner[cache->tree[1].cap + h] != -1)
+                FAIL("ended session handle %u is still an eviction candidate", h);
+            continue;
+        }
+        live++;
+        if (s->pins)
+            pinned++;
+        if ((st = check_session(cache, h, records, evictable, copies)) != PV_OK)
+            return st;
+    }
+    if (live != cache->n_sessions)
+        FAIL("%u live sessions, counter says %u", live, cache->n_sessions);
+    if (live + cache->n_free_handles != cache->next_handle)
+        FAIL("%u live + %u free handles != %u handles used", live, cache->n_free_handles,
+             cache->next_handle);
+    uint32_t mapped = 0;
+    for (uint32_t i = 0; i < cache->map_cap; i++)
+        if (cache->map[i] != PV_NONE32)
+            mapped++;
+    if (mapped != live)
+        FAIL("session table holds %u ids for %u live sessions", mapped, live);
+    for (int t = 0; t < 3; t++)
+        if (records[t] != cache->stats.records[t])
+            FAIL("%llu %s records, counter says %llu", (unsigned long long)records[t],
+                 pv_tier_name((pv_tier)t), (unsigned long long)cache->stats.records[t]);
+    for (int t = 0; t < PV_SLOT_TIERS; t++)
+        if (evictable[t] != cache->evictable[t])
+            FAIL("%llu evictable %s records, counter says %llu", (unsigned long long)evictable[t],
+                 pv_tier_name((pv_tier)t), (unsigned long long)cache->evictable[t]);
+    if (copies[PV_TIER_DEVICE] != cache->pending_out || copies[PV_TIER_HOST] != cache->pending_in)
+        FAIL("%u swap-outs and %u swap-ins under copy, counters say %u and %u", copies[0], copies[1],
+             cache->pending_out, cache->pending_in);
+    uint32_t listed = 0;
+    uint64_t last_seq = 0;
+    for (uint32_t h = cache->pin_head; h != PV_NONE32; h = cache->sessions[h].pin_next) {
+        const pv_session *s = &cache->sessions[h];
+        if (!s->id || !s->pins || s->pin_seq <= last_seq || ++listed > live)
+            FAIL("pinned-session list is broken at handle %u", h);
+        last_seq = s->pin_seq;
+    }
+    if (listed != pinned)
+        FAIL("%u sessions pinned, %u on the pinned list", pinned, listed);
+    return PV_OK;
+}

@@ -1,0 +1,134 @@
+/* Private structures of the tiered KV cache, shared by core/cache*.c. */
+#ifndef PV_CORE_CACHE_INTERNAL_H
+#define PV_CORE_CACHE_INTERNAL_H
+
+#include <pensieve/cache.h>
+
+#include <stdint.h>
+
+#define PV_NONE32 UINT32_MAX
+
+/* One (chunk, layer) of a session: 8 bytes, so 19.2M records (10,000
+ * sessions x 64 chunks x 30 layers) take 154 MB. */
+typedef struct pv_chunk_rec {
+    uint32_t slot;    /* slot in DEVICE or HOST */
+    uint8_t tier;     /* pv_tier; PV_TIER_NONE when never stored */
+    uint8_t copying;  /* under a two-phase copy: not evictable, not freeable */
+} pv_chunk_rec;
+
+enum pv_slot_state { PV_SLOT_FREE = 0, PV_SLOT_OWNED, PV_SLOT_RESERVED };
+
+/* Reverse map of a pool slot, for pv_cache_check and copy completion. */
+typedef struct pv_slot_owner {
+    uint32_t session;
+    uint32_t chunk;
+    uint16_t layer;
+    uint8_t state;    /* pv_slot_state; RESERVED: destination of a copy */
+} pv_slot_owner;
+
+typedef struct pv_pool {
+    uint32_t n_slots;
+    uint32_t n_free;
+    uint32_t *free_stack;   /* free slots; the top is handed out next */
+    pv_slot_owner *owner;   /* [n_slots] */
+} pv_pool;
+
+typedef struct pv_session {
+    char *id;               /* NULL: handle not in use */
+    uint32_t hash;
+    pv_chunk_rec *recs;     /* [cap_chunks][n_layers] */
+    uint32_t n_chunks;      /* highest stored chunk index + 1 */
+    uint32_t cap_chunks;
+    int32_t *tokens;
+    size_t n_tokens, cap_tokens;
+    uint32_t committed_tokens;
+    uint32_t turns;
+    double last_active;
+    uint32_t pins;
+    uint64_t pin_seq;           /* order of admission, for suspension */
+    uint32_t pin_prev, pin_next; /* list of pinned sessions, oldest first */
+    uint32_t records[3];        /* records per DEVICE, HOST, DROPPED */
+    uint32_t copy_src[PV_SLOT_TIERS]; /* records under copy, by source tier */
+    uint32_t held_slots[PV_SLOT_TIERS]; /* owned + reserved slots */
+    uint32_t *lead;             /* [PV_SLOT_TIERS][n_layers]: lowest evictable chunk */
+    /* Frontier: the session's cheapest evictable chunk per tier. */
+    uint32_t front_chunk[PV_SLOT_TIERS];
+    uint32_t front_layer[PV_SLOT_TIERS];
+    double front_cost[PV_SLOT_TIERS];
+    uint8_t candidate[PV_SLOT_TIERS]; /* unpinned with a frontier: in the tree */
+    uint32_t evictable[PV_SLOT_TIERS]; /* its share of cache->evictable */
+} pv_session;
+
+/* Kinetic tournament over session handles: see core/cache_evict.c. */
+typedef struct pv_ktree {
+    uint32_t cap;       /* leaves, a power of two */
+    int32_t *winner;    /* [2 * cap]: session handle or -1 */
+    double *expiry;     /* [2 * cap]: time the node's winner may change */
+    double now;         /* time of the last query */
+} pv_ktree;
+
+struct pv_cache {
+    pv_cache_config cfg;
+    pv_clock_fn clock;
+    void *clock_ctx;
+    pv_pool pool[PV_SLOT_TIERS];
+    pv_session *sessions;       /* [cap_sessions], indexed by handle */
+    uint32_t cap_sessions;
+    uint32_t n_sessions;
+    uint32_t *free_handles;     /* handles of ended sessions, reused LIFO */
+    uint32_t n_free_handles;
+    uint32_t next_handle;       /* handles below this have been used */
+    uint32_t *map;              /* open addressing id -> handle; PV_NONE32 empty */
+    uint32_t map_cap;           /* power of two */
+    pv_ktree tree[PV_SLOT_TIERS];
+    uint64_t evictable[PV_SLOT_TIERS]; /* records an eviction may take */
+    uint32_t pending_out;       /* DEVICE -> HOST copies in flight */
+    uint32_t pending_in;        /* HOST -> DEVICE copies in flight */
+    uint32_t pin_head, pin_tail;
+    uint64_t pin_counter;
+    uint32_t reserve_slots;
+    pv_cache_stats stats;
+};
+
+static inline pv_chunk_rec *pv_rec(const pv_cache *cache, const pv_session *s,
+                                   uint32_t chunk, uint32_t layer)
+{
+    return &s->recs[(size_t)chunk * cache->cfg.n_layers + layer];
+}
+
+static inline uint32_t handle_of(const pv_cache *cache, const pv_session *s)
+{
+    return (uint32_t)(s - cache->sessions);
+}
+
+/* The handle of a live session, or PV_NONE32. */
+uint32_t pv_session_find(const pv_cache *cache, const char *id);
+double pv_cache_now(pv_cache *cache);
+double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk, uint32_t layer);
+
+/* Frontier and tree maintenance (core/cache_evict.c). */
+pv_status pv_ktree_resize(pv_cache *cache, uint32_t cap);
+void pv_ktree_free(pv_ktree *tree);
+/* A record of s entered tier t's evictable set, or left it. */
+void pv_lead_add(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t layer);
+void pv_lead_remove(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t layer);
+/* Recomputes s's frontiers and tree leaves after any change to it. */
+void pv_session_refresh(pv_cache *cache, pv_session *s);
+/* Recomputes the frontier in tier t without touching the tree (for checks). */
+void pv_frontier_compute(const pv_cache *cache, const pv_session *s, int t,
+                         uint32_t *chunk, uint32_t *layer, double *cost);
+
+/* Slot pools and records (core/cache.c). Taking and giving a slot keep the
+ * session's and the cache's byte counters; entering and leaving a tier keep
+ * the record counters and the eviction leads (not the tree: callers run
+ * pv_session_refresh when done with a session). */
+uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chunk, uint32_t layer,
+                      uint8_t state);
+void pv_slot_give(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t slot);
+/* Places a record in tier at slot (a slot already taken as OWNED). */
+void pv_rec_enter(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer, pv_tier tier,
+                  uint32_t slot);
+/* Removes a record from its tier and frees its slot (not under copy). */
+void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer);
+
+#endif

@@ -1,0 +1,269 @@
+/* The tiered KV cache core: which (session, chunk, layer) lives in which slot
+ * of which tier, and which chunks move when memory runs short.
+ *
+ * A chunk is `chunk_tokens` consecutive tokens of one session at one layer;
+ * its K and V fill one fixed-size slot (`slot_bytes`) of a tier's pool. Tiers:
+ * DEVICE and HOST hold slots; DROPPED holds no bytes (the tokens stay in the
+ * session's history and are recomputed). The core never touches K/V bytes:
+ * it returns plans (lists of slot moves) that the engine carries out with
+ * its backend's copy interface.
+ *
+ * Eviction follows the retention value V = cost / idle time (lowest first),
+ * the same rule for DEVICE -> HOST and HOST -> DROPPED. Policies:
+ *   pensieve  cost = alpha * l + beta + c, l = tokens before the chunk
+ *   weighted  cost = layer weight x position weight x (alpha * l + beta + c),
+ *             layer weight (n_layers - layer) / n_layers, position weight
+ *             (chunk + 1) / session chunks
+ *   lru       cost = 1: whole sessions by recency
+ * Ties: lower cost, then lower chunk index, then higher layer (later layers
+ * are swapped in last under the layer pipeline); between sessions by id.
+ *
+ * Every fallible call returns a pv_status; pv_last_error() names the
+ * argument, the value and the limit at fault. Nothing here exits or aborts.
+ * Not thread-safe: one engine thread owns a cache. */
+#ifndef PENSIEVE_CACHE_H
+#define PENSIEVE_CACHE_H
+
+#include <pensieve/status.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pv_tier {
+    PV_TIER_DEVICE = 0,
+    PV_TIER_HOST = 1,
+    PV_TIER_DROPPED = 2,
+    PV_TIER_NONE = 3 /* never stored (a lookup miss) */
+} pv_tier;
+
+/* DEVICE and HOST: the tiers that own slots. */
+#define PV_SLOT_TIERS 2
+
+const char *pv_tier_name(pv_tier tier);
+
+typedef enum pv_policy {
+    PV_POLICY_PENSIEVE = 0,
+    PV_POLICY_WEIGHTED = 1,
+    PV_POLICY_LRU = 2
+} pv_policy;
+
+const char *pv_policy_name(pv_policy policy);
+/* "pensieve", "weighted" or "lru"; PV_ERR_INVALID_ARG otherwise. */
+pv_status pv_policy_parse(const char *name, pv_policy *policy);
+
+typedef struct pv_cache_config {
+    pv_policy policy;
+    double alpha;           /* seconds per context token (cost slope) */
+    double beta;            /* seconds, context-independent attention cost */
+    double c;               /* seconds, non-attention cost of a chunk */
+    uint32_t chunk_tokens;  /* tokens per chunk */
+    uint32_t n_layers;      /* from the model */
+    uint64_t slot_bytes;    /* bytes of one slot (K and V of one chunk, one layer) */
+    uint64_t device_bytes;  /* DEVICE pool budget */
+    uint64_t host_bytes;    /* HOST pool budget */
+    double high_water;      /* device use above which swap-out is planned ahead */
+    double reserve;         /* fraction of device slots kept for admission */
+} pv_cache_config;
+
+/* Defaults: pensieve, alpha 1e-6, beta 1e-4, c 1e-3, 32 tokens, 32 layers,
+ * 64 KiB slots, 1 GiB device, 4 GiB host, high water 0.75, reserve 0.10. */
+void pv_cache_config_defaults(pv_cache_config *cfg);
+
+/* Overrides cfg with the keys present in section [cache] of an INI file:
+ * policy, alpha, beta, c, chunk_tokens, device_bytes, host_bytes (integers
+ * with an optional K/M/G/T suffix, powers of 1024), high_water, reserve.
+ * Absent keys keep their value. An unknown key, a malformed value or one
+ * out of range fails with PV_ERR_FORMAT naming the file, key, value and
+ * range; cfg is left unchanged on failure. */
+pv_status pv_cache_config_load(pv_cache_config *cfg, const char *path);
+
+/* Range checks of every field (what pv_cache_init checks). */
+pv_status pv_cache_config_validate(const pv_cache_config *cfg);
+
+/* The clock: seconds on any monotonic scale. Tests inject their own. */
+typedef double (*pv_clock_fn)(void *ctx);
+
+typedef struct pv_cache pv_cache;
+
+/* clock may be NULL (CLOCK_MONOTONIC). */
+pv_status pv_cache_init(pv_cache **cache, const pv_cache_config *cfg,
+                        pv_clock_fn clock, void *clock_ctx);
+void pv_cache_free(pv_cache *cache);
+
+/* ---- sessions ------------------------------------------------------------ */
+
+/* Creates the session if it is new (ids are non-empty strings up to
+ * PV_SESSION_ID_MAX bytes); marks it active. */
+#define PV_SESSION_ID_MAX 255
+pv_status pv_cache_session_open(pv_cache *cache, const char *id);
+
+/* Frees every slot of the session in every tier, its index and its history;
+ * *bytes_freed (may be NULL) gets the DEVICE + HOST bytes it held.
+ * PV_ERR_BUSY while the session is pinned or a chunk of it is under copy. */
+pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_freed);
+
+/* Appends tokens to the session's history, the source for recomputing
+ * dropped chunks. */
+pv_status pv_cache_append_tokens(pv_cache *cache, const char *id,
+                                 const int32_t *tokens, size_t n_tokens);
+
+/* Marks the session active now (idle time restarts). */
+pv_status pv_cache_touch(pv_cache *cache, const char *id);
+
+/* A running request pins its session: no chunk of it is evicted until the
+ * matching unpin. Pins nest. Both mark the session active. */
+pv_status pv_cache_pin(pv_cache *cache, const char *id);
+pv_status pv_cache_unpin(pv_cache *cache, const char *id);
+
+/* End of a turn (seed 004's save): the first committed_tokens tokens of the
+ * history are in the cache; counts a turn and marks the session active. */
+pv_status pv_cache_session_save(pv_cache *cache, const char *id, uint32_t committed_tokens);
+
+typedef struct pv_session_view {
+    const int32_t *tokens;      /* the history; valid until this session changes */
+    size_t n_tokens;
+    uint32_t committed_tokens;  /* from the last save */
+    uint32_t turns;
+    uint32_t n_chunks;          /* chunk indices stored so far (highest + 1) */
+    uint32_t records[3];        /* (chunk, layer) records per DEVICE, HOST, DROPPED */
+    uint32_t recompute_tokens;  /* leading tokens to recompute: through the last
+                                 * chunk with a dropped layer, capped at the history */
+    uint64_t held_bytes[PV_SLOT_TIERS];
+    uint32_t pins;
+    double last_active;
+} pv_session_view;
+
+/* Seed 004's restore: describes the session's saved context. It changes
+ * nothing, so a request that is rejected and retried restores again and
+ * gets the same answer. */
+pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_session_view *view);
+
+/* Bytes held in DEVICE and HOST slots by one session (id) or by all (id NULL). */
+pv_status pv_cache_held_bytes(const pv_cache *cache, const char *id,
+                              uint64_t *device_bytes, uint64_t *host_bytes);
+
+/* ---- chunks --------------------------------------------------------------- */
+
+/* Stores a new or recomputed chunk in tier (DEVICE or HOST) and returns its
+ * slot. Any older copy in any tier is removed first (seed 002). Fails with
+ * PV_ERR_OUT_OF_MEMORY, changing nothing, if the tier has no free slot:
+ * the engine runs pv_cache_evict_to_free first. PV_ERR_BUSY if the chunk is
+ * under copy. */
+#define PV_CACHE_MAX_CHUNKS (1u << 20)
+pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk,
+                               uint32_t layer, pv_tier tier, uint32_t *slot);
+
+/* Where a chunk is: *tier is PV_TIER_NONE for a chunk never stored; *slot
+ * (may be NULL) is its slot in DEVICE or HOST. Counts hits per tier. */
+pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk,
+                          uint32_t layer, pv_tier *tier, uint32_t *slot);
+
+/* The chunk's retention value now (INFINITY when idle time is zero). */
+pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chunk,
+                                   uint32_t layer, double *value);
+
+/* ---- plans: the engine carries out what the core decides --------------------- */
+
+typedef struct pv_cache_move {
+    uint32_t session;   /* handle: pv_cache_session_name() gives the id */
+    uint32_t chunk;
+    uint32_t layer;
+    pv_tier from, to;   /* DEVICE->HOST, HOST->DEVICE, DEVICE/HOST->DROPPED */
+    uint32_t from_slot; /* slot in `from` (unused when from is DROPPED) */
+    uint32_t to_slot;   /* slot in `to` (unused when to is DROPPED) */
+    int two_phase;      /* 1: both slots stay held until pv_cache_complete()
+                         * or pv_cache_abort(); 0: already applied, the engine
+                         * copies from_slot -> to_slot before reusing from_slot */
+} pv_cache_move;
+
+typedef struct pv_cache_plan {
+    pv_cache_move *moves;
+    size_t n_moves;
+    size_t capacity;
+} pv_cache_plan;
+
+void pv_cache_plan_init(pv_cache_plan *plan);
+void pv_cache_plan_clear(pv_cache_plan *plan);
+void pv_cache_plan_free(pv_cache_plan *plan);
+
+/* The id of a session handle found in a move; NULL for a handle not in use. */
+const char *pv_cache_session_name(const pv_cache *cache, uint32_t session);
+
+/* Makes at least `bytes` free in tier (DEVICE or HOST) by moving the chunks
+ * of lowest retention value down: DEVICE -> HOST (dropping a HOST chunk of
+ * lower value when HOST is full, or the victim itself when none is lower)
+ * and HOST -> DROPPED. Appends the moves to plan, in the order the engine
+ * must perform them. If not enough unpinned chunks exist, fails with
+ * PV_ERR_OUT_OF_MEMORY and changes nothing. */
+pv_status pv_cache_evict_to_free(pv_cache *cache, pv_tier tier, uint64_t bytes,
+                                 pv_cache_plan *plan);
+
+/* Ahead-of-time swap-out: while DEVICE use (not counting chunks already
+ * being copied out) is above the high-water mark, plans up to max_chunks
+ * two-phase DEVICE -> HOST copies of the coldest chunks (dropping colder
+ * HOST chunks for room). A chunk under copy is neither evicted nor freed.
+ * Plans nothing while a swap-in is in flight (swap-outs are delayed). */
+pv_status pv_cache_plan_swap_out(pv_cache *cache, uint32_t max_chunks, pv_cache_plan *plan);
+
+/* Swap-in of a returning session: two-phase HOST -> DEVICE copies of all its
+ * HOST chunks, after making room on DEVICE (moves of other sessions' chunks
+ * come first in the plan). PV_ERR_OUT_OF_MEMORY, changing nothing, if the
+ * device cannot make room. */
+pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *plan);
+
+/* The engine's copy of two-phase moves landed: the chunks now live in their
+ * destination and their source slots are free. */
+pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t n_moves);
+/* The copies were abandoned: the chunks stay where they were and the
+ * destination slots are free. */
+pv_status pv_cache_abort(pv_cache *cache, const pv_cache_move *moves, size_t n_moves);
+
+typedef struct pv_cache_admission {
+    int admit;              /* 1: admit now (after freeing free_bytes) */
+    uint64_t free_bytes;    /* DEVICE bytes to make free with evict_to_free */
+} pv_cache_admission;
+
+/* Admission with the reserve: a request needing need_slots new DEVICE slots
+ * is admitted only if, after it, `reserve` of the device slots can still be
+ * free (counting unpinned chunks as reclaimable). */
+pv_status pv_cache_admit(pv_cache *cache, uint64_t need_slots, pv_cache_admission *out);
+
+/* When decode runs out of DEVICE slots: the newest pinned session (the most
+ * recently admitted running request), for the engine to suspend (unpin, swap
+ * out, requeue). PV_ERR_NOT_FOUND if none is pinned. */
+pv_status pv_cache_choose_suspend(const pv_cache *cache, const char **id);
+
+/* ---- statistics and invariants ------------------------------------------- */
+
+typedef struct pv_cache_stats {
+    uint64_t hits[3];              /* lookups found in DEVICE, HOST, DROPPED */
+    uint64_t misses;               /* lookups of chunks never stored */
+    uint64_t swap_out_chunks, swap_out_bytes; /* DEVICE -> HOST, landed */
+    uint64_t swap_in_chunks, swap_in_bytes;   /* HOST -> DEVICE, landed */
+    uint64_t dropped_chunks;       /* records moved to DROPPED */
+    uint64_t recomputed_chunks;    /* DROPPED records stored again */
+    uint64_t recomputed_tokens;    /* tokens of chunk indices fully recovered */
+    uint64_t swap_out_delayed;     /* swap-out plans deferred by a swap-in */
+    uint64_t used_bytes[PV_SLOT_TIERS];
+    uint64_t capacity_bytes[PV_SLOT_TIERS];
+    uint64_t records[3];           /* (chunk, layer) records per tier */
+    uint32_t sessions;
+} pv_cache_stats;
+
+void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
+
+/* Verifies the invariants: no chunk in two tiers; used bytes equal the sum
+ * of slot sizes per tier; every indexed chunk lives in one tier and every
+ * slot in use belongs to an indexed chunk; ended sessions leave nothing;
+ * free lists are consistent; eviction frontiers match the chunks. Returns
+ * PV_ERR_STATE with the first violation in pv_last_error(). */
+pv_status pv_cache_check(const pv_cache *cache);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,70 @@
+/* The Llama-family transformer over paged KV, driven only through the
+ * backend vtable. It does not own the KV cache: each forward call is handed
+ * the KV pool and, per layer, the slot table of every sequence in the batch
+ * (the tiered cache decides which slots those are). */
+#ifndef PENSIEVE_LLAMA_H
+#define PENSIEVE_LLAMA_H
+
+#include <pensieve/gguf.h>
+#include <pensieve/status.h>
+
+#include <pensieve/backend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pv_llama_options {
+    pv_dtype kv_dtype;        /* of the KV pool: PV_F32 or PV_F16 */
+    int32_t chunk_tokens;     /* tokens per KV slot (default 32) */
+    int32_t max_batch_tokens; /* tokens one forward call may carry (default 512) */
+    int32_t max_logit_rows;   /* rows one call may ask logits for (default 64) */
+} pv_llama_options;
+
+void pv_llama_options_default(pv_llama_options *o);
+
+typedef struct pv_llama pv_llama;
+
+/* Read hyperparameters from g, dequantise every weight to f32 and upload it
+ * to the backend once, and size the run state for opt->max_batch_tokens.
+ * g may be freed after this returns. */
+pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g,
+                        const pv_llama_options *opt);
+void pv_llama_free(pv_llama *m);
+
+const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m);
+const pv_llama_options *pv_llama_options_of(const pv_llama *m);
+
+/* Elements and bytes of one KV slot: one chunk of one layer, K then V. */
+int64_t pv_llama_slot_elems(const pv_llama *m);
+uint64_t pv_llama_slot_bytes(const pv_llama *m);
+
+/* One forward pass over a batch of tokens from several sequences. Token i is
+ * tokens[i] of sequence token_seq[i] at absolute position token_pos[i]; its
+ * K/V are written to its slot and it attends to positions 0..token_pos[i] of
+ * its sequence, whose K/V must be in the pool already or in this batch (a
+ * recovered range and a new prompt are both just tokens here). */
+typedef struct pv_llama_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;     /* [n_tokens] */
+    const int32_t *token_seq;  /* [n_tokens] */
+    const int32_t *token_pos;  /* [n_tokens] */
+    int32_t n_seqs, max_chunks;
+    const int32_t *slot_tables; /* [n_layers][n_seqs][max_chunks], -1 = none */
+    pv_buffer *kv_pool;
+    int64_t n_slots;
+    int32_t n_logits;          /* rows of the batch that want logits */
+    const int32_t *logit_rows; /* [n_logits] indices into the batch */
+    float *logits;             /* host [n_logits][n_vocab], or NULL */
+} pv_llama_batch;
+
+pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b);
+
+/* The device buffer holding the logits of the last forward call,
+ * [n_logits][n_vocab] f32, for sampling on the device (argmax, top-p). */
+pv_buffer *pv_llama_logits_buffer(pv_llama *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

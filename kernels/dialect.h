@@ -1,0 +1,194 @@
+/* The kernel dialect. Every kernel in kernels/<family>.cl is written once against
+ * these macros and builds two ways:
+ *   - OpenCL C: the OpenCL backend compiles, at run time, this header's text
+ *     followed by a family's text (both embedded in the library; the
+ *     family's #include of this header is dropped when embedding);
+ *   - CUDA C: a .cu file includes a family file, which includes this header.
+ *
+ * Launch geometry, the same in both dialects: a kernel runs as a grid of
+ * work-groups (CUDA blocks) of exactly PV_WG work-items (threads) along
+ * dimension 0; the grid has up to two dimensions of groups. OpenCL: global
+ * size = {groups0 * PV_WG, groups1}, local size = {PV_WG, 1}. CUDA:
+ * gridDim = {groups0, groups1}, blockDim = PV_WG. Each kernel's comment
+ * gives its groups.
+ *
+ * Defines (tunable or per variant; -D on the OpenCL build options, #define
+ * before the #include in CUDA):
+ *   PV_WG            work-group size, a power of two (default 64)
+ *   PV_ITEM_ELEMS    elements per work-item in copy and element-wise kernels
+ *                    (default 8)
+ *   PV_MAX_HEAD_DIM  largest head_dim the attention kernel serves (256)
+ *   PV_STORE_F16     0: the storage dtype (KV pool, embedding table) is f32;
+ *                    1: it is f16. Kernels that depend on it carry the
+ *                    suffix _f32 / _f16 (PV_STORE_NAME), so CUDA can include
+ *                    a family twice, once per value. This part of the header
+ *                    is re-read on every include for that reason.
+ *
+ * Offsets and element counts are 64-bit (pv_long); index arrays are int.
+ * pv_precise is double where the device has it (float otherwise); the plain
+ * names cos, sin and pow serve it in both dialects. */
+#ifndef PV_KERNELS_DIALECT_H
+#define PV_KERNELS_DIALECT_H
+
+#ifndef PV_WG
+#define PV_WG 64
+#endif
+#ifndef PV_ITEM_ELEMS
+#define PV_ITEM_ELEMS 8
+#endif
+#ifndef PV_MAX_HEAD_DIM
+#define PV_MAX_HEAD_DIM 256
+#endif
+
+#define PV_CAT_(a, b) a##b
+#define PV_CAT(a, b) PV_CAT_(a, b)
+
+#if defined(__OPENCL_VERSION__)
+
+typedef long pv_long;
+typedef uint pv_u32;
+typedef ushort pv_u16;
+typedef half pv_half; /* storage only: loads and stores go through vload_half/vstore_half */
+
+#define PV_KERNEL kernel void
+#define PV_FUNC static inline
+#define PV_GLOBAL global
+#define PV_LOCAL local
+#define PV_LOCAL_ARRAY(type, name, n) local type name[n]
+#define PV_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+#define PV_LOCAL_ID() ((int)get_local_id(0))
+#define PV_GROUP_ID(d) ((pv_long)get_group_id(d))
+
+#define PV_LOAD_HALF(p, i) vload_half((size_t)(i), (p))
+#define PV_STORE_HALF(x, p, i) vstore_half((x), (size_t)(i), (p))
+#define PV_AS_FLOAT(u) as_float(u)
+#define PV_AS_U32(f) as_uint(f)
+
+#define PV_EXP(x) exp(x)
+#define PV_SQRT(x) sqrt(x)
+#define PV_POW(x, y) pow((x), (y))
+#define PV_COS(x) cos(x)
+#define PV_SIN(x) sin(x)
+#define PV_FMAX(x, y) fmax((x), (y))
+#define PV_INF INFINITY
+
+/* Precise enough for RoPE angles at positions in the thousands: double
+ * where the device has it. */
+#if defined(cl_khr_fp64)
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+typedef double pv_precise;
+#else
+typedef float pv_precise;
+#endif
+
+#elif defined(__CUDACC__)
+
+#include <cuda_fp16.h>
+
+typedef long long pv_long;
+typedef unsigned int pv_u32;
+typedef unsigned short pv_u16;
+typedef __half pv_half;
+
+#define PV_KERNEL __global__ void
+#define PV_FUNC static __device__ __forceinline__
+#define PV_GLOBAL
+#define PV_LOCAL
+#define PV_LOCAL_ARRAY(type, name, n) __shared__ type name[n]
+#define PV_BARRIER() __syncthreads()
+#define PV_LOCAL_ID() ((int)threadIdx.x)
+#define PV_GROUP_ID(d) ((pv_long)((d) == 0 ? blockIdx.x : (d) == 1 ? blockIdx.y : blockIdx.z))
+
+#define PV_LOAD_HALF(p, i) __half2float((p)[i])
+#define PV_STORE_HALF(x, p, i) ((p)[i] = __float2half_rn(x))
+#define PV_AS_FLOAT(u) __uint_as_float(u)
+#define PV_AS_U32(f) __float_as_uint(f)
+
+#define PV_EXP(x) expf(x)
+#define PV_SQRT(x) sqrtf(x)
+#define PV_POW(x, y) powf((x), (y))
+#define PV_COS(x) cosf(x)
+#define PV_SIN(x) sinf(x)
+#define PV_FMAX(x, y) fmaxf((x), (y))
+#define PV_INF __uint_as_float(0x7f800000u)
+
+typedef double pv_precise;
+
+#else
+#error "kernels/dialect.h: compile as OpenCL C or CUDA C"
+#endif
+
+/* Work-group reductions over PV_WG values; every work-item of the group must
+ * call them (they contain barriers) and gets the result. scratch holds PV_WG
+ * entries and is free again on return. The tree order is fixed, so results
+ * are deterministic. */
+PV_FUNC float pv_group_sum(PV_LOCAL float *scratch, float v)
+{
+    const int lid = PV_LOCAL_ID();
+    scratch[lid] = v;
+    PV_BARRIER();
+    for (int stride = PV_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride)
+            scratch[lid] += scratch[lid + stride];
+        PV_BARRIER();
+    }
+    const float total = scratch[0];
+    PV_BARRIER();
+    return total;
+}
+
+PV_FUNC float pv_group_max(PV_LOCAL float *scratch, float v)
+{
+    const int lid = PV_LOCAL_ID();
+    scratch[lid] = v;
+    PV_BARRIER();
+    for (int stride = PV_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride)
+            scratch[lid] = PV_FMAX(scratch[lid], scratch[lid + stride]);
+        PV_BARRIER();
+    }
+    const float best = scratch[0];
+    PV_BARRIER();
+    return best;
+}
+
+/* Smallest (take_max = 0) or largest (take_max = 1) int over the group. */
+PV_FUNC int pv_group_min_max_int(PV_LOCAL int *scratch, int v, int take_max)
+{
+    const int lid = PV_LOCAL_ID();
+    scratch[lid] = v;
+    PV_BARRIER();
+    for (int stride = PV_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) {
+            const int other = scratch[lid + stride];
+            if (take_max ? other > scratch[lid] : other < scratch[lid])
+                scratch[lid] = other;
+        }
+        PV_BARRIER();
+    }
+    const int result = scratch[0];
+    PV_BARRIER();
+    return result;
+}
+
+#endif /* PV_KERNELS_DIALECT_H */
+
+/* Storage dtype of the current variant: re-read on every include. */
+#undef PV_STORE_T
+#undef PV_STORE_WORD
+#undef PV_STORE_LOAD
+#undef PV_STORE_SAVE
+#undef PV_STORE_NAME
+#if defined(PV_STORE_F16) && PV_STORE_F16
+#define PV_STORE_T pv_half
+#define PV_STORE_WORD pv_u16 /* bit-exact copies */
+#define PV_STORE_LOAD(p, i) PV_LOAD_HALF(p, i)
+#define PV_STORE_SAVE(x, p, i) PV_STORE_HALF(x, p, i)
+#define PV_STORE_NAME(base) PV_CAT(base, _f16)
+#else
+#define PV_STORE_T float
+#define PV_STORE_WORD pv_u32
+#define PV_STORE_LOAD(p, i) ((p)[i])
+#define PV_STORE_SAVE(x, p, i) ((p)[i] = (x))
+#define PV_STORE_NAME(base) PV_CAT(base, _f32)
+#endif

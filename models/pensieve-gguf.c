@@ -1,0 +1,242 @@
+/* pensieve-gguf: inspect GGUF files with the project's own reader, or write
+ * the synthetic test model.
+ *   pensieve-gguf info FILE      metadata, tensor types (counts), hyperparameters
+ *   pensieve-gguf tensors FILE   one line per tensor: name, type, shape, offset
+ *   pensieve-gguf synth FILE     write the default synthetic model
+ *   pensieve-gguf tokenize FILE  encode stdin lines, each hex-encoded text
+ *                                (any bytes), one line of token ids each
+ *                                (special-token text is not parsed)
+ *   pensieve-gguf tokenize-special FILE   the same, parsing special tokens
+ *   pensieve-gguf chat FILE      render stdin lines "role<TAB>hex content
+ *                                <TAB>role<TAB>..." with the chat template
+ *                                and a generation prompt; prints hex */
+#include <pensieve/gguf.h>
+#include <pensieve/tokenizer.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+static void print_value(const pv_gguf_kv *kv)
+{
+    switch (kv->type) {
+    case PV_GGUF_STRING: {
+        /* long strings (the chat template) are cut; newlines shown as \n */
+        uint64_t n = kv->str_len > 72 ? 72 : kv->str_len;
+        putchar('"');
+        for (uint64_t i = 0; i < n; i++)
+            kv->str[i] == '\n' ? (void)fputs("\\n", stdout) : (void)putchar(kv->str[i]);
+        printf("\"%s", kv->str_len > n ? "..." : "");
+        break;
+    }
+    case PV_GGUF_ARRAY:
+        printf("[%s x %" PRIu64 "]", pv_gguf_type_name(kv->array_type), kv->array_len);
+        break;
+    case PV_GGUF_FLOAT32:
+    case PV_GGUF_FLOAT64:
+        printf("%g", kv->v.f64);
+        break;
+    case PV_GGUF_BOOL:
+        printf("%s", kv->v.u64 ? "true" : "false");
+        break;
+    case PV_GGUF_INT8: case PV_GGUF_INT16: case PV_GGUF_INT32: case PV_GGUF_INT64:
+        printf("%" PRId64, kv->v.i64);
+        break;
+    default:
+        printf("%" PRIu64, kv->v.u64);
+        break;
+    }
+}
+
+static int info(const pv_gguf *g)
+{
+    printf("file: %s\nversion: %u\nalignment: %u\ndata offset: %" PRIu64 "\nsize: %" PRIu64
+           " bytes\n\nmetadata (%" PRIu64 " keys):\n", g->path, g->version, g->alignment,
+           g->data_offset, g->size, g->n_kv);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        printf("  %-42s %-8s ", g->kv[i].key, pv_gguf_type_name(g->kv[i].type));
+        print_value(&g->kv[i]);
+        putchar('\n');
+    }
+    printf("\ntensors: %" PRIu64 "\n", g->n_tensors);
+    uint64_t count[64] = {0}, bytes[64] = {0}, elems[64] = {0};
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        uint32_t t = g->tensors[i].type < 64 ? g->tensors[i].type : 63;
+        count[t]++;
+        bytes[t] += g->tensors[i].n_bytes;
+        elems[t] += g->tensors[i].n_elements;
+    }
+    printf("  %-6s %8s %12s %14s  %s\n", "type", "tensors", "elements", "bytes", "dequantised");
+    for (uint32_t t = 0; t < 64; t++)
+        if (count[t])
+            printf("  %-6s %8" PRIu64 " %12" PRIu64 " %14" PRIu64 "  %s\n", pv_ggml_type_name(t),
+                   count[t], elems[t], bytes[t], pv_ggml_type_dequantizable(t) ? "yes" : "no");
+    pv_llama_hparams hp;
+    if (pv_llama_hparams_read(g, &hp) == PV_OK)
+        printf("\nllama: vocab %u, ctx %u, embd %u, layers %u, heads %u, kv heads %u, ffn %u, "
+               "head dim %u, rope dim %u, rope base %g, norm eps %g, %s embeddings\n",
+               hp.n_vocab, hp.n_ctx_train, hp.n_embd, hp.n_layers, hp.n_heads, hp.n_kv_heads,
+               hp.n_ff, hp.head_dim, hp.rope_dim, (double)hp.rope_base, (double)hp.norm_eps,
+               hp.tied_embeddings ? "tied" : "separate output");
+    else
+        printf("\nllama: %s\n", pv_last_error());
+    pv_tokenizer tok;
+    if (pv_tokenizer_init(&tok, g) == PV_OK) {
+        printf("tokenizer: %u tokens, bos %d, eos %d, unk %d, pad %d, <|im_start|> %d, "
+               "<|im_end|> %d, add_bos %d, chat template %s\n", tok.n_vocab, tok.bos_id,
+               tok.eos_id, tok.unk_id, tok.pad_id, tok.im_start_id, tok.im_end_id, tok.add_bos,
+               tok.has_chat_template ? "ChatML" : "not recognised");
+        pv_tokenizer_free(&tok);
+    } else {
+        printf("tokenizer: %s\n", pv_last_error());
+    }
+    return 0;
+}
+
+static int tensors(const pv_gguf *g)
+{
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const pv_gguf_tensor *t = &g->tensors[i];
+        printf("%-32s %-5s [", t->name, pv_ggml_type_name(t->type));
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            printf("%s%" PRIu64, d ? ", " : "", t->ne[d]);
+        printf("] offset %" PRIu64 " bytes %" PRIu64 "\n", t->offset, t->n_bytes);
+    }
+    return 0;
+}
+
+static int hex_value(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decode hex pairs in place; returns the byte count. */
+static size_t unhex(char *s, size_t n)
+{
+    size_t out = 0;
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        int hi = hex_value(s[i]), lo = hex_value(s[i + 1]);
+        if (hi < 0 || lo < 0)
+            break;
+        s[out++] = (char)(hi << 4 | lo);
+    }
+    return out;
+}
+
+static int chat(const pv_gguf *g)
+{
+    pv_tokenizer tok;
+    if (pv_tokenizer_init(&tok, g) != PV_OK) {
+        fprintf(stderr, "%s\n", pv_last_error());
+        return 1;
+    }
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    int rc = 0;
+    while (rc == 0 && (got = getline(&line, &line_cap, stdin)) >= 0) {
+        pv_chat_message msgs[64];
+        size_t n = 0;
+        line[strcspn(line, "\n")] = '\0';
+        char *rest = line;
+        while (rest && *rest && n < 64) {
+            char *role = strsep(&rest, "\t");
+            char *content = rest ? strsep(&rest, "\t") : role + strlen(role);
+            content[unhex(content, strlen(content))] = '\0';
+            msgs[n++] = (pv_chat_message){role, content};
+        }
+        size_t len;
+        char *out = NULL;
+        if (pv_tokenizer_apply_chat(&tok, msgs, n, 1, NULL, 0, &len) != PV_OK ||
+            !(out = malloc(len + 1)) ||
+            pv_tokenizer_apply_chat(&tok, msgs, n, 1, out, len + 1, &len) != PV_OK) {
+            fprintf(stderr, "%s\n", pv_last_error());
+            rc = 1;
+        } else {
+            for (size_t i = 0; i < len; i++)
+                printf("%02x", (unsigned char)out[i]);
+            putchar('\n');
+        }
+        free(out);
+    }
+    free(line);
+    pv_tokenizer_free(&tok);
+    return rc;
+}
+
+static int tokenize(const pv_gguf *g, unsigned flags)
+{
+    pv_tokenizer tok;
+    if (pv_tokenizer_init(&tok, g) != PV_OK) {
+        fprintf(stderr, "%s\n", pv_last_error());
+        return 1;
+    }
+    char *line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
+    int rc = 0;
+    while (rc == 0 && (got = getline(&line, &line_cap, stdin)) >= 0) {
+        size_t n = unhex(line, (size_t)got);
+        int32_t *ids = malloc((n + 1) * sizeof *ids);
+        size_t n_ids;
+        if (!ids || pv_tokenizer_encode(&tok, line, n, flags, ids, n + 1, &n_ids) != PV_OK) {
+            fprintf(stderr, "%s\n", ids ? pv_last_error() : "out of memory");
+            rc = 1;
+        } else {
+            for (size_t i = 0; i < n_ids; i++)
+                printf("%s%d", i ? " " : "", ids[i]);
+            putchar('\n');
+        }
+        free(ids);
+    }
+    free(line);
+    pv_tokenizer_free(&tok);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const char *const commands[] = {"info", "tensors", "synth", "tokenize",
+                                           "tokenize-special", "chat"};
+    int known = 0;
+    for (size_t i = 0; argc == 3 && i < sizeof commands / sizeof commands[0]; i++)
+        known |= strcmp(argv[1], commands[i]) == 0;
+    if (!known) {
+        fprintf(stderr, "usage: %s info|tensors|synth|tokenize|tokenize-special|chat FILE\n",
+                argv[0]);
+        return 2;
+    }
+    if (strcmp(argv[1], "synth") == 0) {
+        pv_synth_config c;
+        pv_synth_config_default(&c);
+        if (pv_synth_write(&c, argv[2]) != PV_OK) {
+            fprintf(stderr, "%s\n", pv_last_error());
+            return 1;
+        }
+        return 0;
+    }
+    pv_gguf g;
+    if (pv_gguf_init(&g, argv[2]) != PV_OK) {
+        fprintf(stderr, "%s\n", pv_last_error());
+        return 1;
+    }
+    int rc;
+    if (strcmp(argv[1], "info") == 0)
+        rc = info(&g);
+    else if (strcmp(argv[1], "tensors") == 0)
+        rc = tensors(&g);
+    else if (strcmp(argv[1], "chat") == 0)
+        rc = chat(&g);
+    else
+        rc = tokenize(&g, strcmp(argv[1], "tokenize") == 0 ? 0 : PV_TOKENIZE_PARSE_SPECIAL);
+    pv_gguf_free(&g);
+    return rc;
+}

@@ -1,0 +1,183 @@
+/* Helpers shared by the backend tests: a seeded RNG, guarded device tensors
+ * (sentinel bytes around the region an op may write) and comparisons that
+ * never let NaN pass. */
+#ifndef PV_TESTS_BACKEND_CHECK_H
+#define PV_TESTS_BACKEND_CHECK_H
+
+#include "backends/backend.h"
+#include "tap.h"
+
+#include <pensieve/half.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- random numbers (splitmix64: tiny, seedable, same on every machine) ---- */
+
+static inline uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [0, 1) */
+static inline double rng_unit(uint64_t *state)
+{
+    return (double)(rng_next(state) >> 11) * 0x1p-53;
+}
+
+/* uniform in [lo, hi) */
+static inline float rng_range(uint64_t *state, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)rng_unit(state);
+}
+
+/* uniform integer in [0, n) */
+static inline int32_t rng_below(uint64_t *state, int64_t n)
+{
+    return (int32_t)(rng_next(state) % (uint64_t)n);
+}
+
+static inline void rng_fill(uint64_t *state, float *x, size_t n, float lo, float hi)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_range(state, lo, hi);
+}
+
+/* Fisher-Yates */
+static inline void rng_shuffle(uint64_t *state, int32_t *x, size_t n)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)rng_below(state, (int64_t)i);
+        int32_t t = x[i - 1];
+        x[i - 1] = x[j];
+        x[j] = t;
+    }
+}
+
+/* Exits the test with a diagnostic: only for allocation failures of the
+ * test's own host memory, which leave nothing meaningful to test. */
+static inline void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        printf("Bail out! cannot allocate %zu bytes of test data\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---- guarded tensors ------------------------------------------------------
+ * A tensor is a region of n elements inside a buffer that has GUARD_BYTES of
+ * sentinel before and after it; ops get the region's element offset, and
+ * guards_intact() checks that nothing outside the region changed. */
+
+#define GUARD_BYTES 256
+#define SENTINEL_BYTE 0xa5
+
+typedef struct tensor {
+    pv_buffer *buf;
+    size_t elem_size;
+    uint64_t n;   /* elements in the region */
+    uint64_t off; /* region offset in elements */
+} tensor;
+
+/* Allocates the guarded region; fills it from init (n elements) or with the
+ * sentinel when init is NULL. Returns a status; msg names the failure. */
+static inline pv_status tensor_init(tensor *t, pv_backend *be, pv_mem_kind kind, size_t elem_size, uint64_t n,
+                                    const void *init)
+{
+    memset(t, 0, sizeof *t);
+    t->elem_size = elem_size;
+    t->n = n;
+    t->off = GUARD_BYTES / elem_size;
+    uint64_t total = 2 * GUARD_BYTES + n * elem_size;
+    unsigned char *fill = xmalloc((size_t)total);
+    memset(fill, SENTINEL_BYTE, (size_t)total);
+    if (init)
+        memcpy(fill + GUARD_BYTES, init, (size_t)(n * elem_size));
+    pv_status st = pv_buffer_init(&t->buf, be, kind, total);
+    if (st == PV_OK)
+        st = pv_buffer_write(t->buf, 0, fill, total);
+    free(fill);
+    return st;
+}
+
+static inline void tensor_free(tensor *t)
+{
+    pv_buffer_free(t->buf);
+    t->buf = NULL;
+}
+
+static inline pv_status tensor_read(const tensor *t, void *dst)
+{
+    return pv_buffer_read(t->buf, GUARD_BYTES, dst, t->n * t->elem_size);
+}
+
+static inline pv_status tensor_write(tensor *t, const void *src)
+{
+    return pv_buffer_write(t->buf, GUARD_BYTES, src, t->n * t->elem_size);
+}
+
+/* 1 when both guards still hold the sentinel. */
+static inline int guards_intact(const tensor *t)
+{
+    unsigned char guard[GUARD_BYTES];
+    int intact = 1;
+    for (int side = 0; side < 2; side++) {
+        uint64_t at = side == 0 ? 0 : GUARD_BYTES + t->n * t->elem_size;
+        if (pv_buffer_read(t->buf, at, guard, GUARD_BYTES) != PV_OK)
+            return 0;
+        for (int i = 0; i < GUARD_BYTES; i++)
+            intact &= guard[i] == SENTINEL_BYTE;
+    }
+    return intact;
+}
+
+/* ---- comparisons ------------------------------------------------------------ */
+
+/* max |got - want| / max(max |want|, floor): a NaN or inf anywhere in either
+ * array makes the error infinite, so it never passes a threshold. */
+static inline double normalized_error(const float *got, const float *want, size_t n)
+{
+    double max_diff = 0.0, max_ref = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(want[i]))
+            return INFINITY;
+        double diff = fabs((double)got[i] - (double)want[i]);
+        if (diff > max_diff)
+            max_diff = diff;
+        if (fabs((double)want[i]) > max_ref)
+            max_ref = fabs((double)want[i]);
+    }
+    return max_diff / max_ref;
+}
+
+/* The same against a reference in double. */
+static inline double normalized_error_f64(const float *got, const double *want, size_t n)
+{
+    double max_diff = 0.0, max_ref = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(want[i]))
+            return INFINITY;
+        double diff = fabs((double)got[i] - want[i]);
+        if (diff > max_diff)
+            max_diff = diff;
+        if (fabs(want[i]) > max_ref)
+            max_ref = fabs(want[i]);
+    }
+    return max_diff / max_ref;
+}
+
+/* Rounds f32 values through f16, as a pool or table in f16 holds them. */
+static inline void round_to_half(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = pv_half_to_float(pv_float_to_half(x[i]));
+}
+
+#endif

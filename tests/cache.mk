@@ -1,0 +1,21 @@
+# Tests of the tiered KV cache core (issue 3).
+noinst_HEADERS += tests/test-cache-util.h
+CACHE_TESTS = tests/test-cache-seeds tests/test-cache-plans tests/test-cache-policy \
+	tests/test-cache-badinput tests/test-cache-property
+check_PROGRAMS += $(CACHE_TESTS)
+TESTS += $(CACHE_TESTS)
+tests_test_cache_seeds_SOURCES = tests/test-cache-seeds.c
+tests_test_cache_seeds_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_seeds_LDADD = $(PV_LINK)
+tests_test_cache_plans_SOURCES = tests/test-cache-plans.c
+tests_test_cache_plans_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_plans_LDADD = $(PV_LINK)
+tests_test_cache_policy_SOURCES = tests/test-cache-policy.c
+tests_test_cache_policy_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_policy_LDADD = $(PV_LINK)
+tests_test_cache_badinput_SOURCES = tests/test-cache-badinput.c
+tests_test_cache_badinput_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_badinput_LDADD = $(PV_LINK)
+tests_test_cache_property_SOURCES = tests/test-cache-property.c
+tests_test_cache_property_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_property_LDADD = $(PV_LINK)

@@ -1,0 +1,317 @@
+/* Bad input through the front end, on every backend that opens: each case
+ * must return the expected status with a message naming the argument and
+ * the value at fault, and must leave the output untouched. Never a crash,
+ * never a silently wrong answer.
+ * Usage: test-backend-errors [--backend NAME] */
+#include "config.h"
+
+#include "backend-check.h"
+
+#include <stdio.h>
+
+/* A small valid attention problem: 2 sequences of 40 tokens in 4 slots,
+ * 2 query tokens; each case breaks one thing. */
+enum { HEADS = 4, KV_HEADS = 2, HEAD_DIM = 64, CHUNK = 32, SLOTS = 4, MAX_CHUNKS = 2, TOKENS = 2 };
+#define SLOT_ELEMS (2 * CHUNK * KV_HEADS * HEAD_DIM)
+#define Q_ELEMS (TOKENS * HEADS * HEAD_DIM)
+
+typedef struct fixture {
+    pv_backend *be;
+    tensor q, out;
+    pv_buffer *pool;
+    int32_t token_seq[TOKENS], token_pos[TOKENS];
+    int32_t slot_table[2 * MAX_CHUNKS];
+    pv_attention_args args;
+} fixture;
+
+static pv_status fixture_init(fixture *f, pv_backend *be)
+{
+    memset(f, 0, sizeof *f);
+    f->be = be;
+    static float q[Q_ELEMS];
+    for (int i = 0; i < Q_ELEMS; i++)
+        q[i] = (float)(i % 7) * 0.125f;
+    pv_status st = tensor_init(&f->q, be, PV_MEM_DEVICE, sizeof(float), Q_ELEMS, q);
+    if (st == PV_OK)
+        st = tensor_init(&f->out, be, PV_MEM_DEVICE, sizeof(float), Q_ELEMS, NULL);
+    if (st == PV_OK)
+        st = pv_buffer_init(&f->pool, be, PV_MEM_DEVICE, (uint64_t)SLOTS * SLOT_ELEMS * sizeof(float));
+    if (st != PV_OK)
+        return st;
+    float *pool = xmalloc((size_t)SLOTS * SLOT_ELEMS * sizeof(float));
+    for (size_t i = 0; i < (size_t)SLOTS * SLOT_ELEMS; i++)
+        pool[i] = (float)(i % 13) * 0.0625f;
+    st = pv_buffer_write(f->pool, 0, pool, (uint64_t)SLOTS * SLOT_ELEMS * sizeof(float));
+    free(pool);
+    const int32_t table[2 * MAX_CHUNKS] = {2, 0, 3, 1};
+    memcpy(f->slot_table, table, sizeof table);
+    f->token_seq[0] = 0;
+    f->token_pos[0] = 39;
+    f->token_seq[1] = 1;
+    f->token_pos[1] = 35;
+    f->args = (pv_attention_args){
+        .kv_dtype = PV_F32,
+        .n_tokens = TOKENS,
+        .n_heads = HEADS,
+        .n_kv_heads = KV_HEADS,
+        .head_dim = HEAD_DIM,
+        .chunk_tokens = CHUNK,
+        .scale = 0.125f,
+        .q = f->q.buf,
+        .q_off = f->q.off,
+        .kv_pool = f->pool,
+        .n_slots = SLOTS,
+        .token_seq = f->token_seq,
+        .token_pos = f->token_pos,
+        .slot_table = f->slot_table,
+        .n_seqs = 2,
+        .max_chunks = MAX_CHUNKS,
+        .out = f->out.buf,
+        .out_off = f->out.off,
+    };
+    return st;
+}
+
+static void fixture_free(fixture *f)
+{
+    tensor_free(&f->q);
+    tensor_free(&f->out);
+    pv_buffer_free(f->pool);
+}
+
+/* 1 when the output region still holds only the sentinel. */
+static int output_untouched(const tensor *t)
+{
+    size_t bytes = (size_t)(t->n * t->elem_size);
+    unsigned char *data = xmalloc(bytes);
+    int untouched = tensor_read(t, data) == PV_OK && guards_intact(t);
+    for (size_t i = 0; untouched && i < bytes; i++)
+        untouched = data[i] == SENTINEL_BYTE;
+    free(data);
+    return untouched;
+}
+
+/* The status is `want`, the message mentions every string in `names`
+ * (NULL-terminated), and `out` (if any) was not written. */
+static void expect(const char *backend, const char *what, pv_status got, pv_status want, const char *const *names,
+                   const tensor *out)
+{
+    const char *msg = pv_last_error();
+    int named = 1;
+    for (const char *const *n = names; *n; n++)
+        named &= strstr(msg, *n) != NULL;
+    int untouched = out ? output_untouched(out) : 1;
+    ok(got == want && named && untouched, "%s: %s -> %s, message names the argument%s", backend, what,
+       pv_status_str(want), out ? ", output untouched" : "");
+    if (got != want || !named || !untouched)
+        tap_diag("got status '%s', message '%s', output %s", pv_status_str(got), msg,
+                 untouched ? "untouched" : "WRITTEN");
+}
+
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static void attention_cases(const char *name, pv_backend *be)
+{
+    fixture f;
+    if (!ok(fixture_init(&f, be) == PV_OK, "%s: error fixture allocates", name)) {
+        tap_diag("%s", pv_last_error());
+        fixture_free(&f);
+        return;
+    }
+    pv_attention_args a;
+
+    a = f.args;
+    a.head_dim = 72;
+    expect(name, "attention head_dim 72", pv_attention(be, &a), PV_ERR_UNSUPPORTED, NAMES("head_dim", "72"), &f.out);
+    a = f.args;
+    a.head_dim = 512;
+    expect(name, "attention head_dim 512", pv_attention(be, &a), PV_ERR_UNSUPPORTED, NAMES("head_dim", "512"), &f.out);
+
+    a = f.args;
+    a.n_kv_heads = 3;
+    expect(name, "attention n_heads 4 over n_kv_heads 3", pv_attention(be, &a), PV_ERR_INVALID_ARG,
+           NAMES("n_kv_heads", "3"), &f.out);
+
+    f.slot_table[1] = SLOTS; /* sequence 0, chunk 1: one past the pool */
+    expect(name, "attention slot index = n_slots", pv_attention(be, &f.args), PV_ERR_INVALID_ARG,
+           NAMES("slot_table", "4"), &f.out);
+    f.slot_table[1] = -1; /* a hole inside the context */
+    expect(name, "attention slot -1 inside the context", pv_attention(be, &f.args), PV_ERR_INVALID_ARG,
+           NAMES("slot_table", "-1"), &f.out);
+    f.slot_table[1] = 0;
+
+    f.token_seq[1] = 2;
+    expect(name, "attention token_seq 2 of 2 sequences", pv_attention(be, &f.args), PV_ERR_INVALID_ARG,
+           NAMES("token_seq", "2"), &f.out);
+    f.token_seq[1] = 1;
+    f.token_pos[0] = MAX_CHUNKS * CHUNK;
+    expect(name, "attention token_pos past max_chunks x chunk_tokens", pv_attention(be, &f.args),
+           PV_ERR_INVALID_ARG, NAMES("token_pos", "64"), &f.out);
+    f.token_pos[0] = 39;
+
+    /* A pool one element short of n_slots slots. */
+    pv_buffer *small_pool = NULL;
+    if (pv_buffer_init(&small_pool, be, PV_MEM_DEVICE, ((uint64_t)SLOTS * SLOT_ELEMS - 1) * sizeof(float)) == PV_OK) {
+        a = f.args;
+        a.kv_pool = small_pool;
+        expect(name, "attention kv_pool too small", pv_attention(be, &a), PV_ERR_INVALID_ARG, NAMES("kv_pool"),
+               &f.out);
+    }
+    pv_buffer_free(small_pool);
+
+    a = f.args;
+    a.out_off = f.out.off + 1 + f.out.n + GUARD_BYTES / sizeof(float) - Q_ELEMS; /* one element past the end */
+    expect(name, "attention out too small for its offset", pv_attention(be, &a), PV_ERR_INVALID_ARG,
+           NAMES("buffer out"), &f.out);
+    a = f.args;
+    a.out = NULL;
+    expect(name, "attention out NULL", pv_attention(be, &a), PV_ERR_INVALID_ARG, NAMES("buffer out"), &f.out);
+
+    /* The unbroken fixture runs: the cases above failed for their reason. */
+    ok(pv_attention(be, &f.args) == PV_OK && !output_untouched(&f.out), "%s: the valid fixture runs and writes out",
+       name);
+
+    pv_kv_write_args w = {
+        .kv_dtype = PV_F32,
+        .n_tokens = 1,
+        .n_kv_heads = KV_HEADS,
+        .head_dim = HEAD_DIM,
+        .chunk_tokens = CHUNK,
+        .k = f.q.buf,
+        .k_off = f.q.off,
+        .v = f.q.buf,
+        .v_off = f.q.off,
+        .kv_pool = f.pool,
+        .n_slots = SLOTS,
+        .token_seq = f.token_seq,
+        .token_pos = f.token_pos,
+        .slot_table = f.slot_table,
+        .n_seqs = 2,
+        .max_chunks = MAX_CHUNKS,
+    };
+    f.slot_table[1] = 9;
+    expect(name, "kv_write slot 9 of 4", pv_kv_write(be, &w), PV_ERR_INVALID_ARG, NAMES("slot_table", "9"), NULL);
+    f.slot_table[1] = 0;
+    fixture_free(&f);
+}
+
+static void other_op_cases(const char *name, pv_backend *be)
+{
+    tensor x, out;
+    float data[64];
+    for (int i = 0; i < 64; i++)
+        data[i] = (float)i;
+    if (tensor_init(&x, be, PV_MEM_DEVICE, sizeof(float), 64, data) != PV_OK ||
+        tensor_init(&out, be, PV_MEM_DEVICE, sizeof(float), 64, NULL) != PV_OK) {
+        ok(0, "%s: buffers allocate: %s", name, pv_last_error());
+        return;
+    }
+
+    int32_t slots[2] = {1, 4};
+    pv_slot_copy_args sc = {
+        .dtype = PV_F32, .slot_elems = 16, .pool = x.buf, .n_slots = 4, .staging = out.buf,
+        .staging_off = out.off, .slots = slots, .n_slots_moved = 2,
+    };
+    expect(name, "slot_gather slots[1] = 4 of 4", pv_slot_gather(be, &sc), PV_ERR_INVALID_ARG,
+           NAMES("slots[1]", "4"), &out);
+    slots[1] = 1;
+    sc.pool = out.buf;
+    sc.staging = x.buf;
+    sc.staging_off = x.off;
+    expect(name, "slot_scatter slot 1 twice", pv_slot_scatter(be, &sc), PV_ERR_INVALID_ARG, NAMES("slots", "1"), &out);
+
+    int32_t ids[3] = {0, 7, 8};
+    pv_embed_gather_args eg = {
+        .table_dtype = PV_F32, .n_rows = 8, .dim = 8, .table = x.buf, .table_off = x.off,
+        .ids = ids, .n_ids = 3, .out = out.buf, .out_off = out.off,
+    };
+    expect(name, "embed_gather ids[2] = 8 of 8 rows", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("ids[2]", "8"), &out);
+
+    pv_gemm_args g = {
+        .dtype = PV_F32, .m = 8, .n = 8, .k = 8, .alpha = 1.0f,
+        .a = x.buf, .a_off = x.off, .lda = 4, .b = x.buf, .b_off = x.off, .ldb = 8,
+        .c = out.buf, .c_off = out.off, .ldc = 8,
+    };
+    expect(name, "gemm lda 4 < k 8", pv_gemm(be, &g), PV_ERR_INVALID_ARG, NAMES("lda", "4"), &out);
+    g.lda = 8;
+    g.ldc = 9; /* C spans 7 * 9 + 8 = 71 elements from out's offset */
+    g.c_off = out.buf->bytes / sizeof(float) - 70;
+    expect(name, "gemm C past the end of its buffer", pv_gemm(be, &g), PV_ERR_INVALID_ARG, NAMES("buffer c"), &out);
+    if (!pv_backend_supports(be, PV_OP_GEMM, PV_F16)) {
+        g.ldc = 8;
+        g.c_off = out.off;
+        g.dtype = PV_F16;
+        expect(name, "gemm f16 unsupported", pv_gemm(be, &g), PV_ERR_UNSUPPORTED, NAMES("f16"), &out);
+    }
+
+    pv_rmsnorm_args rn = {
+        .rows = 2, .dim = 32, .eps = 1e-5f, .x = x.buf, .x_off = x.off, .weight = x.buf,
+        .weight_off = x.buf->bytes / sizeof(float) - 31, /* dim 32: one past the end */ .out = out.buf, .out_off = out.off,
+    };
+    expect(name, "rmsnorm weight past the buffer", pv_rmsnorm(be, &rn), PV_ERR_INVALID_ARG, NAMES("weight"), &out);
+
+    int32_t pos[2] = {0, -5};
+    pv_rope_args rp = {.n_tokens = 2, .n_heads = 1, .head_dim = 32, .base = 10000.0f,
+                       .x = out.buf, .x_off = out.off, .pos = pos};
+    expect(name, "rope pos[1] = -5", pv_rope(be, &rp), PV_ERR_INVALID_ARG, NAMES("pos[1]", "-5"), &out);
+
+    float u[2] = {0.5f, 0.25f};
+    int32_t picked[2] = {-1, -1};
+    pv_sample_args sa = {.rows = 2, .cols = 32, .temperature = 1.0f, .top_p = 1.5f,
+                         .logits = x.buf, .logits_off = x.off, .u = u, .out = picked};
+    expect(name, "sample_top_p top_p 1.5", pv_sample_top_p(be, &sa), PV_ERR_INVALID_ARG, NAMES("top_p", "1.5"), NULL);
+    sa.top_p = 0.9f;
+    u[1] = 1.0f;
+    expect(name, "sample_top_p u[1] = 1", pv_sample_top_p(be, &sa), PV_ERR_INVALID_ARG, NAMES("u[1]"), NULL);
+    ok(picked[0] == -1 && picked[1] == -1, "%s: rejected sampling wrote no token", name);
+
+    unsigned char bytes[16];
+    expect(name, "buffer_read past the end", pv_buffer_read(x.buf, x.buf->bytes - 8, bytes, 16), PV_ERR_INVALID_ARG,
+           NAMES("src"), NULL);
+
+    tensor_free(&x);
+    tensor_free(&out);
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+            only = argv[++i];
+        } else {
+            fprintf(stderr, "usage: %s [--backend NAME]\n", argv[0]);
+            return 2;
+        }
+    }
+
+    pv_backend *none = NULL;
+    expect("front end", "unknown backend 'tpu'", pv_backend_init(&none, "tpu", 0), PV_ERR_NOT_FOUND,
+           NAMES("tpu", "cpu"), NULL);
+    ok(none == NULL, "front end: a failed init leaves no backend");
+    pv_backend *cpu = NULL;
+    expect("front end", "cpu device 1 of 1", pv_backend_init(&cpu, "cpu", 1), PV_ERR_INVALID_ARG, NAMES("device", "1"),
+           NULL);
+
+    for (const char *const *name = pv_backend_names(); *name; name++) {
+        if (only && strcmp(only, *name) != 0)
+            continue;
+        pv_backend *be = NULL;
+        pv_status st = pv_backend_init(&be, *name, 0);
+        if (st == PV_ERR_NO_DEVICE) {
+            /* The "no device" path itself is under test: a status and a message. */
+            ok(pv_last_error()[0] != '\0' && be == NULL, "%s: no device is a status with a message: %s", *name,
+               pv_last_error());
+            continue;
+        }
+        if (!ok(st == PV_OK, "backend %s opens", *name)) {
+            tap_diag("%s", pv_last_error());
+            continue;
+        }
+        attention_cases(*name, be);
+        other_op_cases(*name, be);
+        pv_backend_free(be);
+    }
+    return tap_done();
+}

@@ -1,0 +1,171 @@
+/* Bad input: a clear status and message, nothing leaked (ASan/valgrind),
+ * invariants still hold. */
+#include "test-cache-util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static int says(const char *needle)
+{
+    int found = strstr(pv_last_error(), needle) != NULL;
+    if (!found)
+        tap_diag("message \"%s\" lacks \"%s\"", pv_last_error(), needle);
+    return found;
+}
+
+static void sessions_and_chunks(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 2, 2, 2, &clk);
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    pv_tier tier;
+    ok(pv_cache_lookup(cache, "ghost", 0, 0, &tier, NULL) == PV_ERR_NOT_FOUND && says("\"ghost\""),
+       "lookup of an unknown session: %s", pv_last_error());
+    ok(pv_cache_store_chunk(cache, "ghost", 0, 0, PV_TIER_DEVICE, NULL) == PV_ERR_NOT_FOUND,
+       "store into an unknown session");
+    ok(pv_cache_pin(cache, "ghost") == PV_ERR_NOT_FOUND && pv_cache_touch(cache, "ghost") == PV_ERR_NOT_FOUND,
+       "pin/touch of an unknown session");
+    ok(pv_cache_session_open(cache, "") == PV_ERR_INVALID_ARG && says("length 0"),
+       "empty session id: %s", pv_last_error());
+    pv_cache_session_open(cache, "s");
+    ok(pv_cache_store_chunk(cache, "s", 0, 2, PV_TIER_DEVICE, NULL) == PV_ERR_INVALID_ARG &&
+           says("layer 2") && says("[0, 2)"),
+       "layer out of range: %s", pv_last_error());
+    ok(pv_cache_store_chunk(cache, "s", PV_CACHE_MAX_CHUNKS, 0, PV_TIER_DEVICE, NULL) ==
+           PV_ERR_INVALID_ARG,
+       "chunk index out of range: %s", pv_last_error());
+    ok(pv_cache_store_chunk(cache, "s", 0, 0, PV_TIER_DROPPED, NULL) == PV_ERR_INVALID_ARG,
+       "storing into DROPPED: %s", pv_last_error());
+    pv_cache_store_chunk(cache, "s", 0, 0, PV_TIER_DEVICE, NULL);
+    pv_cache_store_chunk(cache, "s", 0, 1, PV_TIER_DEVICE, NULL);
+    ok(pv_cache_store_chunk(cache, "s", 1, 0, PV_TIER_DEVICE, NULL) == PV_ERR_OUT_OF_MEMORY &&
+           says("no free device slot"),
+       "store into a full tier: %s", pv_last_error());
+    ok(pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 3 * TEST_SLOT_BYTES, &plan) == PV_ERR_INVALID_ARG,
+       "evicting more than the pool holds: %s", pv_last_error());
+    ok(pv_cache_unpin(cache, "s") == PV_ERR_STATE, "unpin without pin: %s", pv_last_error());
+    ok(pv_cache_session_save(cache, "s", 10) == PV_ERR_INVALID_ARG,
+       "saving more tokens than the history has: %s", pv_last_error());
+    pv_cache_move fake = {0, 0, 0, PV_TIER_DEVICE, PV_TIER_HOST, 0, 0, 1};
+    ok(pv_cache_complete(cache, &fake, 1) == PV_ERR_STATE, "completing a copy never planned: %s",
+       pv_last_error());
+    check_ok(cache, "after rejected calls");
+    uint64_t freed = 0;
+    ok(pv_cache_end_session(cache, "s", &freed) == PV_OK && freed == 2 * TEST_SLOT_BYTES,
+       "end_session");
+    ok(pv_cache_end_session(cache, "s", &freed) == PV_ERR_NOT_FOUND && says("unknown session"),
+       "a second end_session: %s", pv_last_error());
+    check_ok(cache, "after the second end_session");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
+static void budgets(void)
+{
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    cfg.slot_bytes = 4096;
+    cfg.device_bytes = 4095;
+    pv_cache *cache = (pv_cache *)&cfg; /* must be set to NULL on failure */
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && cache == NULL &&
+           says("device budget 4095 bytes is smaller than one slot (4096 bytes)"),
+       "device budget smaller than one slot: %s", pv_last_error());
+    cfg.device_bytes = 1 << 20;
+    cfg.host_bytes = 0;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && says("host budget 0"),
+       "host budget smaller than one slot: %s", pv_last_error());
+    pv_cache_config_defaults(&cfg);
+    cfg.high_water = 1.5;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && says("high_water 1.5"),
+       "high water out of range: %s", pv_last_error());
+    pv_cache_config_defaults(&cfg);
+    cfg.beta = 0;
+    cfg.c = 0;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG, "zero cost at context 0: %s",
+       pv_last_error());
+}
+
+/* Writes text to a fresh temporary INI file; returns its path in buf. */
+static int write_ini(char *buf, size_t size, const char *text)
+{
+    snprintf(buf, size, "/tmp/pv-cache-ini-XXXXXX");
+    int fd = mkstemp(buf);
+    if (fd < 0)
+        return 0;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return 0;
+    }
+    fputs(text, f);
+    fclose(f);
+    return 1;
+}
+
+static pv_status load_text(const char *text, pv_cache_config *cfg, char *path, size_t size)
+{
+    pv_cache_config_defaults(cfg);
+    if (!write_ini(path, size, text))
+        return PV_ERR_IO;
+    pv_status st = pv_cache_config_load(cfg, path);
+    unlink(path);
+    return st;
+}
+
+static void ini_files(void)
+{
+    pv_cache_config cfg, defaults;
+    pv_cache_config_defaults(&defaults);
+    char path[64];
+    ok(load_text("[cache]\npolicy = weighted\nalpha = 2.5e-6\nbeta = 0.001\nc = 0.002\n"
+                 "chunk_tokens = 16\ndevice_bytes = 2G\nhost_bytes = 512MiB\nhigh_water = 0.8\n"
+                 "reserve = 0.05\n[model]\nname = other section, ignored\n",
+                 &cfg, path, sizeof path) == PV_OK,
+       "a full [cache] section loads: %s", pv_last_error());
+    ok(cfg.policy == PV_POLICY_WEIGHTED && cfg.alpha == 2.5e-6 && cfg.beta == 0.001 && cfg.c == 0.002 &&
+           cfg.chunk_tokens == 16 && cfg.device_bytes == (2ull << 30) &&
+           cfg.host_bytes == (512ull << 20) && cfg.high_water == 0.8 && cfg.reserve == 0.05,
+       "every value is read");
+    ok(load_text("[cache]\nalpha = 3e-6\n", &cfg, path, sizeof path) == PV_OK && cfg.alpha == 3e-6 &&
+           cfg.high_water == defaults.high_water && cfg.reserve == defaults.reserve &&
+           cfg.policy == defaults.policy,
+       "absent keys keep their defaults");
+
+    static const struct {
+        const char *text;
+        const char *needle;
+    } bad[] = {
+        {"[cache]\nalpha = fast\n", "cache:alpha = \"fast\" is not a number in [0, 1e+06]"},
+        {"[cache]\nhigh_water = 1.5\n", "cache:high_water = \"1.5\" is not a number in (0, 1]"},
+        {"[cache]\nhigh_water = 0\n", "(0, 1]"},
+        {"[cache]\nreserve = -0.1\n", "cache:reserve = \"-0.1\""},
+        {"[cache]\nchunk_tokens = 32.5\n", "not an integer in [1, 4096]"},
+        {"[cache]\nchunk_tokens = 0\n", "cache:chunk_tokens = \"0\""},
+        {"[cache]\ndevice_bytes = 12Q\n", "cache:device_bytes = \"12Q\" is not a byte count"},
+        {"[cache]\nhost_bytes = -5\n", "cache:host_bytes = \"-5\""},
+        {"[cache]\npolicy = fifo\n", "cache:policy = \"fifo\" is not one of pensieve, weighted, lru"},
+        {"[cache]\nalhpa = 1\n", "unknown key cache:alhpa"},
+        {"[cache]\nbeta = 0\nc = 0\n", "beta + cache:c = 0 must be > 0"},
+        {"[cache]\nalpha = 1e999\n", "cache:alpha = \"1e999\""},
+        {"[cache\nalpha = 1\n", "not a valid INI file"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pv_status st = load_text(bad[i].text, &cfg, path, sizeof path);
+        ok(st == PV_ERR_FORMAT && says(path) && says(bad[i].needle) &&
+               memcmp(&cfg, &defaults, sizeof cfg) == 0,
+           "bad INI %zu rejected, config unchanged: %s", i, pv_last_error());
+    }
+    ok(pv_cache_config_load(&cfg, "/nonexistent/pensieve.ini") == PV_ERR_IO &&
+           says("/nonexistent/pensieve.ini"),
+       "a missing file: %s", pv_last_error());
+}
+
+int main(void)
+{
+    sessions_and_chunks();
+    budgets();
+    ini_files();
+    return tap_done();
+}

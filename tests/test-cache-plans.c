@@ -1,0 +1,159 @@
+/* Plans the engine carries out: ahead-of-time swap-out (two-phase copies),
+ * swap-in and the delay of swap-outs under it, admission with the reserve,
+ * and the choice of a request to suspend. */
+#include "test-cache-util.h"
+
+static void ahead_of_time_swap_out(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 1, 8, 8, &clk);
+    pv_cache_plan plan, more;
+    pv_cache_plan_init(&plan);
+    pv_cache_plan_init(&more);
+    pv_cache_session_open(cache, "a");
+    for (uint32_t c = 0; c < 8; c++)
+        pv_cache_store_chunk(cache, "a", c, 0, PV_TIER_DEVICE, NULL);
+    clk.now = 1;
+    pv_status st = pv_cache_plan_swap_out(cache, 100, &plan);
+    ok(st == PV_OK && plan.n_moves == 2, "8 of 8 device slots used, high water 6: 2 copies planned (%zu)",
+       plan.n_moves);
+    ok(plan.moves[0].two_phase && plan.moves[0].chunk == 0 && plan.moves[1].chunk == 1 &&
+           plan.moves[0].to == PV_TIER_HOST,
+       "the leading chunks, two-phase, to host");
+    ok(tier_of(cache, "a", 0, 0) == PV_TIER_DEVICE, "a chunk under copy is still read from device");
+    check_ok(cache, "copies in flight");
+    ok(pv_cache_plan_swap_out(cache, 100, &more) == PV_OK && more.n_moves == 0,
+       "in-flight copies count as gone: nothing more planned");
+    ok(pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 8 * TEST_SLOT_BYTES, &more) ==
+           PV_ERR_OUT_OF_MEMORY,
+       "chunks under copy are not evictable: %s", pv_last_error());
+    ok(pv_cache_store_chunk(cache, "a", 0, 0, PV_TIER_DEVICE, NULL) == PV_ERR_BUSY,
+       "a chunk under copy cannot be replaced");
+    ok(pv_cache_end_session(cache, "a", NULL) == PV_ERR_BUSY, "nor freed by end_session: %s",
+       pv_last_error());
+    ok(pv_cache_complete(cache, &plan.moves[0], 1) == PV_OK, "complete the first copy");
+    ok(tier_of(cache, "a", 0, 0) == PV_TIER_HOST, "chunk 0 now in host");
+    ok(pv_cache_abort(cache, &plan.moves[1], 1) == PV_OK, "abort the second copy");
+    ok(tier_of(cache, "a", 1, 0) == PV_TIER_DEVICE, "chunk 1 stays on device");
+    ok(pv_cache_complete(cache, &plan.moves[0], 1) == PV_ERR_STATE,
+       "completing twice is refused: %s", pv_last_error());
+    pv_cache_move twice[2] = {plan.moves[1], plan.moves[1]};
+    ok(pv_cache_abort(cache, twice, 2) == PV_ERR_STATE, "a finished copy cannot be aborted");
+    uint64_t dev, host;
+    pv_cache_held_bytes(cache, "a", &dev, &host);
+    ok(dev == 7 * TEST_SLOT_BYTES && host == TEST_SLOT_BYTES, "a holds 7 device + 1 host slots");
+    pv_cache_stats stats;
+    pv_cache_stats_get(cache, &stats);
+    ok(stats.swap_out_chunks == 1 && stats.swap_out_bytes == TEST_SLOT_BYTES,
+       "stats: 1 chunk swapped out");
+    check_ok(cache, "after complete and abort");
+    ok(pv_cache_end_session(cache, "a", NULL) == PV_OK, "ends once no copy is in flight");
+    check_ok(cache, "after end");
+    pv_cache_plan_free(&plan);
+    pv_cache_plan_free(&more);
+    pv_cache_free(cache);
+}
+
+static void swap_in_delays_swap_out(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 2, 4, 8, &clk);
+    pv_cache_plan plan, out;
+    pv_cache_plan_init(&plan);
+    pv_cache_plan_init(&out);
+    pv_cache_session_open(cache, "back");
+    pv_cache_session_open(cache, "hot");
+    for (uint32_t l = 0; l < 2; l++)
+        pv_cache_store_chunk(cache, "back", 0, l, PV_TIER_HOST, NULL);
+    for (uint32_t c = 0; c < 2; c++)
+        for (uint32_t l = 0; l < 2; l++)
+            pv_cache_store_chunk(cache, "hot", c, l, PV_TIER_DEVICE, NULL);
+    clk.now = 5;
+    ok(pv_cache_plan_swap_in(cache, "back", &plan) == PV_OK, "plan swap-in of a returning session");
+    int evictions_first = plan.n_moves == 4 && plan.moves[0].from == PV_TIER_DEVICE &&
+                          !plan.moves[0].two_phase && plan.moves[1].from == PV_TIER_DEVICE &&
+                          plan.moves[2].from == PV_TIER_HOST && plan.moves[2].two_phase &&
+                          plan.moves[3].two_phase;
+    ok(evictions_first, "device full: 2 evictions of hot first, then 2 two-phase copies in");
+    check_ok(cache, "swap-in in flight");
+    pv_cache_stats stats;
+    ok(pv_cache_plan_swap_out(cache, 100, &out) == PV_OK && out.n_moves == 0,
+       "swap-out planning is delayed during a swap-in");
+    pv_cache_stats_get(cache, &stats);
+    ok(stats.swap_out_delayed == 1, "counted as delayed");
+    ok(pv_cache_complete(cache, &plan.moves[2], 2) == PV_OK, "swap-in copies land");
+    ok(tier_of(cache, "back", 0, 0) == PV_TIER_DEVICE && tier_of(cache, "back", 0, 1) == PV_TIER_DEVICE,
+       "the session is on device");
+    pv_cache_stats_get(cache, &stats);
+    ok(stats.swap_in_chunks == 2, "stats: 2 chunks swapped in");
+    ok(pv_cache_plan_swap_out(cache, 100, &out) == PV_OK && out.n_moves == 1,
+       "after the swap-in, 4 of 4 used > high water 3: one copy planned");
+    check_ok(cache, "after swap-in");
+    ok(pv_cache_abort(cache, out.moves, out.n_moves) == PV_OK, "abort it");
+    check_ok(cache, "after abort");
+    pv_cache_plan_free(&plan);
+    pv_cache_plan_free(&out);
+    pv_cache_free(cache);
+}
+
+static void admission_reserve(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 1, 10, 10, &clk);
+    pv_cache_admission adm;
+    ok(pv_cache_admit(cache, 9, &adm) == PV_OK && adm.admit && adm.free_bytes == 0,
+       "empty device: 9 slots + 1 reserve fit");
+    ok(pv_cache_admit(cache, 10, &adm) == PV_ERR_INVALID_ARG, "10 slots never fit with the reserve: %s",
+       pv_last_error());
+    pv_cache_session_open(cache, "run");
+    for (uint32_t c = 0; c < 8; c++)
+        pv_cache_store_chunk(cache, "run", c, 0, PV_TIER_DEVICE, NULL);
+    pv_cache_pin(cache, "run");
+    ok(pv_cache_admit(cache, 1, &adm) == PV_OK && adm.admit, "2 free: 1 slot + reserve admitted");
+    ok(pv_cache_admit(cache, 2, &adm) == PV_OK && !adm.admit,
+       "2 free, all else pinned: 2 slots would eat the reserve, wait");
+    pv_cache_unpin(cache, "run");
+    ok(pv_cache_admit(cache, 5, &adm) == PV_OK && adm.admit && adm.free_bytes == 6 * TEST_SLOT_BYTES,
+       "unpinned chunks are reclaimable: admit 5 after making 6 slots free");
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    ok(pv_cache_evict_to_free(cache, PV_TIER_DEVICE, adm.free_bytes, &plan) == PV_OK &&
+           plan.n_moves == 4,
+       "evict_to_free carries it out (4 moves)");
+    check_ok(cache, "after admission");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
+static void suspension_choice(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 1, 4, 4, &clk);
+    const char *id = NULL;
+    ok(pv_cache_choose_suspend(cache, &id) == PV_ERR_NOT_FOUND, "nothing running: nothing to suspend");
+    pv_cache_session_open(cache, "first");
+    pv_cache_session_open(cache, "second");
+    pv_cache_session_open(cache, "third");
+    pv_cache_pin(cache, "first");
+    clk.now = 1;
+    pv_cache_pin(cache, "second");
+    clk.now = 2;
+    pv_cache_pin(cache, "third");
+    pv_cache_pin(cache, "first"); /* a nested pin does not make it newer */
+    ok(pv_cache_choose_suspend(cache, &id) == PV_OK && strcmp(id, "third") == 0,
+       "the newest request is chosen: %s", id ? id : "(null)");
+    pv_cache_unpin(cache, "third");
+    ok(pv_cache_choose_suspend(cache, &id) == PV_OK && strcmp(id, "second") == 0,
+       "after it is suspended, the next newest: %s", id ? id : "(null)");
+    check_ok(cache, "pinned list");
+    pv_cache_free(cache);
+}
+
+int main(void)
+{
+    ahead_of_time_swap_out();
+    swap_in_delays_swap_out();
+    admission_reserve();
+    suspension_choice();
+    return tap_done();
+}

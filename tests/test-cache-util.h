@@ -1,0 +1,59 @@
+/* Helpers shared by the cache tests: a manual clock and a small cache. */
+#ifndef PV_TESTS_CACHE_UTIL_H
+#define PV_TESTS_CACHE_UTIL_H
+
+#include "tap.h"
+
+#include <pensieve/cache.h>
+
+#include <string.h>
+
+/* A clock the test moves by hand, so eviction order is deterministic. */
+typedef struct test_clock {
+    double now;
+} test_clock;
+
+static inline double test_clock_read(void *ctx)
+{
+    return ((test_clock *)ctx)->now;
+}
+
+#define TEST_SLOT_BYTES 1024u
+
+/* A cache of device_slots + host_slots slots of TEST_SLOT_BYTES bytes. */
+static inline pv_cache *test_cache(pv_policy policy, uint32_t n_layers, uint32_t device_slots,
+                                   uint32_t host_slots, test_clock *clock)
+{
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    cfg.policy = policy;
+    cfg.n_layers = n_layers;
+    cfg.slot_bytes = TEST_SLOT_BYTES;
+    cfg.device_bytes = (uint64_t)device_slots * TEST_SLOT_BYTES;
+    cfg.host_bytes = (uint64_t)host_slots * TEST_SLOT_BYTES;
+    pv_cache *cache = NULL;
+    if (pv_cache_init(&cache, &cfg, test_clock_read, clock) != PV_OK) {
+        tap_diag("pv_cache_init: %s", pv_last_error());
+        return NULL;
+    }
+    return cache;
+}
+
+/* ok() on pv_cache_check, with the violation on failure. */
+static inline int check_ok(const pv_cache *cache, const char *what)
+{
+    pv_status st = pv_cache_check(cache);
+    if (st != PV_OK)
+        tap_diag("%s", pv_last_error());
+    return ok(st == PV_OK, "invariants hold: %s", what);
+}
+
+static inline pv_tier tier_of(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer)
+{
+    pv_tier tier = PV_TIER_NONE;
+    if (pv_cache_lookup(cache, id, chunk, layer, &tier, NULL) != PV_OK)
+        return PV_TIER_NONE;
+    return tier;
+}
+
+#endif

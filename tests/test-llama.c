@@ -1,0 +1,299 @@
+/* The paged forward pass against the contiguous host reference, on every
+ * backend that opens, with the synthetic model: a ragged two-sequence
+ * prefill, prefill then decode, and recovery (dropped leading chunks
+ * recomputed in the same batch as a new prompt, into fresh slots). Unwritten
+ * pool memory is NaN, so reading a slot that was not written fails loudly. */
+#include "llama-ref.h"
+#include "tap.h"
+
+#include <pensieve/llama.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 8
+#define MAX_CHUNKS 16 /* 128 positions per sequence */
+#define LEN_A 45
+#define LEN_B 20
+#define EXTRA_A 6 /* new prompt after recovery */
+
+typedef struct fixture {
+    pv_backend *be;
+    pv_llama *model;
+    pv_buffer *pool;
+    int64_t n_slots;
+    int32_t *tables; /* [n_layers][2][MAX_CHUNKS] */
+    int32_t *free_slots; /* shuffled, consumed from the end */
+    int64_t n_free;
+    uint32_t n_layers, n_vocab;
+} fixture;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+
+static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g, pv_dtype kv)
+{
+    memset(f, 0, sizeof *f);
+    pv_status st = pv_backend_init(&f->be, backend, 0);
+    if (st != PV_OK)
+        return st;
+    pv_llama_options o;
+    pv_llama_options_default(&o);
+    o.kv_dtype = kv;
+    o.chunk_tokens = CHUNK;
+    o.max_batch_tokens = 96;
+    o.max_logit_rows = 96;
+    if ((st = pv_llama_init(&f->model, f->be, g, &o)) != PV_OK)
+        return st;
+    f->n_layers = pv_llama_hparams_of(f->model)->n_layers;
+    f->n_vocab = pv_llama_hparams_of(f->model)->n_vocab;
+    f->n_slots = (int64_t)f->n_layers * 2 * MAX_CHUNKS + 64;
+    uint64_t bytes = (uint64_t)f->n_slots * pv_llama_slot_bytes(f->model);
+    if ((st = pv_buffer_init(&f->pool, f->be, PV_MEM_DEVICE, bytes)) != PV_OK)
+        return st;
+    unsigned char *nan_fill = malloc(bytes);
+    if (!nan_fill)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "test: pool fill");
+    memset(nan_fill, 0xff, bytes); /* all-ones is a NaN in f32 and f16 */
+    st = pv_buffer_write(f->pool, 0, nan_fill, bytes);
+    free(nan_fill);
+    f->tables = malloc(sizeof(int32_t) * f->n_layers * 2 * MAX_CHUNKS);
+    f->free_slots = malloc(sizeof(int32_t) * (size_t)f->n_slots);
+    if (!f->tables || !f->free_slots)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "test: tables");
+    for (int64_t i = 0; i < f->n_slots; i++)
+        f->free_slots[i] = (int32_t)i;
+    for (int64_t i = f->n_slots - 1; i > 0; i--) { /* non-contiguous slot tables */
+        int64_t j = rng() % (i + 1);
+        int32_t t = f->free_slots[i];
+        f->free_slots[i] = f->free_slots[j];
+        f->free_slots[j] = t;
+    }
+    f->n_free = f->n_slots;
+    for (size_t i = 0; i < (size_t)f->n_layers * 2 * MAX_CHUNKS; i++)
+        f->tables[i] = -1;
+    return st;
+}
+
+static void fixture_free(fixture *f)
+{
+    free(f->tables);
+    free(f->free_slots);
+    pv_buffer_free(f->pool);
+    pv_llama_free(f->model);
+    pv_backend_free(f->be);
+}
+
+static int32_t *table_at(fixture *f, uint32_t layer, int seq, int chunk)
+{
+    return &f->tables[((size_t)layer * 2 + seq) * MAX_CHUNKS + chunk];
+}
+
+/* Give every layer's chunk holding positions [from, to) of seq a fresh slot. */
+static void assign_slots(fixture *f, int seq, int from, int to)
+{
+    for (int c = from / CHUNK; c <= (to - 1) / CHUNK; c++)
+        for (uint32_t l = 0; l < f->n_layers; l++)
+            if (*table_at(f, l, seq, c) < 0)
+                *table_at(f, l, seq, c) = f->free_slots[--f->n_free];
+}
+
+/* Largest |got - want| over max |want|; NaN anywhere fails. */
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i]) || isnan(want[i]))
+            return INFINITY;
+        double d = fabs((double)got[i] - want[i]);
+        if (d > diff)
+            diff = d;
+        if (fabs(want[i]) > scale)
+            scale = fabs(want[i]);
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
+typedef struct batch_builder {
+    int32_t n, tokens[96], seq[96], pos[96], rows[96];
+} batch_builder;
+
+static void add_tokens(batch_builder *b, const int *tokens, int seq, int from, int to)
+{
+    for (int p = from; p < to; p++) {
+        b->tokens[b->n] = tokens[p];
+        b->seq[b->n] = seq;
+        b->pos[b->n] = p;
+        b->rows[b->n] = b->n;
+        b->n++;
+    }
+}
+
+static pv_status run(fixture *f, batch_builder *b, float *logits)
+{
+    pv_llama_batch batch = {
+        .n_tokens = b->n, .tokens = b->tokens, .token_seq = b->seq, .token_pos = b->pos,
+        .n_seqs = 2, .max_chunks = MAX_CHUNKS, .slot_tables = f->tables, .kv_pool = f->pool,
+        .n_slots = f->n_slots, .n_logits = b->n, .logit_rows = b->rows, .logits = logits,
+    };
+    return pv_llama_forward(f->model, &batch);
+}
+
+/* Reference logits for every position of one sequence. */
+static float *reference(const pv_gguf *g, const int *tokens, int len, uint32_t vocab)
+{
+    llama_ref r;
+    float *out = malloc(sizeof(float) * (size_t)len * vocab);
+    if (!out || llama_ref_init(&r, g, len) != PV_OK) {
+        free(out);
+        return NULL;
+    }
+    for (int p = 0; p < len; p++)
+        if (llama_ref_step(&r, tokens[p], p, out + (size_t)p * vocab) != PV_OK) {
+            free(out);
+            out = NULL;
+            break;
+        }
+    llama_ref_free(&r);
+    return out;
+}
+
+/* Compare batch rows [first, first + count) with reference positions. */
+static int compare_rows(const float *logits, const batch_builder *b, int first, int count,
+                        const float *ref, uint32_t vocab, double tol, const char *what)
+{
+    double worst = 0;
+    for (int i = first; i < first + count; i++) {
+        double e = rel_err(logits + (size_t)i * vocab, ref + (size_t)b->pos[i] * vocab, vocab);
+        if (!(e <= worst))
+            worst = e;
+    }
+    return ok(worst <= tol, "%s: max relative logit error %.2e <= %.0e", what, worst, tol);
+}
+
+static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const int *tok_a,
+                        const int *tok_b, const float *ref_a, const float *ref_b)
+{
+    const double tol = kv == PV_F32 ? 1e-4 : 2e-2;
+    char what[96];
+    fixture f;
+    pv_status st = fixture_init(&f, name, g, kv);
+    if (st == PV_ERR_NO_DEVICE) {
+        tap_skip("backend %s: %s", name, pv_last_error());
+        fixture_free(&f);
+        return;
+    }
+    if (!ok(st == PV_OK, "%s %s: model and pool set up (%s)", name, pv_dtype_name(kv),
+            st == PV_OK ? "ok" : pv_last_error())) {
+        fixture_free(&f);
+        return;
+    }
+    float *logits = malloc(sizeof(float) * 96 * f.n_vocab);
+
+    /* 1. one ragged batch: all of A and all of B. */
+    batch_builder b = {0};
+    assign_slots(&f, 0, 0, LEN_A);
+    assign_slots(&f, 1, 0, LEN_B);
+    add_tokens(&b, tok_a, 0, 0, LEN_A);
+    add_tokens(&b, tok_b, 1, 0, LEN_B);
+    st = run(&f, &b, logits);
+    snprintf(what, sizeof what, "%s %s prefill A", name, pv_dtype_name(kv));
+    if (ok(st == PV_OK, "%s+B in one batch runs (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
+        compare_rows(logits, &b, 0, LEN_A, ref_a, f.n_vocab, tol, what);
+        snprintf(what, sizeof what, "%s %s prefill B", name, pv_dtype_name(kv));
+        compare_rows(logits, &b, LEN_A, LEN_B, ref_b, f.n_vocab, tol, what);
+    }
+
+    /* 2. recovery: A's first two chunks were dropped; they are recomputed into
+     * fresh slots in the same batch as A's new prompt. The old slots are
+     * poisoned so any read of them shows. */
+    unsigned char *poison = malloc(pv_llama_slot_bytes(f.model));
+    memset(poison, 0xff, pv_llama_slot_bytes(f.model));
+    for (uint32_t l = 0; l < f.n_layers; l++)
+        for (int c = 0; c < 2; c++) {
+            pv_buffer_write(f.pool, (uint64_t)*table_at(&f, l, 0, c) * pv_llama_slot_bytes(f.model),
+                            poison, pv_llama_slot_bytes(f.model));
+            *table_at(&f, l, 0, c) = -1;
+        }
+    free(poison);
+    assign_slots(&f, 0, 0, 2 * CHUNK);
+    assign_slots(&f, 0, LEN_A, LEN_A + EXTRA_A);
+    batch_builder r = {0};
+    add_tokens(&r, tok_a, 0, 0, 2 * CHUNK);
+    add_tokens(&r, tok_a, 0, LEN_A, LEN_A + EXTRA_A);
+    st = run(&f, &r, logits);
+    snprintf(what, sizeof what, "%s %s recovery", name, pv_dtype_name(kv));
+    if (ok(st == PV_OK, "%s batch runs (%s)", what, st == PV_OK ? "ok" : pv_last_error()))
+        compare_rows(logits, &r, 0, r.n, ref_a, f.n_vocab, tol, what);
+
+    /* 3. decode B one token at a time after its prefill (B continues A's text). */
+    assign_slots(&f, 1, LEN_B, LEN_B + 4);
+    double worst = 0;
+    int decode_ok = 1;
+    for (int p = LEN_B; p < LEN_B + 4; p++) {
+        batch_builder d = {0};
+        add_tokens(&d, tok_b, 1, p, p + 1);
+        if (run(&f, &d, logits) != PV_OK) {
+            decode_ok = 0;
+            break;
+        }
+        double e = rel_err(logits, ref_b + (size_t)p * f.n_vocab, f.n_vocab);
+        if (!(e <= worst))
+            worst = e;
+    }
+    ok(decode_ok && worst <= tol, "%s %s decode: 4 single-token steps, max error %.2e <= %.0e (%s)",
+       name, pv_dtype_name(kv), worst, tol, decode_ok ? "ok" : pv_last_error());
+
+    /* 4. bad batches are refused with a message. */
+    batch_builder bad = {.n = 1, .tokens = {tok_b[0]}, .seq = {1}, .pos = {100}};
+    /* position 100 of B has no slot */
+    st = run(&f, &bad, logits);
+    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "slot_table"),
+       "%s: a token whose chunk has no slot is refused (%s)", name, pv_last_error());
+
+    free(logits);
+    fixture_free(&f);
+}
+
+int main(void)
+{
+    pv_synth_config c;
+    pv_synth_config_default(&c);
+    uint8_t *image;
+    uint64_t size;
+    pv_gguf g;
+    if (pv_synth_to_memory(&c, &image, &size) != PV_OK || pv_gguf_init_memory(&g, image, size) != PV_OK) {
+        ok(0, "synthetic model builds: %s", pv_last_error());
+        return tap_done();
+    }
+    pv_llama_hparams hp;
+    ok(pv_llama_hparams_read(&g, &hp) == PV_OK, "synthetic model has Llama hyperparameters");
+
+    int tok_a[LEN_A + EXTRA_A], tok_b[LEN_B + 4];
+    for (int i = 0; i < LEN_A + EXTRA_A; i++)
+        tok_a[i] = (int)(rng() % hp.n_vocab);
+    for (int i = 0; i < LEN_B + 4; i++)
+        tok_b[i] = (int)(rng() % hp.n_vocab);
+    float *ref_a = reference(&g, tok_a, LEN_A + EXTRA_A, hp.n_vocab);
+    float *ref_b = reference(&g, tok_b, LEN_B + 4, hp.n_vocab);
+    if (ok(ref_a && ref_b, "contiguous reference runs")) {
+        for (const char *const *name = pv_backend_names(); *name; name++) {
+            run_backend(*name, &g, PV_F32, tok_a, tok_b, ref_a, ref_b);
+            run_backend(*name, &g, PV_F16, tok_a, tok_b, ref_a, ref_b);
+        }
+    }
+    free(ref_a);
+    free(ref_b);
+    pv_gguf_free(&g);
+    free(image);
+    return tap_done();
+}
