@@ -17,6 +17,8 @@
 typedef struct options {
     const char *model, *prompt, *backend;
     int chat, n_predict, ctx;
+    int print_ids; /* print token ids instead of text */
+    int top1;      /* print the argmax after every prompt position, then stop */
     uint64_t seed;
     float temperature, top_p;
     pv_dtype kv_dtype;
@@ -35,7 +37,10 @@ static void usage(FILE *f)
             "  --seed S            sampling seed (default 1)\n"
             "  --temperature T     0 = greedy (default 0)\n"
             "  --top-p P           nucleus mass when sampling (default 0.95)\n"
-            "  --kv f32|f16        KV pool type (default f32)\n");
+            "  --kv f32|f16        KV pool type (default f32)\n"
+            "  --ids               print the prompt's and the generated token ids, not text\n"
+            "  --top1              print the most likely next token after every prompt\n"
+            "                      position (teacher forcing) and stop\n");
 }
 
 static int parse_int(const char *s, const char *what, long lo, long hi, long *out)
@@ -67,13 +72,14 @@ static int parse_float(const char *s, const char *what, double lo, double hi, fl
 static int parse_args(int argc, char **argv, options *o)
 {
     enum { OPT_MODEL = 256, OPT_PROMPT, OPT_CHAT, OPT_BACKEND, OPT_CTX, OPT_SEED, OPT_TEMP,
-           OPT_TOPP, OPT_KV };
+           OPT_TOPP, OPT_KV, OPT_IDS, OPT_TOP1 };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},   {"prompt", required_argument, 0, OPT_PROMPT},
         {"chat", no_argument, 0, OPT_CHAT},           {"backend", required_argument, 0, OPT_BACKEND},
         {"n-predict", required_argument, 0, 'n'},     {"ctx", required_argument, 0, OPT_CTX},
         {"seed", required_argument, 0, OPT_SEED},     {"temperature", required_argument, 0, OPT_TEMP},
         {"top-p", required_argument, 0, OPT_TOPP},    {"kv", required_argument, 0, OPT_KV},
+        {"ids", no_argument, 0, OPT_IDS},             {"top1", no_argument, 0, OPT_TOP1},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
     };
     *o = (options){.backend = "cpu", .n_predict = 64, .ctx = 2048, .seed = 1,
@@ -85,6 +91,8 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_MODEL: o->model = optarg; break;
         case OPT_PROMPT: o->prompt = optarg; break;
         case OPT_CHAT: o->chat = 1; break;
+        case OPT_IDS: o->print_ids = 1; break;
+        case OPT_TOP1: o->top1 = 1; break;
         case OPT_BACKEND: o->backend = optarg; break;
         case 'n':
             if (parse_int(optarg, "-n", 0, 1 << 20, &v)) return -1;
@@ -231,6 +239,41 @@ static pv_status pick_token(generator *g, const options *o, uint64_t *rng, int32
     return pv_sample_top_p(g->be, &s);
 }
 
+static void print_ids(const char *label, const int32_t *ids, size_t n)
+{
+    printf("%s:", label);
+    for (size_t i = 0; i < n; i++)
+        printf(" %d", ids[i]);
+    printf("\n");
+}
+
+/* Teacher-forced pass over the prompt: the argmax after every position. */
+static pv_status prompt_top1(generator *g, const int32_t *tokens, int n, int32_t *top1)
+{
+    const pv_llama_options *lo = pv_llama_options_of(g->model);
+    const int span = lo->max_batch_tokens < lo->max_logit_rows ? lo->max_batch_tokens : lo->max_logit_rows;
+    int32_t seq[span], pos[span], rows[span];
+    pv_status st = PV_OK;
+    for (int start = 0; start < n && st == PV_OK; start += span) {
+        int len = n - start < span ? n - start : span;
+        for (int i = 0; i < len; i++) {
+            seq[i] = 0;
+            pos[i] = start + i;
+            rows[i] = i;
+        }
+        pv_llama_batch b = {
+            .n_tokens = len, .tokens = tokens + start, .token_seq = seq, .token_pos = pos,
+            .n_seqs = 1, .max_chunks = g->max_chunks, .slot_tables = g->tables, .kv_pool = g->pool,
+            .n_slots = g->n_slots, .n_logits = len, .logit_rows = rows,
+        };
+        pv_argmax_args a = {.rows = len, .cols = pv_llama_hparams_of(g->model)->n_vocab,
+                            .x = pv_llama_logits_buffer(g->model), .out = top1 + start};
+        if ((st = pv_llama_forward(g->model, &b)) == PV_OK)
+            st = pv_argmax(g->be, &a);
+    }
+    return st;
+}
+
 static int fail(const char *what, pv_status st)
 {
     fprintf(stderr, "pensieve-generate: %s: %s: %s\n", what, pv_status_str(st), pv_last_error());
@@ -289,6 +332,20 @@ int main(int argc, char **argv)
         return fail("prompt", st);
     }
 
+    if (o.print_ids || o.top1)
+        print_ids("prompt", tokens, n_prompt);
+    if (o.top1) {
+        int32_t *top1 = malloc(sizeof *top1 * n_prompt);
+        st = top1 ? prompt_top1(&g, tokens, (int)n_prompt, top1)
+                  : pv_error(PV_ERR_OUT_OF_MEMORY, "top1 array");
+        if (st == PV_OK)
+            print_ids("top1", top1, n_prompt);
+        free(top1);
+        free(tokens);
+        generator_free(&g);
+        return st == PV_OK ? 0 : fail("top1", st);
+    }
+
     uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
     double t0 = now_s();
     st = run_span(&g, tokens, 0, (int)n_prompt);
@@ -302,8 +359,10 @@ int main(int argc, char **argv)
         size_t piece_len;
         if ((st = pv_tokenizer_piece(&g.tok, id, 0, &piece, &piece_len)) != PV_OK)
             break;
-        fwrite(piece, 1, piece_len, stdout);
-        fflush(stdout);
+        if (!o.print_ids) {
+            fwrite(piece, 1, piece_len, stdout);
+            fflush(stdout);
+        }
         tokens[n] = id;
         generated++;
         if (generated == o.n_predict)
@@ -313,7 +372,10 @@ int main(int argc, char **argv)
         t_decode += now_s() - t1;
         n++;
     }
-    printf("\n");
+    if (o.print_ids)
+        print_ids("generated", tokens + n_prompt, (size_t)generated);
+    else
+        printf("\n");
     int rc = 0;
     if (st != PV_OK)
         rc = fail("generation", st);

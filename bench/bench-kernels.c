@@ -8,8 +8,10 @@
  *   3. swap gather (shuffled slots -> staging, one call) against a memcpy of
  *      the same bytes;
  *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
- *      directly at 2048^3 (the library's peak here).
- * Every figure is the median of --reps timed runs after one warm-up run.
+ *      directly (same shape; 2048^3 is the library's peak here).
+ * Every figure is a median of at least --reps timed runs after one warm-up
+ * (more for short runs); compared pairs run alternately so machine load
+ * hits both alike.
  * Bandwidth is payload over time: the KV bytes a decode step reads, the
  * bytes a gather moves, the bytes a memcpy copies, all as bytes / time (a
  * memcpy or gather also writes each byte, so its memory traffic is twice
@@ -64,7 +66,7 @@ typedef struct bandwidth_row {
 
 typedef struct gemm_row {
     int64_t m, n, k;
-    double ms;
+    double ms, blas_ms; /* through the vtable; cblas_sgemm directly */
 } gemm_row;
 
 typedef struct report {
@@ -103,24 +105,38 @@ static double median(double *x, int n)
 /* A timed action: returns a status; the backend is finished inside. */
 typedef pv_status (*action_fn)(void *state);
 
-/* Median wall time of reps runs after one warm-up, or a negative value (and
- * a message on stderr) when the action fails. */
-static double time_median(action_fn action, void *state, int reps)
+/* Median wall times of two actions run alternately (a b, b a, a b, ...)
+ * after one warm-up each, so load from other processes on the machine and
+ * the order of runs hit both alike and their ratio stays meaningful. Short
+ * actions get more runs (up to MAX_REPS) so each median covers about
+ * MIN_TOTAL_MS of work. Returns a status; a failure's message is left in
+ * pv_last_error(). */
+#define MIN_TOTAL_MS 1500.0
+
+static pv_status time_pair(action_fn a, void *a_state, action_fn b, void *b_state, int reps, double *a_ms,
+                           double *b_ms)
 {
-    double samples[MAX_REPS];
-    if (action(state) != PV_OK) {
-        fprintf(stderr, "bench-kernels: %s\n", pv_last_error());
-        return -1.0;
-    }
-    for (int r = 0; r < reps; r++) {
-        double start = now_ms();
-        if (action(state) != PV_OK) {
-            fprintf(stderr, "bench-kernels: %s\n", pv_last_error());
-            return -1.0;
+    double a_samples[MAX_REPS], b_samples[MAX_REPS];
+    double start = now_ms();
+    pv_status st = a(a_state);
+    if (st == PV_OK)
+        st = b(b_state);
+    double warm_ms = now_ms() - start;
+    while (reps < MAX_REPS && reps * warm_ms < MIN_TOTAL_MS)
+        reps++;
+    for (int r = 0; r < reps && st == PV_OK; r++) {
+        for (int turn = 0; turn < 2 && st == PV_OK; turn++) {
+            int run_a = (turn == 0) == (r % 2 == 0);
+            start = now_ms();
+            st = run_a ? a(a_state) : b(b_state);
+            (run_a ? a_samples : b_samples)[r] = now_ms() - start;
         }
-        samples[r] = now_ms() - start;
     }
-    return median(samples, reps);
+    if (st != PV_OK)
+        return st;
+    *a_ms = median(a_samples, reps);
+    *b_ms = median(b_samples, reps);
+    return PV_OK;
 }
 
 /* ---- the data: BATCH sequences of max_context tokens ------------------------------ */
@@ -358,22 +374,17 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
             attention_row *row = &rep->attention[rep->n_attention++];
             row->context = context;
             row->query = query;
-            r.contiguous = 0;
-            row->paged_ms = time_median(run_attention, &r, opt->reps);
-            r.contiguous = 1;
-            row->contiguous_ms = time_median(run_attention, &r, opt->reps);
-            if (row->paged_ms < 0 || row->contiguous_ms < 0)
-                st = PV_ERR_BACKEND;
+            attention_run contiguous = r;
+            contiguous.contiguous = 1;
+            st = time_pair(run_attention, &r, run_attention, &contiguous, opt->reps, &row->paged_ms,
+                           &row->contiguous_ms);
             if (query == 1 && st == PV_OK) {
                 /* Decode reads every KV byte of the context once. */
                 bandwidth_row *bw = &rep->decode[rep->n_decode++];
                 bw->context = context;
                 bw->bytes = (double)BATCH * context * (double)d->row_elems * 2.0 * (double)d->elem;
-                bw->attention_ms = row->paged_ms;
                 copy_run c = {.be = d->be, .dst = d->scratch, .src = d->paged_pool, .bytes = (uint64_t)bw->bytes};
-                bw->memcpy_ms = time_median(run_memcpy, &c, opt->reps);
-                if (bw->memcpy_ms < 0)
-                    st = PV_ERR_BACKEND;
+                st = time_pair(run_attention, &r, run_memcpy, &c, opt->reps, &bw->attention_ms, &bw->memcpy_ms);
             }
         }
     }
@@ -406,9 +417,7 @@ static pv_status bench_gather(kv_data *d, report *rep)
         },
     };
     rep->gather_bytes = (double)c.bytes;
-    rep->gather_ms = time_median(run_gather, &c, d->opt->reps);
-    rep->gather_memcpy_ms = time_median(run_memcpy, &c, d->opt->reps);
-    return rep->gather_ms < 0 || rep->gather_memcpy_ms < 0 ? PV_ERR_BACKEND : PV_OK;
+    return time_pair(run_gather, &c, run_memcpy, &c, d->opt->reps, &rep->gather_ms, &rep->gather_memcpy_ms);
 }
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
@@ -425,46 +434,53 @@ static pv_status run_gemm(void *state)
     return st == PV_OK ? pv_backend_finish(r->be) : st;
 }
 
+/* The same product by OpenBLAS directly on host arrays: the library's rate. */
 typedef struct blas_run {
-    int n;
+    int64_t m, n, k;
     float *a, *b, *c;
 } blas_run;
 
 static pv_status run_blas(void *state)
 {
     blas_run *r = state;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r->n, r->n, r->n, 1.0f, r->a, r->n, r->b, r->n, 0.0f, r->c,
-                r->n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)r->m, (blasint)r->n, (blasint)r->k, 1.0f, r->a,
+                (blasint)r->k, r->b, (blasint)r->n, 0.0f, r->c, (blasint)r->n);
     return PV_OK;
 }
 
+/* Each shape through the vtable, timed alternately with cblas_sgemm of the
+ * same shape; the 2048^3 direct call is the library's peak. */
 static pv_status bench_gemm(pv_backend *be, const options *opt, report *rep)
 {
-    /* A square one, and a layer's projection for a 256-token batch. */
+    /* A large square one, a layer's projection for a 256-token batch, and a
+     * mid-size square one. */
     static const int64_t shapes[][3] = {{2048, 2048, 2048}, {256, 4096, 4096}, {1024, 1024, 1024}};
     pv_status st = PV_OK;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0] && st == PV_OK; i++) {
         int64_t m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
         gemm_run r = {.be = be};
+        blas_run direct = {.m = m, .n = n, .k = k};
         pv_buffer *a = NULL, *b = NULL, *c = NULL;
-        st = pv_buffer_init(&a, be, PV_MEM_DEVICE, (uint64_t)(m * k) * sizeof(float));
+        direct.a = malloc((size_t)(m * k) * sizeof(float));
+        direct.b = malloc((size_t)(k * n) * sizeof(float));
+        direct.c = malloc((size_t)(m * n) * sizeof(float));
+        if (!direct.a || !direct.b || !direct.c)
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate GEMM inputs %lld x %lld x %lld", (long long)m,
+                          (long long)n, (long long)k);
+        if (st == PV_OK)
+            st = pv_buffer_init(&a, be, PV_MEM_DEVICE, (uint64_t)(m * k) * sizeof(float));
         if (st == PV_OK)
             st = pv_buffer_init(&b, be, PV_MEM_DEVICE, (uint64_t)(k * n) * sizeof(float));
         if (st == PV_OK)
             st = pv_buffer_init(&c, be, PV_MEM_DEVICE, (uint64_t)(m * n) * sizeof(float));
-        float *host = malloc((size_t)(m * k > k * n ? m * k : k * n) * sizeof(float));
-        if (!host && st == PV_OK)
-            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate GEMM inputs");
         uint64_t state = 3;
         if (st == PV_OK) {
-            fill_values(host, (size_t)(m * k), PV_F32, &state);
-            st = pv_buffer_write(a, 0, host, (uint64_t)(m * k) * sizeof(float));
+            fill_values(direct.a, (size_t)(m * k), PV_F32, &state);
+            fill_values(direct.b, (size_t)(k * n), PV_F32, &state);
+            st = pv_buffer_write(a, 0, direct.a, (uint64_t)(m * k) * sizeof(float));
         }
-        if (st == PV_OK) {
-            fill_values(host, (size_t)(k * n), PV_F32, &state);
-            st = pv_buffer_write(b, 0, host, (uint64_t)(k * n) * sizeof(float));
-        }
-        free(host);
+        if (st == PV_OK)
+            st = pv_buffer_write(b, 0, direct.b, (uint64_t)(k * n) * sizeof(float));
         if (st == PV_OK) {
             r.args = (pv_gemm_args){.dtype = PV_F32, .m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f,
                                     .a = a, .lda = k, .b = b, .ldb = n, .c = c, .ldc = n};
@@ -472,32 +488,17 @@ static pv_status bench_gemm(pv_backend *be, const options *opt, report *rep)
             row->m = m;
             row->n = n;
             row->k = k;
-            row->ms = time_median(run_gemm, &r, opt->reps);
-            if (row->ms < 0)
-                st = PV_ERR_BACKEND;
+            st = time_pair(run_gemm, &r, run_blas, &direct, opt->reps, &row->ms, &row->blas_ms);
+            if (i == 0)
+                rep->blas_peak_ms = row->blas_ms;
         }
         pv_buffer_free(a);
         pv_buffer_free(b);
         pv_buffer_free(c);
+        free(direct.a);
+        free(direct.b);
+        free(direct.c);
     }
-
-    blas_run br = {.n = 2048};
-    size_t elems = (size_t)br.n * (size_t)br.n;
-    br.a = malloc(elems * sizeof(float));
-    br.b = malloc(elems * sizeof(float));
-    br.c = malloc(elems * sizeof(float));
-    if (!br.a || !br.b || !br.c) {
-        if (st == PV_OK)
-            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate 3 x %zu floats for cblas_sgemm", elems);
-    } else if (st == PV_OK) {
-        uint64_t state = 5;
-        fill_values(br.a, elems, PV_F32, &state);
-        fill_values(br.b, elems, PV_F32, &state);
-        rep->blas_peak_ms = time_median(run_blas, &br, opt->reps);
-    }
-    free(br.a);
-    free(br.b);
-    free(br.c);
     return st;
 }
 
@@ -541,13 +542,14 @@ static void print_table(const report *rep, const options *opt)
     printf("%12s %12s %14s %8s\n", "gather ms", "gather GB/s", "memcpy GB/s", "ratio");
     printf("%12.3f %12.2f %14.2f %8.2f\n", rep->gather_ms, gather, gather_copy, gather / gather_copy);
     double peak = gflops(2048, 2048, 2048, rep->blas_peak_ms);
-    printf("\nGEMM f32 through the vtable vs cblas_sgemm 2048^3 called directly: %.1f GFLOP/s\n", peak);
-    printf("%6s %6s %6s %10s %10s %10s\n", "m", "n", "k", "ms", "GFLOP/s", "of peak");
+    printf("\nGEMM f32 through the vtable vs cblas_sgemm called directly (same shape, alternating runs);\n"
+           "library peak = cblas_sgemm 2048^3: %.1f GFLOP/s\n", peak);
+    printf("%6s %6s %6s %10s %10s %12s %10s\n", "m", "n", "k", "ms", "GFLOP/s", "BLAS GFLOP/s", "of peak");
     for (int i = 0; i < rep->n_gemm; i++) {
         const gemm_row *r = &rep->gemm[i];
         double g = gflops(r->m, r->n, r->k, r->ms);
-        printf("%6lld %6lld %6lld %10.3f %10.1f %10.2f\n", (long long)r->m, (long long)r->n, (long long)r->k, r->ms, g,
-               g / peak);
+        printf("%6lld %6lld %6lld %10.3f %10.1f %12.1f %10.2f\n", (long long)r->m, (long long)r->n, (long long)r->k,
+               r->ms, g, gflops(r->m, r->n, r->k, r->blas_ms), g / peak);
     }
 }
 
@@ -577,8 +579,9 @@ static void print_json(const report *reps, int n_reports, const options *opt)
         printf("   \"blas_peak_gflops\": %.2f, \"gemm\": [", gflops(2048, 2048, 2048, rep->blas_peak_ms));
         for (int i = 0; i < rep->n_gemm; i++) {
             const gemm_row *r = &rep->gemm[i];
-            printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f}", i ? ", " : "", (long long)r->m,
-                   (long long)r->n, (long long)r->k, gflops(r->m, r->n, r->k, r->ms));
+            printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f, \"blas_gflops\": %.2f}", i ? ", " : "",
+                   (long long)r->m, (long long)r->n, (long long)r->k, gflops(r->m, r->n, r->k, r->ms),
+                   gflops(r->m, r->n, r->k, r->blas_ms));
         }
         printf("]}");
     }

@@ -1,1 +1,5 @@
-# (filled in by the owner of bench)
+# bench-model: prefill and decode tokens/s of a GGUF model beside the GEMM and
+# bandwidth bounds measured in the same run.
+noinst_PROGRAMS += bench/bench-model
+bench_bench_model_SOURCES = bench/bench-model.c
+bench_bench_model_LDADD = $(PV_LINK)

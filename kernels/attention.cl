@@ -18,7 +18,9 @@
  * token_seq, token_pos [T]; slot_table [n_seqs][max_chunks]
  * out  [T][n_heads][head_dim] f32, from out_off
  * Query head h reads kv head h / (n_heads / n_kv_heads) (grouped-query).
- * head_dim is a run-time value, a multiple of 16 up to PV_MAX_HEAD_DIM.
+ * head_dim is a run-time value, a multiple of 16 up to PV_MAX_HEAD_DIM;
+ * building with PV_MAX_HEAD_DIM close to head_dim (64, 128, 256) saves the
+ * work of the dims a work-item owns beyond head_dim.
  * Local memory: PV_WG * (PV_WG + 1) + 2 * PV_WG floats + PV_WG longs
  * (17.4 KB at PV_WG = 64); the +1 row padding keeps the partials' column
  * reads free of bank conflicts on GPUs. */
@@ -51,11 +53,16 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
     const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
     const pv_long slot_elems = 2 * v_from_k;
 
+    /* Owned dims past head_dim read dim 0 with a zero query and are never
+     * stored: the inner loops stay branch-free, so they unroll and vectorise. */
     const PV_GLOBAL float *q_head = q + q_off + (i * n_heads + h) * head_dim;
+    int dim[PV_ATT_DIMS];
     float q_reg[PV_ATT_DIMS];
     float acc[PV_ATT_DIMS];
+    #pragma unroll
     for (int k = 0; k < PV_ATT_DIMS; k++) {
         const int d = lid + k * PV_WG;
+        dim[k] = d < head_dim ? d : 0;
         q_reg[k] = d < head_dim ? q_head[d] * scale : 0.0f;
         acc[k] = 0.0f;
     }
@@ -72,11 +79,9 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
         for (int j = 0; j < n_valid; j++) {
             const PV_GLOBAL PV_STORE_T *key = kv + k_row[j];
             float part = 0.0f;
-            for (int k = 0; k < PV_ATT_DIMS; k++) {
-                const int d = lid + k * PV_WG;
-                if (d < head_dim)
-                    part += q_reg[k] * PV_STORE_LOAD(key, d);
-            }
+            #pragma unroll
+            for (int k = 0; k < PV_ATT_DIMS; k++)
+                part += q_reg[k] * PV_STORE_LOAD(key, dim[k]);
             partial[j * (PV_WG + 1) + lid] = part;
         }
         PV_BARRIER();
@@ -92,17 +97,16 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
 
         const float rescale = PV_EXP(m - m_new);
         l *= rescale;
+        #pragma unroll
         for (int k = 0; k < PV_ATT_DIMS; k++)
             acc[k] *= rescale;
         for (int j = 0; j < n_valid; j++) {
             const float w = weight[j];
             const PV_GLOBAL PV_STORE_T *value = kv + k_row[j] + v_from_k;
             l += w;
-            for (int k = 0; k < PV_ATT_DIMS; k++) {
-                const int d = lid + k * PV_WG;
-                if (d < head_dim)
-                    acc[k] += w * PV_STORE_LOAD(value, d);
-            }
+            #pragma unroll
+            for (int k = 0; k < PV_ATT_DIMS; k++)
+                acc[k] += w * PV_STORE_LOAD(value, dim[k]);
         }
         m = m_new;
         PV_BARRIER(); /* the next tile overwrites k_row, partial and weight */
@@ -110,6 +114,7 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
 
     PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
     const float inv_l = 1.0f / l;
+    #pragma unroll
     for (int k = 0; k < PV_ATT_DIMS; k++) {
         const int d = lid + k * PV_WG;
         if (d < head_dim)

@@ -1,5 +1,5 @@
-/* The kernel dialect. Every kernel in kernels/<family>.cl is written once against
- * these macros and builds two ways:
+/* The kernel dialect. Every kernel in kernels/<family>.cl is written once
+ * against these macros and builds two ways:
  *   - OpenCL C: the OpenCL backend compiles, at run time, this header's text
  *     followed by a family's text (both embedded in the library; the
  *     family's #include of this header is dropped when embedding);
@@ -23,6 +23,11 @@
  *                    suffix _f32 / _f16 (PV_STORE_NAME), so CUDA can include
  *                    a family twice, once per value. This part of the header
  *                    is re-read on every include for that reason.
+ *
+ * Loops with a constant trip count carry #pragma unroll (clang's OpenCL C
+ * and nvcc both honour it): unrolled, they leave the work-item loop that
+ * CPU implementations (PoCL) vectorise innermost, which made the slot
+ * gather 2.4x and f16 decode attention 1.9x faster there.
  *
  * Offsets and element counts are 64-bit (pv_long); index arrays are int.
  * pv_precise is double where the device has it (float otherwise); the plain

@@ -40,6 +40,7 @@ PV_KERNEL PV_STORE_NAME(pv_slot_gather)(const PV_GLOBAL PV_STORE_WORD *pool,
     const pv_long first = PV_GROUP_ID(0) * PV_WG * PV_ITEM_ELEMS + PV_LOCAL_ID();
     const PV_GLOBAL PV_STORE_WORD *src = pool + (pv_long)slots[i] * slot_elems;
     PV_GLOBAL PV_STORE_WORD *dst = staging + staging_off + i * slot_elems;
+#pragma unroll
     for (int k = 0; k < PV_ITEM_ELEMS; k++) {
         const pv_long e = first + (pv_long)k * PV_WG;
         if (e < slot_elems)
@@ -56,6 +57,7 @@ PV_KERNEL PV_STORE_NAME(pv_slot_scatter)(PV_GLOBAL PV_STORE_WORD *pool,
     const pv_long first = PV_GROUP_ID(0) * PV_WG * PV_ITEM_ELEMS + PV_LOCAL_ID();
     const PV_GLOBAL PV_STORE_WORD *src = staging + staging_off + i * slot_elems;
     PV_GLOBAL PV_STORE_WORD *dst = pool + (pv_long)slots[i] * slot_elems;
+#pragma unroll
     for (int k = 0; k < PV_ITEM_ELEMS; k++) {
         const pv_long e = first + (pv_long)k * PV_WG;
         if (e < slot_elems)

@@ -58,6 +58,7 @@ PV_KERNEL pv_swiglu(const PV_GLOBAL float *gate, pv_long gate_off,
                     PV_GLOBAL float *out, pv_long out_off, pv_long n)
 {
     const pv_long first = PV_GROUP_ID(0) * PV_WG * PV_ITEM_ELEMS + PV_LOCAL_ID();
+#pragma unroll
     for (int k = 0; k < PV_ITEM_ELEMS; k++) {
         const pv_long e = first + (pv_long)k * PV_WG;
         if (e < n) {
@@ -72,6 +73,7 @@ PV_KERNEL pv_add(const PV_GLOBAL float *a, pv_long a_off, const PV_GLOBAL float 
                  PV_GLOBAL float *out, pv_long out_off, pv_long n)
 {
     const pv_long first = PV_GROUP_ID(0) * PV_WG * PV_ITEM_ELEMS + PV_LOCAL_ID();
+#pragma unroll
     for (int k = 0; k < PV_ITEM_ELEMS; k++) {
         const pv_long e = first + (pv_long)k * PV_WG;
         if (e < n)

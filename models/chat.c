@@ -257,24 +257,24 @@ static item_list *section_list(parts *p, section sec)
 
 static pv_status transition(section *sec, stmt_kind kind, size_t at, parts *p)
 {
-    section next = *sec;
-    if (*sec == SEC_BEFORE && kind == STMT_FOR)
-        next = SEC_LOOP;
-    else if (*sec == SEC_LOOP && kind == STMT_IF_DEFAULT && !p->has_default && p->loop.n == 0)
-        next = SEC_DEFAULT, p->has_default = 1;
-    else if (*sec == SEC_DEFAULT && kind == STMT_ENDIF)
-        next = SEC_LOOP;
-    else if (*sec == SEC_LOOP && kind == STMT_ENDFOR)
-        next = SEC_AFTER;
-    else if (*sec == SEC_AFTER && kind == STMT_IF_GEN && p->gen.n == 0)
-        next = SEC_GEN;
-    else if (*sec == SEC_GEN && kind == STMT_ENDIF)
-        next = SEC_END;
-    else
+    if (*sec == SEC_BEFORE && kind == STMT_FOR) {
+        *sec = SEC_LOOP;
+    } else if (*sec == SEC_LOOP && kind == STMT_IF_DEFAULT && !p->has_default && p->loop.n == 0) {
+        *sec = SEC_DEFAULT;
+        p->has_default = 1;
+    } else if (*sec == SEC_DEFAULT && kind == STMT_ENDIF) {
+        *sec = SEC_LOOP;
+    } else if (*sec == SEC_LOOP && kind == STMT_ENDFOR) {
+        *sec = SEC_AFTER;
+    } else if (*sec == SEC_AFTER && kind == STMT_IF_GEN && p->gen.n == 0) {
+        *sec = SEC_GEN;
+    } else if (*sec == SEC_GEN && kind == STMT_ENDIF) {
+        *sec = SEC_END;
+    } else {
         return pv_error(PV_ERR_UNSUPPORTED, "chat template: statement at byte %zu is out of the "
                         "ChatML order (loop over messages, optional default system turn first in "
                         "it, then the generation prompt)", at);
-    *sec = next;
+    }
     return PV_OK;
 }
 

@@ -15,8 +15,11 @@ libpensieve_la_SOURCES += \
 	models/synth.c \
 	models/model-path.c
 
-# pensieve-gguf: list a GGUF file's metadata and tensors with our reader, or
-# write the synthetic model.
+# pensieve-gguf: list a GGUF file's metadata and tensors with our reader,
+# write the synthetic model, tokenize or render chats for
+# scripts/compare-tokenizer.py, and time the reader and tokenizer (bench).
 noinst_PROGRAMS += models/pensieve-gguf
 models_pensieve_gguf_SOURCES = models/pensieve-gguf.c
 models_pensieve_gguf_LDADD = $(PV_LINK)
+
+EXTRA_DIST += scripts/compare-tokenizer.py

@@ -9,7 +9,9 @@
  *   pensieve-gguf tokenize-special FILE   the same, parsing special tokens
  *   pensieve-gguf chat FILE      render stdin lines "role<TAB>hex content
  *                                <TAB>role<TAB>..." with the chat template
- *                                and a generation prompt; prints hex */
+ *                                and a generation prompt; prints hex
+ *   pensieve-gguf bench FILE [--json]  median times of parsing, dequantising
+ *                                every tensor, tokenizer init and encoding */
 #include <pensieve/gguf.h>
 #include <pensieve/tokenizer.h>
 
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 
 static void print_value(const pv_gguf_kv *kv)
 {
@@ -202,16 +205,133 @@ static int tokenize(const pv_gguf *g, unsigned flags)
     return rc;
 }
 
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Decode every tensor to f32 or f16 once; returns the element count. */
+static uint64_t decode_all(const pv_gguf *g, int to_f16)
+{
+    uint64_t elems = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const pv_gguf_tensor *t = &g->tensors[i];
+        void *out = malloc(t->n_elements * (to_f16 ? 2 : 4));
+        if (!out)
+            continue;
+        if ((to_f16 ? pv_gguf_tensor_f16(t, out, t->n_elements)
+                    : pv_gguf_tensor_f32(t, out, t->n_elements)) == PV_OK)
+            elems += t->n_elements;
+        free(out);
+    }
+    return elems;
+}
+
+static int bench(const char *path, int json)
+{
+    enum { RUNS = 7, STEPS = 5 };
+    static const char *const names[STEPS] = {"open and parse", "dequantise all to f32",
+                                             "dequantise all to f16", "tokenizer init",
+                                             "encode 1 MiB"};
+    static const char sample[] =
+        "Hello, world! It's 2024: caf\xc3\xa9, \xe4\xbd\xa0\xe5\xa5\xbd, \xf0\x9f\x99\x82. "
+        "The quick brown fox jumps over the lazy dog; numbers 3.14159 and 1,000,000.\n";
+    size_t text_len = 0, cap = 1u << 20;
+    char *text = malloc(cap);
+    int32_t *ids = malloc((cap + 1) * sizeof *ids);
+    if (!text || !ids) {
+        free(text);
+        free(ids);
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    while (text_len + sizeof sample - 1 <= cap) {
+        memcpy(text + text_len, sample, sizeof sample - 1);
+        text_len += sizeof sample - 1;
+    }
+    double t[STEPS][RUNS];
+    uint64_t elems = 0;
+    size_t n_ids = 0;
+    int rc = 0;
+    for (int r = 0; r < RUNS && rc == 0; r++) {
+        pv_gguf g;
+        pv_tokenizer tok;
+        double a = seconds();
+        if (pv_gguf_init(&g, path) != PV_OK) {
+            fprintf(stderr, "%s\n", pv_last_error());
+            rc = 1;
+            break;
+        }
+        t[0][r] = seconds() - a;
+        a = seconds();
+        elems = decode_all(&g, 0);
+        t[1][r] = seconds() - a;
+        a = seconds();
+        decode_all(&g, 1);
+        t[2][r] = seconds() - a;
+        a = seconds();
+        if (pv_tokenizer_init(&tok, &g) != PV_OK) {
+            fprintf(stderr, "%s\n", pv_last_error());
+            pv_gguf_free(&g);
+            rc = 1;
+            break;
+        }
+        t[3][r] = seconds() - a;
+        a = seconds();
+        pv_tokenizer_encode(&tok, text, text_len, 0, ids, cap + 1, &n_ids);
+        t[4][r] = seconds() - a;
+        pv_tokenizer_free(&tok);
+        pv_gguf_free(&g);
+    }
+    free(text);
+    free(ids);
+    if (rc)
+        return rc;
+    double median[STEPS];
+    for (int k = 0; k < STEPS; k++) {
+        qsort(t[k], RUNS, sizeof t[k][0], cmp_double);
+        median[k] = t[k][RUNS / 2];
+    }
+    if (json) {
+        printf("{\"file\": \"%s\", \"runs\": %d, \"elements\": %" PRIu64
+               ", \"encode_bytes\": %zu, \"encode_tokens\": %zu, \"median_s\": {", path, RUNS,
+               elems, text_len, n_ids);
+        for (int k = 0; k < STEPS; k++)
+            printf("%s\"%s\": %.6f", k ? ", " : "", names[k], median[k]);
+        printf("}}\n");
+        return 0;
+    }
+    printf("%-24s %12s  (median of %d runs)\n", "step", "ms", RUNS);
+    for (int k = 0; k < STEPS; k++)
+        printf("%-24s %12.1f\n", names[k], median[k] * 1e3);
+    printf("%" PRIu64 " tensor elements; f32 decode writes %.2f GB/s; encode %.1f MB/s, "
+           "%zu tokens (%.2f M tokens/s)\n", elems, (double)elems * 4 / median[1] / 1e9,
+           (double)text_len / median[4] / 1e6, n_ids, (double)n_ids / median[4] / 1e6);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const char *const commands[] = {"info", "tensors", "synth", "tokenize",
-                                           "tokenize-special", "chat"};
+                                           "tokenize-special", "chat", "bench"};
     int known = 0;
     for (size_t i = 0; argc == 3 && i < sizeof commands / sizeof commands[0]; i++)
         known |= strcmp(argv[1], commands[i]) == 0;
+    if (argc == 4 && strcmp(argv[1], "bench") == 0 && strcmp(argv[3], "--json") == 0)
+        return bench(argv[2], 1);
+    if (known && strcmp(argv[1], "bench") == 0)
+        return bench(argv[2], 0);
     if (!known) {
-        fprintf(stderr, "usage: %s info|tensors|synth|tokenize|tokenize-special|chat FILE\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s info|tensors|synth|tokenize|tokenize-special|chat FILE\n"
+                "       %s bench FILE [--json]\n", argv[0], argv[0]);
         return 2;
     }
     if (strcmp(argv[1], "synth") == 0) {

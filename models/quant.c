@@ -222,14 +222,26 @@ pv_status pv_ggml_dequantize_f16(uint32_t type, const void *src, uint64_t src_by
             dst[i] = (pv_half)(s[2 * i] | (s[2 * i + 1] << 8));
         return PV_OK;
     }
-    /* Everything else goes through f32, one block (or element) at a time. */
-    uint32_t be, bb;
-    pv_ggml_type_block(type, &be, &bb);
+    /* Everything else goes through f32: element-wise for F32/BF16, one
+     * block at a time for the quantised types. */
+    if (type == PV_GGML_F32 || type == PV_GGML_BF16) {
+        float f;
+        for (uint64_t i = 0; i < n; i++) {
+            if (type == PV_GGML_F32)
+                memcpy(&f, s + 4 * i, sizeof f);
+            else
+                f = bf16_to_float((uint16_t)(s[2 * i] | (s[2 * i + 1] << 8)));
+            dst[i] = pv_float_to_half(f);
+        }
+        return PV_OK;
+    }
+    uint32_t bb;
+    pv_ggml_type_block(type, NULL, &bb);
     float tmp[QK];
-    for (uint64_t i = 0; i < n; i += be) {
-        pv_ggml_dequantize_f32(type, s + i / be * bb, bb, tmp, be);
-        for (uint32_t j = 0; j < be; j++)
-            dst[i + j] = pv_float_to_half(tmp[j]);
+    for (uint64_t blk = 0; blk < n / QK; blk++) {
+        dequantize_block(type, s + blk * bb, tmp);
+        for (int j = 0; j < QK; j++)
+            dst[blk * QK + j] = pv_float_to_half(tmp[j]);
     }
     return PV_OK;
 }

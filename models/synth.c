@@ -231,10 +231,9 @@ static pv_status add_tensors(pv_gguf_writer *w, const pv_synth_config *c, uint32
     return st;
 }
 
-pv_status pv_synth_to_memory(const pv_synth_config *c, uint8_t **out, uint64_t *size)
+/* Fill an initialised writer with the whole model. */
+static pv_status build(const pv_synth_config *c, pv_gguf_writer *w)
 {
-    if (!c || !out || !size)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_synth_to_memory: NULL argument");
     pv_status st = check_config(c);
     if (st != PV_OK)
         return st;
@@ -243,15 +242,9 @@ pv_status pv_synth_to_memory(const pv_synth_config *c, uint8_t **out, uint64_t *
     uint32_t n_vocab;
     if ((st = build_vocab(&tokens, &types, &n_vocab)) != PV_OK)
         return st;
-    pv_gguf_writer w;
-    st = pv_gguf_writer_init(&w, c->version, c->alignment);
+    st = add_metadata(w, c, tokens, types, n_vocab);
     if (st == PV_OK)
-        st = add_metadata(&w, c, tokens, types, n_vocab);
-    if (st == PV_OK)
-        st = add_tensors(&w, c, n_vocab);
-    if (st == PV_OK)
-        st = pv_gguf_writer_to_memory(&w, out, size);
-    pv_gguf_writer_free(&w);
+        st = add_tensors(w, c, n_vocab);
     for (uint32_t i = 0; i < n_vocab; i++)
         free(tokens[i]);
     free(tokens);
@@ -259,24 +252,30 @@ pv_status pv_synth_to_memory(const pv_synth_config *c, uint8_t **out, uint64_t *
     return st;
 }
 
+pv_status pv_synth_to_memory(const pv_synth_config *c, uint8_t **out, uint64_t *size)
+{
+    if (!c || !out || !size)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_synth_to_memory: NULL argument");
+    pv_gguf_writer w;
+    pv_status st = pv_gguf_writer_init(&w, c->version, c->alignment);
+    if (st == PV_OK)
+        st = build(c, &w);
+    if (st == PV_OK)
+        st = pv_gguf_writer_to_memory(&w, out, size);
+    pv_gguf_writer_free(&w);
+    return st;
+}
+
 pv_status pv_synth_write(const pv_synth_config *c, const char *path)
 {
-    if (!path)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_synth_write: NULL path");
-    uint8_t *img;
-    uint64_t size;
-    pv_status st = pv_synth_to_memory(c, &img, &size);
-    if (st != PV_OK)
-        return st;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        free(img);
-        return pv_error(PV_ERR_IO, "%s: cannot create", path);
-    }
-    size_t written = fwrite(img, 1, (size_t)size, f);
-    int close_failed = fclose(f) != 0;
-    free(img);
-    if (written != size || close_failed)
-        return pv_error(PV_ERR_IO, "%s: wrote %zu of %" PRIu64 " bytes", path, written, size);
-    return PV_OK;
+    if (!c || !path)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_synth_write: NULL %s", c ? "path" : "config");
+    pv_gguf_writer w;
+    pv_status st = pv_gguf_writer_init(&w, c->version, c->alignment);
+    if (st == PV_OK)
+        st = build(c, &w);
+    if (st == PV_OK)
+        st = pv_gguf_writer_write(&w, path);
+    pv_gguf_writer_free(&w);
+    return st;
 }

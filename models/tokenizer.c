@@ -48,6 +48,7 @@ struct pv_tokenizer_impl {
     int32_t byte_token[256]; /* -1 where the vocabulary lacks the byte */
     int32_t *specials;    /* control and user-defined ids, longest text first */
     uint32_t n_specials;
+    uint8_t special_first[256]; /* bytes some special token's text starts with */
     pcre2_code *split;    /* GPT-2 split */
     pcre2_code *digits;   /* NULL unless the pre-tokenizer splits digits */
     char chat_error[512];
@@ -287,8 +288,10 @@ static pv_status load_vocab(pv_tokenizer *tok, const pv_gguf *g)
             im->text_len[id] > 0)
             order[k++] = (special_order){im->text_len[id], (int32_t)id};
     qsort(order, k, sizeof *order, cmp_special);
-    for (uint32_t i = 0; i < k; i++)
+    for (uint32_t i = 0; i < k; i++) {
         im->specials[i] = order[i].id;
+        im->special_first[(uint8_t)im->text[order[i].id][0]] = 1;
+    }
     im->n_specials = k;
     free(order);
     return PV_OK;
@@ -343,8 +346,9 @@ static pv_status load_merges(pv_tokenizer *tok, const pv_gguf *g)
 static pv_status load_pre_tokenizer(pv_tokenizer *tok, const pv_gguf *g)
 {
     struct pv_tokenizer_impl *im = tok->impl;
-    const char *model, *pre = "default";
-    uint64_t model_len, pre_len = 7;
+    /* Without tokenizer.ggml.pre, GPT-2's own split applies. */
+    const char *model, *pre = "gpt2";
+    uint64_t model_len, pre_len = 4;
     pv_status st = pv_gguf_get_string(g, "tokenizer.ggml.model", &model, &model_len);
     if (st != PV_OK)
         return st;
@@ -359,11 +363,11 @@ static pv_status load_pre_tokenizer(pv_tokenizer *tok, const pv_gguf *g)
     int split_digits;
     if (PRE_IS("smollm"))
         split_digits = 1;
-    else if (PRE_IS("gpt2") || PRE_IS("default"))
+    else if (PRE_IS("gpt2"))
         split_digits = 0;
     else
         return pv_error(PV_ERR_UNSUPPORTED, "%s: pre-tokenizer '%.*s' is not supported "
-                        "(known: smollm, gpt2, default)", g->path,
+                        "(known: smollm, gpt2)", g->path,
                         (int)(pre_len > 64 ? 64 : pre_len), pre);
 #undef PRE_IS
     if ((st = compile(gpt2_split, &im->split)) != PV_OK)
@@ -605,7 +609,7 @@ pv_status pv_tokenizer_encode(const pv_tokenizer *tok, const char *text, size_t 
     size_t plain = 0; /* start of the text not yet encoded */
     for (size_t pos = 0; pos < len && (flags & PV_TOKENIZE_PARSE_SPECIAL);) {
         int32_t hit = -1;
-        for (uint32_t k = 0; k < im->n_specials; k++) {
+        for (uint32_t k = 0; im->special_first[s[pos]] && k < im->n_specials; k++) {
             int32_t id = im->specials[k];
             if (im->text_len[id] <= len - pos && memcmp(s + pos, im->text[id], im->text_len[id]) == 0) {
                 hit = id;

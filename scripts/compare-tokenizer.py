@@ -65,6 +65,16 @@ CONVERSATIONS = [
 ]
 
 
+def random_texts(count, seed=2026):
+    """Random strings over the characters of TEXTS plus awkward whitespace,
+    digits and apostrophes, to shake out pre-tokenizer edge cases."""
+    import random
+    rng = random.Random(seed)
+    pool = sorted(set("".join(TEXTS)) | set(" \t\n\r\u00a0\u2003\u3000\u0085'0123456789"))
+    return ["".join(rng.choice(pool) if rng.random() < 0.7 else rng.choice(" '\n0a")
+                    for _ in range(rng.randint(0, 80))) for _ in range(count)]
+
+
 def ensure_venv(venv, with_llama_cpp):
     """Re-run this script inside a virtualenv holding the references."""
     py = os.path.join(venv, "bin", "python")
@@ -149,6 +159,7 @@ def main():
     ap.add_argument("--venv", default="/tmp/pensieve-tokref-venv")
     ap.add_argument("--with-llama-cpp", action="store_true")
     ap.add_argument("--show", type=int, default=0, help="print the first N ids of each text")
+    ap.add_argument("--random", type=int, default=500, help="random strings to compare as well")
     args = ap.parse_args()
     ensure_venv(args.venv, args.with_llama_cpp)
 
@@ -158,22 +169,27 @@ def main():
         import llama_cpp
         refs["llama.cpp"] = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
 
-    got = ours(os.path.abspath(args.tool), args.model, TEXTS)
-    total_ids = sum(len(g) for g in got)
+    texts = TEXTS + random_texts(args.random)
+    got = ours(os.path.abspath(args.tool), args.model, texts)
+    total_ids = sum(len(g) for g in got[:len(TEXTS)])
     failures = 0
     for name, ref in refs.items():
-        same = 0
-        for text, mine in zip(TEXTS, got):
+        same = same_random = 0
+        for i, (text, mine) in enumerate(zip(texts, got)):
             if name == "llama.cpp":
                 want = ref.tokenize(text.encode("utf-8"), add_bos=False, special=False)
             else:
                 want = ref.encode(text, add_special_tokens=False).ids
             if want == mine:
-                same += 1
+                if i < len(TEXTS):
+                    same += 1
+                else:
+                    same_random += 1
             else:
                 failures += 1
                 print(f"MISMATCH [{name}] {text[:60]!r}\n  ours {mine[:40]}\n  ref  {want[:40]}")
-        print(f"{name}: {same}/{len(TEXTS)} texts identical ({total_ids} ids in all)")
+        print(f"{name}: {same}/{len(TEXTS)} texts identical ({total_ids} ids in all); "
+              f"random strings {same_random}/{len(texts) - len(TEXTS)}")
     tool = os.path.abspath(args.tool)
     rendered = jinja_chat(template, CONVERSATIONS)
     mine_chat = ours_chat(tool, args.model, CONVERSATIONS)

@@ -149,11 +149,44 @@ static void suspension_choice(void)
     pv_cache_free(cache);
 }
 
+static void statistics(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 1, 2, 1, &clk);
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    pv_cache_session_open(cache, "s");
+    for (uint32_t c = 0; c < 2; c++)
+        pv_cache_store_chunk(cache, "s", c, 0, PV_TIER_DEVICE, NULL);
+    clk.now = 1;
+    /* 0 goes to host; then 1 takes its host slot, 0 (cheaper) being dropped */
+    pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 2 * TEST_SLOT_BYTES, &plan);
+    pv_tier tier;
+    uint32_t slot;
+    for (uint32_t c = 0; c < 4; c++)
+        pv_cache_lookup(cache, "s", c, 0, &tier, &slot);
+    pv_cache_stats stats;
+    pv_cache_stats_get(cache, &stats);
+    ok(stats.hits[PV_TIER_DEVICE] == 0 && stats.hits[PV_TIER_HOST] == 1 &&
+           stats.hits[PV_TIER_DROPPED] == 1 && stats.misses == 2,
+       "hits per tier: 0 device, 1 host, 1 dropped; 2 misses");
+    ok(stats.swap_out_chunks == 2 && stats.dropped_chunks == 1 && stats.records[PV_TIER_HOST] == 1 &&
+           stats.records[PV_TIER_DROPPED] == 1 && stats.used_bytes[PV_TIER_HOST] == TEST_SLOT_BYTES &&
+           stats.capacity_bytes[PV_TIER_DEVICE] == 2 * TEST_SLOT_BYTES && stats.sessions == 1,
+       "moves, records, bytes and capacity counted");
+    uint64_t dev, host;
+    pv_cache_held_bytes(cache, "s", &dev, &host);
+    ok(dev == 0 && host == TEST_SLOT_BYTES, "held bytes of the session: 0 device, 1 slot host");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
     ahead_of_time_swap_out();
     swap_in_delays_swap_out();
     admission_reserve();
     suspension_choice();
+    statistics();
     return tap_done();
 }

@@ -113,6 +113,16 @@ static void compare_all(pv_cache *cache, uint64_t op)
             for (uint32_t l = 0; l < LAYERS; l++)
                 if (tier_of(cache, names[s], c, l) != shadow[s].tier[c][l])
                     fail(op, "a chunk is not in the tier the shadow expects");
+        uint64_t dev, host, want[PV_SLOT_TIERS] = {0, 0};
+        for (uint32_t c = 0; c < CHUNKS; c++)
+            for (uint32_t l = 0; l < LAYERS; l++)
+                for (int t = 0; t < PV_SLOT_TIERS; t++)
+                    want[t] += (shadow[s].tier[c][l] == t ||
+                                (shadow[s].copying[c][l] && shadow[s].tier[c][l] != t)) *
+                               (uint64_t)TEST_SLOT_BYTES;
+        pv_cache_held_bytes(cache, names[s], &dev, &host);
+        if (dev != want[PV_TIER_DEVICE] || host != want[PV_TIER_HOST])
+            fail(op, "a session's held bytes differ from the shadow's");
     }
     pv_cache_stats stats;
     pv_cache_stats_get(cache, &stats);
@@ -325,7 +335,7 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
             pv_cache_session_save(cache, id, (uint32_t)pick(4));
             pv_cache_session_restore(cache, id, &a);
             pv_cache_session_restore(cache, id, &b);
-            if (memcmp(&a, &b, sizeof a) != 0)
+            if (!same_view(&a, &b))
                 fail(op, "restore is not idempotent");
         }
         break;

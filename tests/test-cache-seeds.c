@@ -285,7 +285,7 @@ static void idempotent_restore(void)
        "restore: 80 committed, recompute 32, 5 host + 1 dropped records");
     /* The scheduler rejects the request (no room this iteration) and retries. */
     ok(pv_cache_session_restore(cache, "stream", &second) == PV_OK, "restore again after a reject");
-    ok(memcmp(&first, &second, sizeof first) == 0, "the retry sees exactly the same state");
+    ok(same_view(&first, &second), "the retry sees exactly the same state");
     pv_cache_held_bytes(cache, "stream", &dev1, &host1);
     ok(dev0 == dev1 && host0 == host1, "held bytes unchanged by restores");
     check_ok(cache, "after two restores");

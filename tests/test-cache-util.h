@@ -56,4 +56,16 @@ static inline pv_tier tier_of(pv_cache *cache, const char *id, uint32_t chunk, u
     return tier;
 }
 
+/* Field by field: padding bytes of a struct are not part of its value. */
+static inline int same_view(const pv_session_view *a, const pv_session_view *b)
+{
+    return a->tokens == b->tokens && a->n_tokens == b->n_tokens &&
+           a->committed_tokens == b->committed_tokens && a->turns == b->turns &&
+           a->n_chunks == b->n_chunks && a->records[0] == b->records[0] &&
+           a->records[1] == b->records[1] && a->records[2] == b->records[2] &&
+           a->recompute_tokens == b->recompute_tokens && a->held_bytes[0] == b->held_bytes[0] &&
+           a->held_bytes[1] == b->held_bytes[1] && a->pins == b->pins &&
+           a->last_active == b->last_active;
+}
+
 #endif

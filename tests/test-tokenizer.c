@@ -227,6 +227,90 @@ static void test_chat(const pv_tokenizer *tok)
     }
 }
 
+/* Mutated templates (bytes flipped, dropped, duplicated) are recognised or
+ * refused as UNSUPPORTED, never crash; a recognised one renders. */
+static void test_template_fuzz(void)
+{
+    static const char base[] =
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\nDefault.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+        "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    size_t n = sizeof base - 1;
+    int recognised = 0, refused = 0, other = 0;
+    pv_chat_message user[] = {{"user", "hi"}};
+    for (int round = 0; round < 3000; round++) {
+        char *t = malloc(n + 8);
+        size_t len = n;
+        memcpy(t, base, n);
+        for (int k = 0, edits = 1 + (int)(rnd() % 3); k < edits; k++) {
+            size_t at = rnd() % len;
+            uint32_t op = rnd() % 3;
+            if (op == 0) {
+                t[at] = (char)(rnd() % 256);
+            } else if (op == 1 && len > 1) {
+                memmove(t + at, t + at + 1, len - at - 1);
+                len--;
+            } else if (len < n + 8) {
+                memmove(t + at + 1, t + at, len - at);
+                len++;
+            }
+        }
+        pv_chat_template ct;
+        pv_status st = pv_chat_template_init(&ct, t, len);
+        if (st == PV_OK) {
+            char out[256];
+            size_t out_len;
+            recognised++;
+            other += pv_chat_template_apply(&ct, user, 1, 1, out, sizeof out, &out_len) != PV_OK;
+            pv_chat_template_free(&ct);
+        } else if (st == PV_ERR_UNSUPPORTED) {
+            refused++;
+        } else {
+            other++;
+        }
+        free(t);
+    }
+    ok(other == 0 && refused > 0, "3000 mutated templates: %d recognised and rendered, %d "
+       "UNSUPPORTED, %d other outcomes", recognised, refused, other);
+}
+
+/* A tokenizer from a file holding only the given model and pre keys. */
+static pv_status init_from_keys(const char *model, const char *pre)
+{
+    pv_gguf_writer w;
+    uint8_t *img = NULL;
+    uint64_t size;
+    pv_gguf g;
+    pv_tokenizer tok;
+    pv_status st = pv_gguf_writer_init(&w, 3, 0);
+    if (st == PV_OK)
+        st = pv_gguf_writer_add_string(&w, "tokenizer.ggml.model", model);
+    if (st == PV_OK && pre)
+        st = pv_gguf_writer_add_string(&w, "tokenizer.ggml.pre", pre);
+    if (st == PV_OK)
+        st = pv_gguf_writer_to_memory(&w, &img, &size);
+    pv_gguf_writer_free(&w);
+    if (st == PV_OK && (st = pv_gguf_init_memory(&g, img, size)) == PV_OK) {
+        if ((st = pv_tokenizer_init(&tok, &g)) == PV_OK)
+            pv_tokenizer_free(&tok);
+        pv_gguf_free(&g);
+    }
+    free(img);
+    return st;
+}
+
+static void test_unsupported(void)
+{
+    ok(init_from_keys("llama", "default") == PV_ERR_UNSUPPORTED &&
+           strstr(pv_last_error(), "'llama'"), "SentencePiece ('llama') model: %s", pv_last_error());
+    ok(init_from_keys("gpt2", "qwen2") == PV_ERR_UNSUPPORTED && strstr(pv_last_error(), "'qwen2'"),
+       "unknown pre-tokenizer: %s", pv_last_error());
+    ok(init_from_keys("gpt2", NULL) == PV_ERR_FORMAT &&
+           strstr(pv_last_error(), "tokenizer.ggml.tokens"),
+       "no vocabulary: %s", pv_last_error());
+}
+
 static void test_real_model(void)
 {
     char path[4096];
@@ -301,7 +385,9 @@ int main(void)
     test_synth_bpe(&tok);
     test_round_trip(&tok);
     test_chat(&tok);
+    test_template_fuzz();
     pv_tokenizer_free(&tok);
+    test_unsupported();
     test_real_model();
     return tap_done();
 }

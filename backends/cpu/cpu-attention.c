@@ -46,6 +46,9 @@
  * layouts run the same inner loop on the same block sizes. */
 #define CONTIGUOUS_BLOCK_TOKENS 32
 
+/* Rows of the next block prefetched ahead (see prefetch_rows). */
+#define PREFETCH_ROWS 4
+
 /* a . b with 16 independent partial sums, so the compiler keeps them in
  * vector registers without reassociating floating-point adds. */
 PV_CPU_INLINE float dot_lanes(const float *restrict a, const float *restrict b, int n)
@@ -271,6 +274,22 @@ PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_
     }
 }
 
+/* Starts fetching the next block while this block is computed: paged blocks
+ * lie anywhere in the pool, so the hardware prefetcher would stall at every
+ * block boundary. Its first rows are enough to get the stream going. */
+static void prefetch_rows(const void *k, const void *v, int64_t row_stride_bytes, int32_t rows, size_t row_bytes)
+{
+#if defined(__GNUC__)
+    for (int32_t t = 0; t < rows; t++)
+        for (size_t b = 0; b < row_bytes; b += 64) {
+            __builtin_prefetch((const char *)k + t * row_stride_bytes + b);
+            __builtin_prefetch((const char *)v + t * row_stride_bytes + b);
+        }
+#else
+    (void)k, (void)v, (void)row_stride_bytes, (void)rows, (void)row_bytes;
+#endif
+}
+
 /* Query token i, kv heads g0 .. g0 + part_kv_heads - 1 and the query heads
  * that read them. */
 static void attend_item(const attention_problem *pb, attention_scratch *s, int32_t i, int32_t g0)
@@ -298,10 +317,18 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, int32
         s->sum[h] = 0.0f;
     }
 
+    size_t elem = pv_dtype_size(kv->dtype);
     for (int64_t first = 0; first < n_ctx; first += kv->block_tokens) {
         int32_t rows = (int32_t)(n_ctx - first < kv->block_tokens ? n_ctx - first : kv->block_tokens);
         const void *k, *v;
         kv_block(kv, seq, first, g0, &k, &v);
+        int64_t next = first + kv->block_tokens;
+        if (next < n_ctx) {
+            const void *next_k, *next_v;
+            kv_block(kv, seq, next, g0, &next_k, &next_v);
+            int32_t next_rows = (int32_t)(n_ctx - next < PREFETCH_ROWS ? n_ctx - next : PREFETCH_ROWS);
+            prefetch_rows(next_k, next_v, row_stride * elem, next_rows, (size_t)part_elems * elem);
+        }
         if (kv->dtype == PV_F32) {
             attend_block(s, n_h, group, head_dim, score_stride, k, v, row_stride, rows);
         } else {

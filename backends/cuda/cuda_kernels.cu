@@ -1,11 +1,17 @@
 /* The CUDA build of the portable kernels in kernels/ and their launchers.
  *
  * The kernel text is the same that the OpenCL backend hands to its compiler
- * at run time (kernels/dialect.h maps it onto CUDA C). The families with a
- * storage dtype are included twice, once per PV_STORE_F16 value, which gives
- * the _f32 and _f16 kernels; the f32-only recompute family is included
- * once. PV_WG, PV_ITEM_ELEMS and PV_MAX_HEAD_DIM keep
- * the dialect's defaults, as the OpenCL backend's default build does.
+ * at run time (kernels/dialect.h maps it onto CUDA C), built with the same
+ * defines:
+ *   - the gather family is included twice, once per PV_STORE_F16 value,
+ *     which gives its _f32 and _f16 kernels; the f32-only recompute family
+ *     once. Both at the dialect's PV_WG (64) and PV_ITEM_ELEMS (8).
+ *   - attention, like the OpenCL backend's, is built per head-dim class:
+ *     PV_MAX_HEAD_DIM 64, 128 and 256 (each work-item holds
+ *     PV_MAX_HEAD_DIM / PV_WG dims), each for f32 and f16. The classes are
+ *     six inclusions of one file, so each goes in a namespace of its own.
+ *     They come after the other families so the dialect's include-once part
+ *     is already read at file scope.
  *
  * Launch geometry follows each kernel's comment: gridDim = the kernel's
  * groups, blockDim = PV_WG. CUDA caps gridDim.y at 65535, so a launch with
@@ -15,14 +21,45 @@
 #include "backends/cuda/cuda_kernels.h"
 
 #define PV_STORE_F16 0
-#include "kernels/attention.cl"
 #include "kernels/gather.cl"
 #undef PV_STORE_F16
 #define PV_STORE_F16 1
-#include "kernels/attention.cl"
 #include "kernels/gather.cl"
 #undef PV_STORE_F16
-#include "kernels/recompute.cl" /* f32 only: included once */
+#include "kernels/recompute.cl"
+
+#undef PV_MAX_HEAD_DIM
+#define PV_MAX_HEAD_DIM 64
+namespace head_dim_64 {
+#define PV_STORE_F16 0
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+#define PV_STORE_F16 1
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+} // namespace head_dim_64
+
+#undef PV_MAX_HEAD_DIM
+#define PV_MAX_HEAD_DIM 128
+namespace head_dim_128 {
+#define PV_STORE_F16 0
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+#define PV_STORE_F16 1
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+} // namespace head_dim_128
+
+#undef PV_MAX_HEAD_DIM
+#define PV_MAX_HEAD_DIM 256
+namespace head_dim_256 {
+#define PV_STORE_F16 0
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+#define PV_STORE_F16 1
+#include "kernels/attention.cl"
+#undef PV_STORE_F16
+} // namespace head_dim_256
 
 namespace {
 
@@ -58,6 +95,28 @@ extern "C" cudaError_t pv_cuda_kernels_loadable(void)
 
 /* ---- attention: groups {n_heads, T} ----------------------------------------- */
 
+typedef void (*attention_kernel_f32)(const float *, pv_long, const float *, const int *, const int *,
+                                     const int *, int, int, int, int, int, float, float *, pv_long);
+typedef void (*attention_kernel_f16)(const float *, pv_long, const pv_half *, const int *,
+                                     const int *, const int *, int, int, int, int, int, float,
+                                     float *, pv_long);
+
+/* The smallest head-dim class that holds head_dim (at most 256, checked by
+ * the front end). */
+static attention_kernel_f32 attention_f32_for(int head_dim)
+{
+    return head_dim <= 64    ? head_dim_64::pv_attention_f32
+           : head_dim <= 128 ? head_dim_128::pv_attention_f32
+                             : head_dim_256::pv_attention_f32;
+}
+
+static attention_kernel_f16 attention_f16_for(int head_dim)
+{
+    return head_dim <= 64    ? head_dim_64::pv_attention_f16
+           : head_dim <= 128 ? head_dim_128::pv_attention_f16
+                             : head_dim_256::pv_attention_f16;
+}
+
 extern "C" cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
                                                 const float *q, const void *kv_pool,
                                                 const int32_t *token_seq, const int32_t *token_pos,
@@ -68,12 +127,12 @@ extern "C" cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_at
         const dim3 grid((unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0));
         const long long off = i0 * token_elems;
         if (a->kv_dtype == PV_F16)
-            pv_attention_f16<<<grid, PV_WG, 0, stream>>>(
+            attention_f16_for(a->head_dim)<<<grid, PV_WG, 0, stream>>>(
                 q, off, (const pv_half *)kv_pool, token_seq + i0, token_pos + i0, slot_table,
                 a->max_chunks, a->n_heads, a->n_kv_heads, a->head_dim, a->chunk_tokens, a->scale,
                 out, off);
         else
-            pv_attention_f32<<<grid, PV_WG, 0, stream>>>(
+            attention_f32_for(a->head_dim)<<<grid, PV_WG, 0, stream>>>(
                 q, off, (const float *)kv_pool, token_seq + i0, token_pos + i0, slot_table,
                 a->max_chunks, a->n_heads, a->n_kv_heads, a->head_dim, a->chunk_tokens, a->scale,
                 out, off);

@@ -227,6 +227,7 @@ static void opencl_free(pv_backend *be)
         if (cl->queues[q])
             clFinish(cl->queues[q]);
     pv_opencl_programs_free(cl);
+    pv_opencl_index_buffers_free(cl);
     for (int q = 0; q < 2; q++)
         if (cl->queues[q])
             clReleaseCommandQueue(cl->queues[q]);
@@ -236,11 +237,11 @@ static void opencl_free(pv_backend *be)
     be->impl = NULL;
 }
 
-/* The largest power of two not above 64 and the device's work-group limit:
- * the kernels' reductions need a power of two. */
-static int pick_work_group(size_t device_max)
+/* The largest power of two not above `wanted` and the device's work-group
+ * limit: the kernels' reductions need a power of two. */
+static int pick_work_group(int wanted, size_t device_max)
 {
-    int wg = 64;
+    int wg = wanted;
     while ((size_t)wg > device_max && wg > 1)
         wg /= 2;
     return wg;
@@ -263,7 +264,16 @@ static pv_status opencl_init(pv_backend *be)
         opencl_free(be);
         return pv_opencl_fail("init", "clGetDeviceInfo(CL_DEVICE_MAX_WORK_GROUP_SIZE)", err);
     }
-    cl->work_group = pick_work_group(max_wg);
+    cl_device_type type = 0;
+    err = clGetDeviceInfo(cl->device, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if (err != CL_SUCCESS) {
+        opencl_free(be);
+        return pv_opencl_fail("init", "clGetDeviceInfo(CL_DEVICE_TYPE)", err);
+    }
+    cl->work_group = pick_work_group(PV_OPENCL_WORK_GROUP, max_wg);
+    int attention_wg = type & CL_DEVICE_TYPE_CPU ? PV_OPENCL_ATTENTION_WORK_GROUP_CPU
+                                                 : PV_OPENCL_ATTENTION_WORK_GROUP;
+    cl->attention_work_group = pick_work_group(attention_wg, max_wg);
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)cl->platform, 0};
     cl->context = clCreateContext(props, 1, &cl->device, NULL, NULL, &err);
     if (err != CL_SUCCESS) {
@@ -313,7 +323,8 @@ static pv_status opencl_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t 
 {
     pv_opencl *cl = pv_opencl_of(be);
     cl_ulong max_alloc = 0;
-    cl_int err = clGetDeviceInfo(cl->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+    cl_int err =
+        clGetDeviceInfo(cl->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
     if (err != CL_SUCCESS)
         return pv_opencl_fail("buffer_alloc", "clGetDeviceInfo(CL_DEVICE_MAX_MEM_ALLOC_SIZE)", err);
     if (bytes > max_alloc)
@@ -340,20 +351,6 @@ static pv_status opencl_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t 
     return PV_OK;
 }
 
-static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
-{
-    pv_opencl *cl = pv_opencl_of(be);
-    cl_mem mem = pv_opencl_mem(buf);
-    if (!mem)
-        return;
-    /* The release waits, inside the runtime, for commands still using it. */
-    if (buf->host_ptr)
-        clEnqueueUnmapMemObject(cl->queues[PV_QUEUE_COMPUTE], mem, buf->host_ptr, 0, NULL, NULL);
-    clReleaseMemObject(mem);
-    buf->handle = NULL;
-    buf->host_ptr = NULL;
-}
-
 /* Blocking transfers see all work enqueued before them on both queues: host
  * buffers by waiting for both queues, device buffers by a read/write on the
  * in-order compute queue that also waits for the copy queue's last work. */
@@ -371,6 +368,31 @@ static pv_status copy_queue_marker(pv_opencl *cl, const char *what, cl_event *ev
 {
     cl_int err = clEnqueueMarkerWithWaitList(cl->queues[PV_QUEUE_COPY], 0, NULL, ev);
     return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clEnqueueMarkerWithWaitList", err);
+}
+
+static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    cl_mem mem = pv_opencl_mem(buf);
+    if (!mem)
+        return;
+    /* The release itself waits, inside the runtime, for commands using the
+     * object. Copies to and from a host buffer name only its host_ptr,
+     * which the runtime cannot tie to the object: the unmap waits for the
+     * copy queue explicitly (the compute queue is in order). */
+    if (buf->host_ptr) {
+        cl_event copies = NULL;
+        if (clEnqueueMarkerWithWaitList(cl->queues[PV_QUEUE_COPY], 0, NULL, &copies) != CL_SUCCESS)
+            copies = NULL;
+        if (clEnqueueUnmapMemObject(cl->queues[PV_QUEUE_COMPUTE], mem, buf->host_ptr, copies ? 1 : 0,
+                                    copies ? &copies : NULL, NULL) != CL_SUCCESS)
+            wait_all(cl, "buffer_free"); /* leave nothing in flight on the memory */
+        if (copies)
+            clReleaseEvent(copies);
+    }
+    clReleaseMemObject(mem);
+    buf->handle = NULL;
+    buf->host_ptr = NULL;
 }
 
 static pv_status opencl_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
@@ -508,27 +530,31 @@ static pv_status opencl_finish(pv_backend *be)
 
 /* ---- GEMM through CLBlast ------------------------------------------------------ */
 
-/* k == 0: C = beta * C row by row (CLBlast rejects an empty inner dimension). */
+/* k == 0: C = beta * C (CLBlast rejects an empty inner dimension), in one
+ * run when C's rows are packed, else row by row; beta = 0 overwrites. */
 static pv_status gemm_scale_only(pv_opencl *cl, const pv_gemm_args *a)
 {
     size_t es = pv_dtype_size(a->dtype);
     cl_mem c = pv_opencl_mem(a->c);
     cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
-    for (int64_t r = 0; r < a->m; r++) {
+    int packed = a->ldc == a->n;
+    int64_t runs = packed ? 1 : a->m;
+    size_t run_elems = (size_t)(packed ? a->m * a->n : a->n);
+    for (int64_t r = 0; r < runs; r++) {
         size_t off = (size_t)(a->c_off + (uint64_t)r * (uint64_t)a->ldc);
         if (a->beta == 0.0f) {
             const uint32_t zero = 0;
-            cl_int err = clEnqueueFillBuffer(queue, c, &zero, es, off * es, (size_t)a->n * es, 0, NULL, NULL);
+            cl_int err = clEnqueueFillBuffer(queue, c, &zero, es, off * es, run_elems * es, 0, NULL, NULL);
             if (err != CL_SUCCESS)
                 return pv_opencl_fail("gemm", "clEnqueueFillBuffer", err);
             continue;
         }
         CLBlastStatusCode status =
-            a->dtype == PV_F16 ? CLBlastHscal((size_t)a->n, pv_float_to_half(a->beta), c, off, 1, &queue, NULL)
-                               : CLBlastSscal((size_t)a->n, a->beta, c, off, 1, &queue, NULL);
+            a->dtype == PV_F16 ? CLBlastHscal(run_elems, pv_float_to_half(a->beta), c, off, 1, &queue, NULL)
+                               : CLBlastSscal(run_elems, a->beta, c, off, 1, &queue, NULL);
         if (status != CLBlastSuccess)
-            return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast scal of row %" PRId64 " failed with status %d",
-                            r, (int)status);
+            return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast scal of run %" PRId64
+                            " failed with status %d", r, (int)status);
     }
     return PV_OK;
 }
@@ -542,19 +568,21 @@ static pv_status opencl_gemm(pv_backend *be, const pv_gemm_args *a)
     CLBlastTranspose ta = a->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
     CLBlastTranspose tb = a->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
     CLBlastStatusCode status;
+    cl_mem c = pv_opencl_mem(a->c);
+    size_t m = (size_t)a->m, n = (size_t)a->n, k = (size_t)a->k;
     if (a->dtype == PV_F16)
-        status = CLBlastHgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)a->m, (size_t)a->n, (size_t)a->k,
-                              pv_float_to_half(a->alpha), pv_opencl_mem(a->a), (size_t)a->a_off, (size_t)a->lda,
-                              pv_opencl_mem(a->b), (size_t)a->b_off, (size_t)a->ldb, pv_float_to_half(a->beta),
-                              pv_opencl_mem(a->c), (size_t)a->c_off, (size_t)a->ldc, &queue, NULL);
-    else
-        status = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, (size_t)a->m, (size_t)a->n, (size_t)a->k, a->alpha,
+        status = CLBlastHgemm(CLBlastLayoutRowMajor, ta, tb, m, n, k, pv_float_to_half(a->alpha),
                               pv_opencl_mem(a->a), (size_t)a->a_off, (size_t)a->lda, pv_opencl_mem(a->b),
-                              (size_t)a->b_off, (size_t)a->ldb, a->beta, pv_opencl_mem(a->c), (size_t)a->c_off,
+                              (size_t)a->b_off, (size_t)a->ldb, pv_float_to_half(a->beta), c, (size_t)a->c_off,
                               (size_t)a->ldc, &queue, NULL);
+    else
+        status = CLBlastSgemm(CLBlastLayoutRowMajor, ta, tb, m, n, k, a->alpha, pv_opencl_mem(a->a),
+                              (size_t)a->a_off, (size_t)a->lda, pv_opencl_mem(a->b), (size_t)a->b_off,
+                              (size_t)a->ldb, a->beta, c, (size_t)a->c_off, (size_t)a->ldc, &queue, NULL);
     if (status != CLBlastSuccess)
         return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast%cgemm (m %" PRId64 ", n %" PRId64 ", k %" PRId64
-                        ") failed with status %d", a->dtype == PV_F16 ? 'H' : 'S', a->m, a->n, a->k, (int)status);
+                        ") failed with status %d", a->dtype == PV_F16 ? 'H' : 'S', a->m, a->n, a->k,
+                        (int)status);
     return PV_OK;
 }
 

@@ -67,13 +67,14 @@ static pv_status build_failure(pv_opencl *cl, cl_program program, pv_opencl_fami
     size_t size = 0;
     clGetProgramBuildInfo(program, cl->device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size);
     char *full = size ? malloc(size + 1) : NULL;
-    if (full && clGetProgramBuildInfo(program, cl->device, CL_PROGRAM_BUILD_LOG, size, full, NULL) == CL_SUCCESS) {
+    if (full &&
+        clGetProgramBuildInfo(program, cl->device, CL_PROGRAM_BUILD_LOG, size, full, NULL) == CL_SUCCESS) {
         full[size] = '\0';
         snprintf(log, sizeof log, "%s", full);
     }
     free(full);
-    return pv_error(PV_ERR_BACKEND, "opencl: building kernels/%s.cl with \"%s\" failed: %s (%d); build log: %s",
-                    family_name(family), options, pv_opencl_error_name(err), (int)err, log);
+    return pv_error(PV_ERR_BACKEND, "opencl: building kernels/%s.cl with \"%s\" failed: %s (%d); "
+                    "build log: %s", family_name(family), options, pv_opencl_error_name(err), (int)err, log);
 }
 
 /* Build `family` with `options` and create all its kernels into *p. */
@@ -124,19 +125,13 @@ static pv_status program_build(pv_opencl *cl, pv_opencl_family family, const cha
     return PV_OK;
 }
 
-pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, pv_dtype store, const char *name,
-                           cl_kernel *out)
+pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_group, const char *defines,
+                           const char *name, cl_kernel *out)
 {
     pv_opencl *cl = pv_opencl_of(be);
-    int f16 = family != PV_OPENCL_RECOMPUTE && store == PV_F16;
     char options[256];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DPV_WG=%d -DPV_ITEM_ELEMS=%d -DPV_STORE_F16=%d",
-             cl->work_group, PV_OPENCL_ITEM_ELEMS, f16);
-    char full_name[64];
-    if (family == PV_OPENCL_RECOMPUTE)
-        snprintf(full_name, sizeof full_name, "%s", name);
-    else
-        snprintf(full_name, sizeof full_name, "%s_%s", name, f16 ? "f16" : "f32");
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DPV_WG=%d -DPV_ITEM_ELEMS=%d %s", work_group,
+             PV_OPENCL_ITEM_ELEMS, defines);
 
     pv_opencl_program *p = NULL;
     for (int i = 0; i < cl->n_programs && !p; i++)
@@ -157,11 +152,11 @@ pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, pv_dtype sto
         p = &cl->programs[cl->n_programs++];
     }
     for (cl_uint k = 0; k < p->n_kernels; k++)
-        if (strcmp(p->kernel_names[k], full_name) == 0) {
+        if (strcmp(p->kernel_names[k], name) == 0) {
             *out = p->kernels[k];
             return PV_OK;
         }
-    return pv_error(PV_ERR_BACKEND, "opencl: kernels/%s.cl has no kernel %s", family_name(family), full_name);
+    return pv_error(PV_ERR_BACKEND, "opencl: kernels/%s.cl has no kernel %s", family_name(family), name);
 }
 
 /* ---- launching ------------------------------------------------------------------ */
@@ -170,6 +165,7 @@ pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, pv_dtype sto
  * launch, so the op code reads as a plain argument list. */
 typedef struct kernel_args {
     cl_kernel kernel;
+    int work_group; /* the PV_WG the kernel was built with */
     cl_uint next;
     cl_int err;
 } kernel_args;
@@ -204,22 +200,34 @@ static void arg_float(kernel_args *ka, float value)
     arg(ka, sizeof v, &v);
 }
 
-static pv_status kernel_begin(pv_backend *be, pv_opencl_family family, pv_dtype store, const char *name,
-                              kernel_args *ka)
+/* A kernel of the recompute family (f32 only). */
+static pv_status kernel_begin(pv_backend *be, const char *name, kernel_args *ka)
 {
     memset(ka, 0, sizeof *ka);
-    return pv_opencl_kernel(be, family, store, name, &ka->kernel);
+    ka->work_group = pv_opencl_of(be)->work_group;
+    return pv_opencl_kernel(be, PV_OPENCL_RECOMPUTE, ka->work_group, "", name, &ka->kernel);
 }
 
-/* Enqueue on the compute queue: groups0 x groups1 groups of work_group items. */
+/* A kernel of the gather family for storage dtype `store`: name_f32/_f16. */
+static pv_status kernel_begin_stored(pv_backend *be, pv_dtype store, const char *name, kernel_args *ka)
+{
+    memset(ka, 0, sizeof *ka);
+    ka->work_group = pv_opencl_of(be)->work_group;
+    char full_name[64];
+    snprintf(full_name, sizeof full_name, "%s_%s", name, store == PV_F16 ? "f16" : "f32");
+    return pv_opencl_kernel(be, PV_OPENCL_GATHER, ka->work_group, store == PV_F16 ? "-DPV_STORE_F16=1" : "",
+                            full_name, &ka->kernel);
+}
+
+/* Enqueue on the compute queue: groups0 x groups1 groups of ka->work_group items. */
 static pv_status launch(pv_backend *be, const char *what, const kernel_args *ka, uint64_t groups0,
                         uint64_t groups1)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (ka->err != CL_SUCCESS)
         return pv_opencl_fail(what, "clSetKernelArg", ka->err);
-    size_t global[2] = {(size_t)groups0 * (size_t)cl->work_group, (size_t)groups1};
-    size_t local[2] = {(size_t)cl->work_group, 1};
+    size_t global[2] = {(size_t)groups0 * (size_t)ka->work_group, (size_t)groups1};
+    size_t local[2] = {(size_t)ka->work_group, 1};
     cl_int err = clEnqueueNDRangeKernel(cl->queues[PV_QUEUE_COMPUTE], ka->kernel, 2, NULL, global, local, 0,
                                         NULL, NULL);
     return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clEnqueueNDRangeKernel", err);
@@ -230,27 +238,90 @@ static uint64_t ceil_div(uint64_t n, uint64_t d)
     return (n + d - 1) / d;
 }
 
-/* Host index arrays are valid only during the call: each is copied into a
- * buffer of its own at creation (CL_MEM_COPY_HOST_PTR), so nothing blocks
- * on earlier work; releasing it right after the launch is safe, the runtime
- * keeps it until the kernel is done. */
-static pv_status upload(pv_backend *be, const char *what, const void *host, size_t bytes, cl_mem *out)
+static void CL_CALLBACK free_host_copy(cl_event event, cl_int status, void *copy)
 {
-    cl_int err;
-    *out = clCreateBuffer(pv_opencl_of(be)->context, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, bytes,
-                          (void *)host, &err);
-    if (err != CL_SUCCESS) {
-        *out = NULL;
-        return pv_opencl_fail(what, "clCreateBuffer (index upload)", err);
+    free(copy);
+}
+
+/* Host index arrays are valid only during the call, and a blocking upload
+ * would stall the host until the queue drains. So the arrays are copied
+ * into one host block, written without blocking into the backend's index
+ * buffers (one per argument position, grown as needed) on the in-order
+ * compute queue, and the block is freed by the last write's completion
+ * callback. The queue being in order is what makes one buffer per position
+ * enough: each write runs after the kernels that read the previous
+ * contents. out[i] gets the buffer holding host[i]. */
+static pv_status upload_indices(pv_backend *be, const char *what, int n, const void *const host[],
+                                const size_t bytes[], cl_mem out[])
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += bytes[i];
+    char *copy = malloc(total ? total : 1);
+    if (!copy)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl %s: cannot stage %zu bytes of indices", what, total);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (bytes[i])
+            memcpy(copy + at, host[i], bytes[i]);
+        at += bytes[i];
     }
+
+    cl_event last = NULL;
+    cl_int err = CL_SUCCESS;
+    const char *call = NULL;
+    at = 0;
+    for (int i = 0; i < n && err == CL_SUCCESS; at += bytes[i], i++) {
+        if (cl->index_bytes[i] < bytes[i] || !cl->index_buffers[i]) {
+            /* Released buffers live on until the kernels using them finish. */
+            size_t grown = bytes[i] > 2 * cl->index_bytes[i] ? bytes[i] : 2 * cl->index_bytes[i];
+            grown = grown < 4096 ? 4096 : grown;
+            if (cl->index_buffers[i])
+                clReleaseMemObject(cl->index_buffers[i]);
+            cl->index_buffers[i] = clCreateBuffer(cl->context, CL_MEM_READ_ONLY, grown, NULL, &err);
+            cl->index_bytes[i] = err == CL_SUCCESS ? grown : 0;
+            if (err != CL_SUCCESS) {
+                cl->index_buffers[i] = NULL;
+                call = "clCreateBuffer (index buffer)";
+                break;
+            }
+        }
+        out[i] = cl->index_buffers[i];
+        if (bytes[i] == 0)
+            continue;
+        if (last)
+            clReleaseEvent(last);
+        last = NULL;
+        err = clEnqueueWriteBuffer(queue, out[i], CL_FALSE, 0, bytes[i], copy + at, 0, NULL, &last);
+        call = "clEnqueueWriteBuffer (indices)";
+    }
+    if (err != CL_SUCCESS) {
+        clFinish(queue); /* no write may still read the copy */
+        if (last)
+            clReleaseEvent(last);
+        free(copy);
+        return pv_opencl_fail(what, call, err);
+    }
+    if (!last || clSetEventCallback(last, CL_COMPLETE, free_host_copy, copy) != CL_SUCCESS) {
+        if (last)
+            clWaitForEvents(1, &last);
+        free(copy);
+    }
+    if (last)
+        clReleaseEvent(last);
     return PV_OK;
 }
 
-static void release_all(cl_mem *mems, int n)
+void pv_opencl_index_buffers_free(pv_opencl *cl)
 {
-    for (int i = 0; i < n; i++)
-        if (mems[i])
-            clReleaseMemObject(mems[i]);
+    for (int i = 0; i < PV_OPENCL_INDEX_BUFFERS; i++) {
+        if (cl->index_buffers[i])
+            clReleaseMemObject(cl->index_buffers[i]);
+        cl->index_buffers[i] = NULL;
+        cl->index_bytes[i] = 0;
+    }
 }
 
 /* The paged index arrays shared by attention and kv_write. */
@@ -258,24 +329,34 @@ static pv_status upload_paging(pv_backend *be, const char *what, int32_t n_token
                                const int32_t *token_pos, const int32_t *slot_table, int32_t n_seqs,
                                int32_t max_chunks, cl_mem mems[3])
 {
-    mems[0] = mems[1] = mems[2] = NULL;
+    const void *host[3] = {token_seq, token_pos, slot_table};
     size_t t_bytes = (size_t)n_tokens * sizeof(int32_t);
-    pv_status st = upload(be, what, token_seq, t_bytes, &mems[0]);
-    if (st == PV_OK)
-        st = upload(be, what, token_pos, t_bytes, &mems[1]);
-    if (st == PV_OK)
-        st = upload(be, what, slot_table, (size_t)n_seqs * (size_t)max_chunks * sizeof(int32_t), &mems[2]);
-    if (st != PV_OK)
-        release_all(mems, 3);
-    return st;
+    size_t bytes[3] = {t_bytes, t_bytes, (size_t)n_seqs * (size_t)max_chunks * sizeof(int32_t)};
+    return upload_indices(be, what, 3, host, bytes, mems);
+}
+
+static pv_status upload_one(pv_backend *be, const char *what, const void *host, size_t bytes, cl_mem *out)
+{
+    return upload_indices(be, what, 1, &host, &bytes, out);
 }
 
 /* ---- the ops ----------------------------------------------------------------------- */
 
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
 {
+    pv_opencl *cl = pv_opencl_of(be);
+    /* Built per head-dim class (64, 128, 256) so each work-item holds only
+     * the dims it can own: head_dim <= 64 * k needs k dims per work-item at
+     * a 64-wide group. */
+    int max_head_dim = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_ATTENTION, a->kv_dtype, "pv_attention", &ka);
+    memset(&ka, 0, sizeof ka);
+    ka.work_group = cl->attention_work_group;
+    char defines[96];
+    snprintf(defines, sizeof defines, "-DPV_STORE_F16=%d -DPV_MAX_HEAD_DIM=%d", a->kv_dtype == PV_F16,
+             max_head_dim);
+    const char *name = a->kv_dtype == PV_F16 ? "pv_attention_f16" : "pv_attention_f32";
+    pv_status st = pv_opencl_kernel(be, PV_OPENCL_ATTENTION, ka.work_group, defines, name, &ka.kernel);
     if (st != PV_OK)
         return st;
     cl_mem idx[3];
@@ -297,15 +378,13 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
     arg_float(&ka, a->scale);
     arg_mem(&ka, pv_opencl_mem(a->out));
     arg_long(&ka, (int64_t)a->out_off);
-    st = launch(be, "attention", &ka, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
-    release_all(idx, 3);
-    return st;
+    return launch(be, "attention", &ka, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
 }
 
 pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_GATHER, a->kv_dtype, "pv_kv_write", &ka);
+    pv_status st = kernel_begin_stored(be, a->kv_dtype, "pv_kv_write", &ka);
     if (st != PV_OK)
         return st;
     cl_mem idx[3];
@@ -325,20 +404,18 @@ pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a)
     arg_int(&ka, a->max_chunks);
     arg_int(&ka, a->chunk_tokens);
     arg_long(&ka, row_elems);
-    st = launch(be, "kv_write", &ka, ceil_div((uint64_t)row_elems, (uint64_t)pv_opencl_of(be)->work_group),
-                (uint64_t)a->n_tokens);
-    release_all(idx, 3);
-    return st;
+    return launch(be, "kv_write", &ka, ceil_div((uint64_t)row_elems, (uint64_t)ka.work_group),
+                  (uint64_t)a->n_tokens);
 }
 
 static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, const char *name)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_GATHER, a->dtype, name, &ka);
+    pv_status st = kernel_begin_stored(be, a->dtype, name, &ka);
     if (st != PV_OK)
         return st;
     cl_mem slots;
-    st = upload(be, name + 3, a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), &slots);
+    st = upload_one(be, name + 3, a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), &slots);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->pool));
@@ -346,10 +423,9 @@ static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, const cha
     arg_long(&ka, (int64_t)a->staging_off);
     arg_mem(&ka, slots);
     arg_long(&ka, a->slot_elems);
-    uint64_t per_group = (uint64_t)pv_opencl_of(be)->work_group * PV_OPENCL_ITEM_ELEMS;
-    st = launch(be, name + 3, &ka, ceil_div((uint64_t)a->slot_elems, per_group), (uint64_t)a->n_slots_moved);
-    clReleaseMemObject(slots);
-    return st;
+    uint64_t per_group = (uint64_t)ka.work_group * PV_OPENCL_ITEM_ELEMS;
+    return launch(be, name + 3, &ka, ceil_div((uint64_t)a->slot_elems, per_group),
+                  (uint64_t)a->n_slots_moved);
 }
 
 pv_status pv_opencl_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
@@ -365,11 +441,11 @@ pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_GATHER, a->table_dtype, "pv_embed_gather", &ka);
+    pv_status st = kernel_begin_stored(be, a->table_dtype, "pv_embed_gather", &ka);
     if (st != PV_OK)
         return st;
     cl_mem ids;
-    st = upload(be, "embed_gather", a->ids, (size_t)a->n_ids * sizeof(int32_t), &ids);
+    st = upload_one(be, "embed_gather", a->ids, (size_t)a->n_ids * sizeof(int32_t), &ids);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->table));
@@ -378,16 +454,14 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     arg_long(&ka, a->dim);
     arg_mem(&ka, pv_opencl_mem(a->out));
     arg_long(&ka, (int64_t)a->out_off);
-    st = launch(be, "embed_gather", &ka, ceil_div((uint64_t)a->dim, (uint64_t)pv_opencl_of(be)->work_group),
-                (uint64_t)a->n_ids);
-    clReleaseMemObject(ids);
-    return st;
+    return launch(be, "embed_gather", &ka, ceil_div((uint64_t)a->dim, (uint64_t)ka.work_group),
+                  (uint64_t)a->n_ids);
 }
 
 pv_status pv_opencl_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, "pv_rmsnorm", &ka);
+    pv_status st = kernel_begin(be, "pv_rmsnorm", &ka);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->x));
@@ -404,11 +478,11 @@ pv_status pv_opencl_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 pv_status pv_opencl_rope(pv_backend *be, const pv_rope_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, "pv_rope", &ka);
+    pv_status st = kernel_begin(be, "pv_rope", &ka);
     if (st != PV_OK)
         return st;
     cl_mem pos;
-    st = upload(be, "rope", a->pos, (size_t)a->n_tokens * sizeof(int32_t), &pos);
+    st = upload_one(be, "rope", a->pos, (size_t)a->n_tokens * sizeof(int32_t), &pos);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->x));
@@ -418,9 +492,7 @@ pv_status pv_opencl_rope(pv_backend *be, const pv_rope_args *a)
     arg_int(&ka, a->head_dim);
     arg_float(&ka, a->base);
     arg_int(&ka, a->neox ? 1 : 0);
-    st = launch(be, "rope", &ka, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
-    clReleaseMemObject(pos);
-    return st;
+    return launch(be, "rope", &ka, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
 }
 
 /* The element-wise kernels share their argument shape: (x, x_off, y, y_off,
@@ -430,7 +502,7 @@ static pv_status elementwise(pv_backend *be, const char *name, const pv_buffer *
                              int64_t n)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, name, &ka);
+    pv_status st = kernel_begin(be, name, &ka);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(x));
@@ -440,7 +512,7 @@ static pv_status elementwise(pv_backend *be, const char *name, const pv_buffer *
     arg_mem(&ka, pv_opencl_mem(out));
     arg_long(&ka, (int64_t)out_off);
     arg_long(&ka, n);
-    uint64_t per_group = (uint64_t)pv_opencl_of(be)->work_group * PV_OPENCL_ITEM_ELEMS;
+    uint64_t per_group = (uint64_t)ka.work_group * PV_OPENCL_ITEM_ELEMS;
     return launch(be, name + 3, &ka, ceil_div((uint64_t)n, per_group), 1);
 }
 
@@ -457,7 +529,7 @@ pv_status pv_opencl_add(pv_backend *be, const pv_add_args *a)
 pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, "pv_softmax", &ka);
+    pv_status st = kernel_begin(be, "pv_softmax", &ka);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->x));
@@ -492,7 +564,7 @@ static pv_status read_results(pv_backend *be, const char *what, cl_mem results, 
 pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, "pv_argmax", &ka);
+    pv_status st = kernel_begin(be, "pv_argmax", &ka);
     if (st != PV_OK)
         return st;
     cl_mem results;
@@ -513,27 +585,25 @@ pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a)
 pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, PV_OPENCL_RECOMPUTE, PV_F32, "pv_sample_top_p", &ka);
+    pv_status st = kernel_begin(be, "pv_sample_top_p", &ka);
     if (st != PV_OK)
         return st;
-    cl_mem mems[2] = {NULL, NULL}; /* u, results */
-    st = upload(be, "sample_top_p", a->u, (size_t)a->rows * sizeof(float), &mems[0]);
+    cl_mem u, results;
+    st = upload_one(be, "sample_top_p", a->u, (size_t)a->rows * sizeof(float), &u);
     if (st == PV_OK)
-        st = result_buffer(be, "sample_top_p", a->rows, &mems[1]);
-    if (st != PV_OK) {
-        release_all(mems, 2);
+        st = result_buffer(be, "sample_top_p", a->rows, &results);
+    if (st != PV_OK)
         return st;
-    }
     arg_mem(&ka, pv_opencl_mem(a->logits));
     arg_long(&ka, (int64_t)a->logits_off);
     arg_long(&ka, a->cols);
     arg_float(&ka, a->temperature);
     arg_float(&ka, a->top_p);
-    arg_mem(&ka, mems[0]);
-    arg_mem(&ka, mems[1]);
+    arg_mem(&ka, u);
+    arg_mem(&ka, results);
     st = launch(be, "sample_top_p", &ka, (uint64_t)a->rows, 1);
     if (st == PV_OK)
-        st = read_results(be, "sample_top_p", mems[1], a->rows, a->out);
-    release_all(mems, 2);
+        st = read_results(be, "sample_top_p", results, a->rows, a->out);
+    clReleaseMemObject(results);
     return st;
 }

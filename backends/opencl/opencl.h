@@ -16,6 +16,16 @@
 
 extern const pv_backend_ops pv_opencl_backend_ops;
 
+/* Default work-group sizes (PV_WG): 64 for the gather and recompute
+ * families. Attention tiles PV_WG positions and sums PV_WG partials per
+ * score, so it has its own: 64 on GPUs; 16 on CPU devices, where a small
+ * group keeps that sum cheap and gives each work-item 8 dims of a 128-dim
+ * head in one unrolled run (PoCL, decode, 2 cores: 1.7-1.8x faster than
+ * 64; 8 and 32 are slower than 16). */
+#define PV_OPENCL_WORK_GROUP 64
+#define PV_OPENCL_ATTENTION_WORK_GROUP 64
+#define PV_OPENCL_ATTENTION_WORK_GROUP_CPU 16
+
 /* The kernel families, one embedded program text each (kernels/<family>.cl). */
 typedef enum pv_opencl_family {
     PV_OPENCL_ATTENTION = 0,
@@ -24,8 +34,12 @@ typedef enum pv_opencl_family {
     PV_OPENCL_FAMILY_COUNT
 } pv_opencl_family;
 
+/* The most host index arrays one op passes (attention: 3). */
+#define PV_OPENCL_INDEX_BUFFERS 3
+
 /* One built program: a family under one set of -D defines, with its
- * kernels created once. */
+ * kernels created once. A cl_kernel holds its arguments until enqueued, so
+ * a backend serves one thread at a time. */
 typedef struct pv_opencl_program {
     pv_opencl_family family;
     char options[256];
@@ -40,9 +54,14 @@ typedef struct pv_opencl {
     cl_device_id device;
     cl_context context;
     cl_command_queue queues[2]; /* PV_QUEUE_COMPUTE, PV_QUEUE_COPY; in order */
-    int work_group;             /* PV_WG of every kernel build */
+    int work_group;             /* PV_WG of the gather and recompute builds */
+    int attention_work_group;   /* PV_WG of the attention builds */
     pv_opencl_program *programs;
     int n_programs, cap_programs;
+    /* Device copies of host index arrays, one buffer per argument position
+     * of an op (token_seq, token_pos, slot_table, ...), grown as needed. */
+    cl_mem index_buffers[PV_OPENCL_INDEX_BUFFERS];
+    size_t index_bytes[PV_OPENCL_INDEX_BUFFERS];
 } pv_opencl;
 
 static inline pv_opencl *pv_opencl_of(const pv_backend *be)
@@ -65,13 +84,15 @@ pv_status pv_opencl_fail(const char *what, const char *call, cl_int err);
 /* Find the platform and device with flat index `index` over all platforms. */
 pv_status pv_opencl_find_device(int index, cl_platform_id *platform, cl_device_id *device);
 
-/* The kernel `name` of `family` built with storage dtype `store` (f32/f16
- * KV pools and tables; the recompute family ignores it). Programs are built
- * on first use and cached per define set; a failed build reports its log. */
-pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, pv_dtype store,
+/* The kernel `name` of `family` built with PV_WG = work_group and the
+ * family's own -D `defines` (storage dtype, head-dim class). Programs are
+ * built on first use and cached per define set; a failed build reports its
+ * log. */
+pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_group, const char *defines,
                            const char *name, cl_kernel *out);
 
 void pv_opencl_programs_free(pv_opencl *cl);
+void pv_opencl_index_buffers_free(pv_opencl *cl);
 
 /* Kernel ops (opencl-kernels.c). */
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a);

@@ -2,7 +2,8 @@
  * their ChatML chat template, both read from GGUF metadata:
  *   tokenizer.ggml.model        "gpt2" (byte-level BPE; others unsupported)
  *   tokenizer.ggml.pre          pre-tokenizer: "smollm" (each digit alone,
- *                               then the GPT-2 split) or "gpt2"/"default"
+ *                               then the GPT-2 split) or "gpt2" (also when
+ *                               the key is absent); others unsupported
  *   tokenizer.ggml.tokens       token strings in the byte-level alphabet
  *   tokenizer.ggml.token_type   1 normal, 2 unknown, 3 control, 4 user
  *                               defined, 5 unused, 6 byte
@@ -84,6 +85,7 @@ typedef struct pv_tokenizer {
 } pv_tokenizer;
 
 /* Build the tokenizer from a parsed GGUF file (g may be freed afterwards).
+ * After init the tokenizer is only read, so threads may share it.
  * An unrecognised chat template does not fail init: has_chat_template is 0
  * and pv_tokenizer_apply_chat() reports why. */
 pv_status pv_tokenizer_init(pv_tokenizer *tok, const pv_gguf *g);

@@ -1,7 +1,7 @@
 /* The tiered KV cache: slot pools, the session table, chunk records, session
  * save/restore, statistics and the invariant check. Eviction choices live in
- * core/cache_evict.c. */
-#include "core/cache_internal.h"
+ * pvcore/cache_evict.c. */
+#include "pvcore/cache_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -257,16 +257,17 @@ static pv_status new_handle(pv_cache *cache, uint32_t *handle)
         pv_session *sessions = realloc(cache->sessions, (size_t)cap * sizeof *sessions);
         if (!sessions)
             return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u sessions", cap);
-        memset(sessions + cache->cap_sessions, 0, (size_t)(cap - cache->cap_sessions) * sizeof *sessions);
         cache->sessions = sessions;
+        memset(sessions + cache->cap_sessions, 0, (size_t)(cap - cache->cap_sessions) * sizeof *sessions);
         uint32_t *handles = realloc(cache->free_handles, (size_t)cap * sizeof *handles);
         if (!handles)
             return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u session handles", cap);
         cache->free_handles = handles;
-        cache->cap_sessions = cap;
+        /* The trees must cover every handle before the capacity grows. */
         pv_status st = pv_ktree_resize(cache, cap);
         if (st != PV_OK)
             return st;
+        cache->cap_sessions = cap;
     }
     *handle = cache->next_handle++;
     return PV_OK;
@@ -354,7 +355,6 @@ pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_
     for (uint32_t c = 0; c < s->n_chunks; c++)
         for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
             pv_rec_exit(cache, s, c, l);
-    s->candidate[0] = s->candidate[1] = 0;
     pv_session_refresh(cache, s);
     map_remove(cache, h);
     session_release(s);
@@ -910,6 +910,22 @@ pv_status pv_cache_check(const pv_cache *cache)
     if (copies[PV_TIER_DEVICE] != cache->pending_out || copies[PV_TIER_HOST] != cache->pending_in)
         FAIL("%u swap-outs and %u swap-ins under copy, counters say %u and %u", copies[0], copies[1],
              cache->pending_out, cache->pending_in);
+    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        /* A node not marked for recomputation holds one of its children's
+         * winners; a marked node's parent is marked too. */
+        const pv_ktree *tree = &cache->tree[t];
+        for (uint32_t i = 1; i < tree->cap; i++) {
+            int32_t w = tree->winner[i], a = tree->winner[2 * i], b = tree->winner[2 * i + 1];
+            if (tree->expiry[i] == -INFINITY) {
+                if (i > 1 && tree->expiry[i / 2] != -INFINITY)
+                    FAIL("%s eviction tree node %u is stale under a current parent",
+                         pv_tier_name((pv_tier)t), i);
+            } else if ((w != a && w != b) || (w < 0 && (a >= 0 || b >= 0))) {
+                FAIL("%s eviction tree node %u holds %d, its children %d and %d",
+                     pv_tier_name((pv_tier)t), i, w, a, b);
+            }
+        }
+    }
     uint32_t listed = 0;
     uint64_t last_seq = 0;
     for (uint32_t h = cache->pin_head; h != PV_NONE32; h = cache->sessions[h].pin_next) {

@@ -33,7 +33,7 @@
  * number of chunks (S x L x C). LRU's lines are parallel and never cross.
  * Ties break by cost, chunk index (lower first), layer (higher first) and,
  * between sessions, by id. */
-#include "core/cache_internal.h"
+#include "pvcore/cache_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -115,8 +115,7 @@ static int evicts_before(const pv_cache *cache, int t, uint32_t a, uint32_t b, d
     double score_b = (now - sb->last_active) * sa->front_cost[t];
     if (score_a != score_b)
         return score_a > score_b;
-    int by_id = strcmp(sa->id, sb->id);
-    return by_id != 0 ? by_id < 0 : a < b;
+    return strcmp(sa->id, sb->id) < 0; /* live ids are unique */
 }
 
 /* When loser's score overtakes winner's; INFINITY if it never does. */
@@ -182,27 +181,36 @@ pv_status pv_ktree_resize(pv_cache *cache, uint32_t sessions)
     uint32_t cap = 1;
     while (cap < sessions)
         cap *= 2;
+    /* Allocate both trees before replacing either, so a failure leaves the
+     * old ones whole. */
+    int32_t *winner[PV_SLOT_TIERS] = {NULL, NULL};
+    double *expiry[PV_SLOT_TIERS] = {NULL, NULL};
+    int missing = 0;
+    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        winner[t] = malloc(2 * (size_t)cap * sizeof *winner[t]);
+        expiry[t] = malloc(2 * (size_t)cap * sizeof *expiry[t]);
+        missing |= !winner[t] || !expiry[t];
+    }
+    if (missing) {
+        for (int t = 0; t < PV_SLOT_TIERS; t++) {
+            free(winner[t]);
+            free(expiry[t]);
+        }
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for eviction trees of %u sessions", cap);
+    }
     for (int t = 0; t < PV_SLOT_TIERS; t++) {
         pv_ktree *tree = &cache->tree[t];
-        int32_t *winner = malloc(2 * (size_t)cap * sizeof *winner);
-        double *expiry = malloc(2 * (size_t)cap * sizeof *expiry);
-        if (!winner || !expiry) {
-            free(winner);
-            free(expiry);
-            return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for an eviction tree of %u sessions",
-                            cap);
-        }
         for (uint32_t i = 0; i < 2 * cap; i++) {
-            winner[i] = -1;
-            expiry[i] = i < cap ? -INFINITY : INFINITY;
+            winner[t][i] = -1;
+            expiry[t][i] = i < cap ? -INFINITY : INFINITY;
         }
         for (uint32_t h = 0; h < cache->next_handle && h < cap; h++)
             if (cache->sessions[h].id && cache->sessions[h].candidate[t])
-                winner[cap + h] = (int32_t)h;
+                winner[t][cap + h] = (int32_t)h;
         pv_ktree_free(tree);
         tree->cap = cap;
-        tree->winner = winner;
-        tree->expiry = expiry;
+        tree->winner = winner[t];
+        tree->expiry = expiry[t];
     }
     return PV_OK;
 }

@@ -1,4 +1,4 @@
-/* Private structures of the tiered KV cache, shared by core/cache*.c. */
+/* Private structures of the tiered KV cache, shared by pvcore/cache*.c. */
 #ifndef PV_CORE_CACHE_INTERNAL_H
 #define PV_CORE_CACHE_INTERNAL_H
 
@@ -59,7 +59,7 @@ typedef struct pv_session {
     uint32_t evictable[PV_SLOT_TIERS]; /* its share of cache->evictable */
 } pv_session;
 
-/* Kinetic tournament over session handles: see core/cache_evict.c. */
+/* Kinetic tournament over session handles: see pvcore/cache_evict.c. */
 typedef struct pv_ktree {
     uint32_t cap;       /* leaves, a power of two */
     int32_t *winner;    /* [2 * cap]: session handle or -1 */
@@ -106,7 +106,7 @@ uint32_t pv_session_find(const pv_cache *cache, const char *id);
 double pv_cache_now(pv_cache *cache);
 double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk, uint32_t layer);
 
-/* Frontier and tree maintenance (core/cache_evict.c). */
+/* Frontier and tree maintenance (pvcore/cache_evict.c). */
 pv_status pv_ktree_resize(pv_cache *cache, uint32_t cap);
 void pv_ktree_free(pv_ktree *tree);
 /* A record of s entered tier t's evictable set, or left it. */
@@ -118,7 +118,7 @@ void pv_session_refresh(pv_cache *cache, pv_session *s);
 void pv_frontier_compute(const pv_cache *cache, const pv_session *s, int t,
                          uint32_t *chunk, uint32_t *layer, double *cost);
 
-/* Slot pools and records (core/cache.c). Taking and giving a slot keep the
+/* Slot pools and records (pvcore/cache.c). Taking and giving a slot keep the
  * session's and the cache's byte counters; entering and leaving a tier keep
  * the record counters and the eviction leads (not the tree: callers run
  * pv_session_refresh when done with a session). */

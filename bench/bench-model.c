@@ -1,0 +1,229 @@
+/* bench-model: prefill and single-stream decode tokens/s of a GGUF Llama
+ * model on one backend, beside the bounds measured in the same run:
+ *   prefill bound = GEMM rate (the backend's GEMM at the model's FFN shape)
+ *                   / weight FLOPs per token
+ *   decode bound  = memory bandwidth (memcpy, read + write bytes)
+ *                   / bytes of f32 weights read per token
+ * Prints a table, or JSON with --json. */
+#include <pensieve/llama.h>
+
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "bench-model: %s: %s\n", what, pv_last_error());
+    return 1;
+}
+
+/* memcpy bandwidth in GB/s counting read + write bytes, median of reps. */
+static double memcpy_gbs(size_t bytes, int reps)
+{
+    char *a = malloc(bytes), *b = malloc(bytes);
+    double t[16];
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0;
+    }
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
+        t[r] = now_s() - t0;
+    }
+    free(a);
+    free(b);
+    return 2.0 * bytes / median(t, reps) / 1e9;
+}
+
+/* The backend's f32 GEMM rate at m x n x k, GFLOP/s, median of reps. */
+static double gemm_gflops(pv_backend *be, int64_t m, int64_t n, int64_t k, int reps)
+{
+    pv_buffer *a, *b, *c;
+    double t[16], rate = 0;
+    if (pv_buffer_init(&a, be, PV_MEM_DEVICE, (uint64_t)(m * k) * 4) != PV_OK)
+        return 0;
+    if (pv_buffer_init(&b, be, PV_MEM_DEVICE, (uint64_t)(n * k) * 4) != PV_OK) {
+        pv_buffer_free(a);
+        return 0;
+    }
+    if (pv_buffer_init(&c, be, PV_MEM_DEVICE, (uint64_t)(m * n) * 4) == PV_OK) {
+        float *fill = calloc((size_t)(n * k > m * k ? n * k : m * k), sizeof *fill);
+        if (fill && pv_buffer_write(a, 0, fill, (uint64_t)(m * k) * 4) == PV_OK &&
+            pv_buffer_write(b, 0, fill, (uint64_t)(n * k) * 4) == PV_OK) {
+            pv_gemm_args g = {.dtype = PV_F32, .trans_b = 1, .m = m, .n = n, .k = k, .alpha = 1,
+                              .a = a, .lda = k, .b = b, .ldb = k, .c = c, .ldc = n};
+            int good = pv_gemm(be, &g) == PV_OK && pv_backend_finish(be) == PV_OK; /* warm-up */
+            for (int r = 0; good && r < reps; r++) {
+                double t0 = now_s();
+                good = pv_gemm(be, &g) == PV_OK && pv_backend_finish(be) == PV_OK;
+                t[r] = now_s() - t0;
+            }
+            if (good)
+                rate = 2.0 * m * n * k / median(t, reps) / 1e9;
+        }
+        free(fill);
+        pv_buffer_free(c);
+    }
+    pv_buffer_free(a);
+    pv_buffer_free(b);
+    return rate;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *backend = "cpu";
+    int prompt = 256, decode = 32, reps = 3, json = 0;
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"backend", required_argument, 0, 'b'},
+        {"prompt", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'd'},
+        {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'b': backend = optarg; break;
+        case 'p': prompt = atoi(optarg); break;
+        case 'd': decode = atoi(optarg); break;
+        case 'r': reps = atoi(optarg); break;
+        case 'j': json = 1; break;
+        default:
+            fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--prompt N] "
+                            "[--decode N] [--reps N] [--json]\n");
+            return 2;
+        }
+    }
+    if (prompt < 1 || prompt > 512 || decode < 1 || reps < 1 || reps > 16) {
+        fprintf(stderr, "bench-model: --prompt in [1, 512], --decode >= 1, --reps in [1, 16]\n");
+        return 2;
+    }
+    char default_path[4096];
+    if (!model_path) {
+        if (pv_default_model_path(default_path, sizeof default_path) != PV_OK)
+            return fail("default model path");
+        model_path = default_path;
+    }
+    pv_gguf file;
+    pv_backend *be;
+    pv_llama *model;
+    if (pv_gguf_init(&file, model_path) != PV_OK)
+        return fail(model_path);
+    if (pv_backend_init(&be, backend, 0) != PV_OK)
+        return fail(backend);
+    pv_llama_options lo;
+    pv_llama_options_default(&lo);
+    if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
+        return fail("model");
+    pv_gguf_free(&file);
+    const pv_llama_hparams *hp = pv_llama_hparams_of(model);
+
+    /* One sequence; slot = layer * max_chunks + chunk. */
+    const int ctx = prompt + decode;
+    const int32_t max_chunks = (ctx + lo.chunk_tokens - 1) / lo.chunk_tokens;
+    const int64_t n_slots = (int64_t)hp->n_layers * max_chunks;
+    pv_buffer *pool;
+    if (pv_buffer_init(&pool, be, PV_MEM_DEVICE, (uint64_t)n_slots * pv_llama_slot_bytes(model)) != PV_OK)
+        return fail("kv pool");
+    int32_t *tables = malloc(sizeof *tables * (size_t)n_slots);
+    int32_t *tokens = malloc(sizeof *tokens * (size_t)ctx), *seq = calloc((size_t)prompt, sizeof *seq);
+    int32_t *pos = malloc(sizeof *pos * (size_t)ctx);
+    for (int64_t i = 0; i < n_slots; i++)
+        tables[i] = (int32_t)i;
+    for (int i = 0; i < ctx; i++) {
+        tokens[i] = (int32_t)((i * 7919u + 13u) % hp->n_vocab);
+        pos[i] = i;
+    }
+    int32_t last = prompt - 1;
+    pv_llama_batch b = {.n_tokens = prompt, .tokens = tokens, .token_seq = seq, .token_pos = pos,
+                        .n_seqs = 1, .max_chunks = max_chunks, .slot_tables = tables,
+                        .kv_pool = pool, .n_slots = n_slots, .n_logits = 1, .logit_rows = &last};
+    double t_prefill[16], t_decode[16];
+    for (int r = 0; r <= reps; r++) { /* run 0 warms up */
+        double t0 = now_s();
+        b.n_tokens = prompt;
+        b.tokens = tokens;
+        b.token_pos = pos;
+        last = prompt - 1;
+        if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+            return fail("prefill");
+        double t1 = now_s();
+        last = 0;
+        for (int i = prompt; i < ctx; i++) {
+            b.n_tokens = 1;
+            b.tokens = tokens + i;
+            b.token_pos = pos + i;
+            if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+                return fail("decode");
+        }
+        double t2 = now_s();
+        if (r > 0) {
+            t_prefill[r - 1] = t1 - t0;
+            t_decode[r - 1] = (t2 - t1) / decode;
+        }
+    }
+    double prefill_tps = prompt / median(t_prefill, reps);
+    double decode_tps = 1.0 / median(t_decode, reps);
+
+    /* Bounds from this run's GEMM rate and memory bandwidth. */
+    const double q_dim = (double)hp->n_heads * hp->head_dim, kv_dim = (double)hp->n_kv_heads * hp->head_dim;
+    const double layer_params = hp->n_embd * (2 * q_dim + 2 * kv_dim) + 3.0 * hp->n_embd * hp->n_ff;
+    const double weight_params = hp->n_layers * layer_params + (double)hp->n_embd * hp->n_vocab;
+    const double flops_per_token = 2.0 * weight_params;
+    double gemm_rate = gemm_gflops(be, prompt, hp->n_ff, hp->n_embd, reps);
+    double bandwidth = memcpy_gbs((size_t)512 << 20, 5);
+    double prefill_bound = gemm_rate * 1e9 / flops_per_token;
+    double decode_bound = bandwidth * 1e9 / (weight_params * 4.0);
+
+    if (json) {
+        printf("{\"backend\": \"%s\", \"model\": \"%s\", \"prompt_tokens\": %d, \"decode_tokens\": %d, "
+               "\"reps\": %d, \"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"gemm_gflops\": %.2f, "
+               "\"memcpy_gbs\": %.2f, \"prefill_bound_tps\": %.2f, \"decode_bound_tps\": %.2f}\n",
+               backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate,
+               bandwidth, prefill_bound, decode_bound);
+    } else {
+        printf("model %s on %s (%s), f32 weights, %.1fM weight parameters\n", model_path, backend,
+               be->info.name, weight_params / 1e6);
+        printf("%-26s %12s %12s %10s\n", "measure", "tokens/s", "bound", "of bound");
+        printf("%-26s %12.1f %12.1f %9.0f%%\n", "prefill (one batch)", prefill_tps, prefill_bound,
+               100 * prefill_tps / prefill_bound);
+        printf("%-26s %12.1f %12.1f %9.0f%%\n", "decode (single stream)", decode_tps, decode_bound,
+               100 * decode_tps / decode_bound);
+        printf("GEMM %d x %u x %u: %.1f GFLOP/s; memcpy 512 MiB: %.1f GB/s (read + write); "
+               "median of %d\n", prompt, hp->n_ff, hp->n_embd, gemm_rate, bandwidth, reps);
+    }
+    free(tables);
+    free(tokens);
+    free(seq);
+    free(pos);
+    pv_buffer_free(pool);
+    pv_llama_free(model);
+    pv_backend_free(be);
+    return 0;
+}
