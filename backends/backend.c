@@ -413,13 +413,21 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
                         a->ldb, b_cols);
     if (a->ldc < (a->n > 1 ? a->n : 1))
         return pv_error(PV_ERR_INVALID_ARG, "gemm: ldc = %" PRId64 " < n = %" PRId64, a->ldc, a->n);
+    /* cuBLAS and OpenBLAS (32-bit build) take int sizes. */
+    const int64_t dims[6] = {a->m, a->n, a->k, a->lda, a->ldb, a->ldc};
+    static const char *const dim_names[6] = {"m", "n", "k", "lda", "ldb", "ldc"};
+    for (int i = 0; i < 6; i++)
+        if (dims[i] > INT32_MAX)
+            return pv_error(PV_ERR_UNSUPPORTED, "gemm: %s = %" PRId64 " exceeds %d", dim_names[i],
+                            dims[i], INT32_MAX);
     if (a->m == 0 || a->n == 0)
         return PV_OK;
     size_t es = pv_dtype_size(a->dtype);
-    if (a->k > 0) {
-        TRY(need_extent(be, op, "a", a->a, a->a_off, (uint64_t)((a_rows - 1) * a->lda + a_cols), es));
-        TRY(need_extent(be, op, "b", a->b, a->b_off, (uint64_t)((b_rows - 1) * a->ldb + b_cols), es));
-    }
+    /* With k = 0 nothing of A or B is read, but they must still be real buffers. */
+    uint64_t a_extent = a->k > 0 ? (uint64_t)((a_rows - 1) * a->lda + a_cols) : 0;
+    uint64_t b_extent = a->k > 0 ? (uint64_t)((b_rows - 1) * a->ldb + b_cols) : 0;
+    TRY(need_extent(be, op, "a", a->a, a->a_off, a_extent, es));
+    TRY(need_extent(be, op, "b", a->b, a->b_off, b_extent, es));
     TRY(need_extent(be, op, "c", a->c, a->c_off, (uint64_t)((a->m - 1) * a->ldc + a->n), es));
     return be->ops->gemm(be, a);
 }
@@ -605,36 +613,38 @@ pv_status pv_rope(pv_backend *be, const pv_rope_args *a)
     return be->ops->rope(be, a);
 }
 
+/* out = f(x, y) elementwise over n f32 values (swiglu, add). */
+static pv_status check_binary(pv_backend *be, pv_op op, int64_t n, const char *x_name,
+                              const pv_buffer *x, uint64_t x_off, const char *y_name,
+                              const pv_buffer *y, uint64_t y_off, const pv_buffer *out,
+                              uint64_t out_off)
+{
+    TRY(need_supported(be, op, PV_F32));
+    if (n < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: n = %" PRId64 " must be >= 0", pv_op_name(op), n);
+    if (n == 0)
+        return PV_OK;
+    TRY(need_extent(be, op, x_name, x, x_off, (uint64_t)n, 4));
+    TRY(need_extent(be, op, y_name, y, y_off, (uint64_t)n, 4));
+    return need_extent(be, op, "out", out, out_off, (uint64_t)n, 4);
+}
+
 pv_status pv_swiglu(pv_backend *be, const pv_swiglu_args *a)
 {
-    const pv_op op = PV_OP_SWIGLU;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "swiglu: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    if (a->n < 0)
-        return pv_error(PV_ERR_INVALID_ARG, "swiglu: n = %" PRId64 " must be >= 0", a->n);
-    if (a->n == 0)
-        return PV_OK;
-    TRY(need_extent(be, op, "gate", a->gate, a->gate_off, (uint64_t)a->n, 4));
-    TRY(need_extent(be, op, "up", a->up, a->up_off, (uint64_t)a->n, 4));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n, 4));
-    return be->ops->swiglu(be, a);
+    TRY(check_binary(be, PV_OP_SWIGLU, a->n, "gate", a->gate, a->gate_off, "up", a->up, a->up_off,
+                     a->out, a->out_off));
+    return a->n ? be->ops->swiglu(be, a) : PV_OK;
 }
 
 pv_status pv_add(pv_backend *be, const pv_add_args *a)
 {
-    const pv_op op = PV_OP_ADD;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "add: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    if (a->n < 0)
-        return pv_error(PV_ERR_INVALID_ARG, "add: n = %" PRId64 " must be >= 0", a->n);
-    if (a->n == 0)
-        return PV_OK;
-    TRY(need_extent(be, op, "a", a->a, a->a_off, (uint64_t)a->n, 4));
-    TRY(need_extent(be, op, "b", a->b, a->b_off, (uint64_t)a->n, 4));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n, 4));
-    return be->ops->add(be, a);
+    TRY(check_binary(be, PV_OP_ADD, a->n, "a", a->a, a->a_off, "b", a->b, a->b_off, a->out,
+                     a->out_off));
+    return a->n ? be->ops->add(be, a) : PV_OK;
 }
 
 pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)

@@ -195,7 +195,7 @@ typedef struct attention_scratch {
     float *acc;    /* [n_h][head_dim] unnormalised outputs */
     float *max;    /* [n_h] running max score */
     float *sum;    /* [n_h] running sum of exp(score - max) */
-    float *scores; /* [n_h][block_tokens] scores, then softmax weights */
+    float *scores; /* [n_h][block_tokens rounded up to LANES] scores, then weights */
     float *k_rows; /* [block_tokens][part_kv_heads][head_dim] f16 rows widened */
     float *v_rows;
 } attention_scratch;

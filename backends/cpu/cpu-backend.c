@@ -198,6 +198,15 @@ static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
     const float *A = pv_cpu_elem_ptr(a->a, a->a_off, sizeof(float));
     const float *B = pv_cpu_elem_ptr(a->b, a->b_off, sizeof(float));
     float *C = pv_cpu_elem_ptr(a->c, a->c_off, sizeof(float));
+    /* One row of C (a decode step) is a matrix-vector product: sgemm would
+     * first pack all of B, doubling the memory traffic that bounds decode. */
+    if (a->m == 1 && a->k > 0) {
+        /* c[n] = alpha * op(B)^T a[k] + beta * c: op(B) is k x n. */
+        cblas_sgemv(CblasRowMajor, a->trans_b ? CblasNoTrans : CblasTrans,
+                    (blasint)(a->trans_b ? a->n : a->k), (blasint)(a->trans_b ? a->k : a->n),
+                    a->alpha, B, (blasint)a->ldb, A, a->trans_a ? (blasint)a->lda : 1, a->beta, C, 1);
+        return PV_OK;
+    }
     cblas_sgemm(CblasRowMajor, a->trans_a ? CblasTrans : CblasNoTrans,
                 a->trans_b ? CblasTrans : CblasNoTrans, (blasint)a->m, (blasint)a->n, (blasint)a->k,
                 a->alpha, A, (blasint)a->lda, B, (blasint)a->ldb, a->beta, C, (blasint)a->ldc);

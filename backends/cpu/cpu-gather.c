@@ -1,6 +1,7 @@
 /* Slot moves for swap-out/in and embedding-row gather. A slot is
  * slot_elems contiguous elements, so moving one is one memcpy; all the
- * slots of a call are spread over the threads. */
+ * slots of a call are spread over the threads, handed out dynamically so a
+ * thread the OS preempts does not hold the whole copy up. */
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
@@ -17,7 +18,7 @@ pv_status pv_cpu_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
     const char *pool = a->pool->host_ptr;
     char *staging = pv_cpu_elem_ptr(a->staging, a->staging_off, elem);
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(dynamic, 8)")
     for (int32_t i = 0; i < a->n_slots_moved; i++)
         memcpy(staging + (size_t)i * slot_bytes, pool + (size_t)a->slots[i] * slot_bytes, slot_bytes);
     return PV_OK;
@@ -31,7 +32,7 @@ pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     char *pool = a->pool->host_ptr;
     const char *staging = pv_cpu_elem_ptr(a->staging, a->staging_off, elem);
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(dynamic, 8)")
     for (int32_t i = 0; i < a->n_slots_moved; i++)
         memcpy(pool + (size_t)a->slots[i] * slot_bytes, staging + (size_t)i * slot_bytes, slot_bytes);
     return PV_OK;
