@@ -297,7 +297,7 @@ int main(int argc, char **argv)
     pv_status st = generator_init(&g, &o, path);
     if (st != PV_OK) {
         generator_free(&g);
-        return fail(path, st);
+        return fail("setup", st);
     }
 
     /* The text the model sees: the raw prompt, or a one-turn chat. */

@@ -8,6 +8,7 @@
 #include "backends/backend.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,25 @@ static pv_status unknown_backend(const char *name)
                     name ? name : "(null)", list);
 }
 
+/* A built backend without a usable device: keep its reason and add the
+ * backends that do have one. */
+static pv_status unavailable_backend(const char *name, pv_status status)
+{
+    char reason[512];
+    snprintf(reason, sizeof reason, "%s", pv_last_error()[0] ? pv_last_error() : "no device found");
+    char list[128] = "";
+    for (size_t i = 0; i < N_BACKENDS; i++) {
+        int count = 0;
+        if (registry[i]->device_count(&count) != PV_OK || count <= 0)
+            continue;
+        if (list[0])
+            strncat(list, ", ", sizeof list - strlen(list) - 1);
+        strncat(list, registry[i]->name, sizeof list - strlen(list) - 1);
+    }
+    return pv_error(status, "backend '%s' is unavailable: %s; available: %s", name, reason,
+                    list[0] ? list : "none");
+}
+
 pv_status pv_backend_device_count(const char *name, int *count)
 {
     const pv_backend_ops *ops = find_backend(name);
@@ -115,11 +135,10 @@ pv_status pv_backend_init(pv_backend **out, const char *name, int device)
         return pv_error(PV_ERR_UNSUPPORTED, "backend '%s' has API version %d, this library expects %d",
                         name, ops->api_version, PV_BACKEND_API_VERSION);
     int count = 0;
+    pv_clear_error();
     pv_status st = ops->device_count(&count);
-    if (st != PV_OK)
-        return st;
-    if (count <= 0)
-        return pv_error(PV_ERR_NO_DEVICE, "backend '%s': no device found", name);
+    if (st != PV_OK || count <= 0)
+        return unavailable_backend(name, st == PV_OK ? PV_ERR_NO_DEVICE : st);
     if (device < 0 || device >= count)
         return pv_error(PV_ERR_INVALID_ARG, "backend '%s': device %d out of range [0, %d)", name,
                         device, count);

@@ -77,6 +77,7 @@ typedef struct report {
     int n_attention;
     bandwidth_row decode[8];
     int n_decode;
+    int32_t gather_slots;
     double gather_bytes, gather_ms, gather_memcpy_ms;
     gemm_row gemm[4];
     int n_gemm;
@@ -396,7 +397,7 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
     return st;
 }
 
-/* GATHER_SLOTS shuffled slots -> staging in one call, vs memcpy of the bytes. */
+/* Up to GATHER_SLOTS shuffled slots -> staging in one call, vs memcpy of the bytes. */
 static pv_status bench_gather(kv_data *d, report *rep)
 {
     int32_t n = d->n_slots < GATHER_SLOTS ? (int32_t)d->n_slots : GATHER_SLOTS;
@@ -416,6 +417,7 @@ static pv_status bench_gather(kv_data *d, report *rep)
             .n_slots_moved = n,
         },
     };
+    rep->gather_slots = n;
     rep->gather_bytes = (double)c.bytes;
     return time_pair(run_gather, &c, run_memcpy, &c, d->opt->reps, &rep->gather_ms, &rep->gather_memcpy_ms);
 }
@@ -537,7 +539,7 @@ static void print_table(const report *rep, const options *opt)
     }
     double gather = gbps(rep->gather_bytes, rep->gather_ms);
     double gather_copy = gbps(rep->gather_bytes, rep->gather_memcpy_ms);
-    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call, vs memcpy of the same bytes\n", GATHER_SLOTS,
+    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call, vs memcpy of the same bytes\n", rep->gather_slots,
            rep->gather_bytes / (1 << 20));
     printf("%12s %12s %14s %8s\n", "gather ms", "gather GB/s", "memcpy GB/s", "ratio");
     printf("%12.3f %12.2f %14.2f %8.2f\n", rep->gather_ms, gather, gather_copy, gather / gather_copy);
@@ -574,7 +576,7 @@ static void print_json(const report *reps, int n_reports, const options *opt)
                    r->context, r->bytes, gbps(r->bytes, r->attention_ms), gbps(r->bytes, r->memcpy_ms));
         }
         printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, \"memcpy_gbps\": %.3f},\n",
-               GATHER_SLOTS, rep->gather_bytes, gbps(rep->gather_bytes, rep->gather_ms),
+               rep->gather_slots, rep->gather_bytes, gbps(rep->gather_bytes, rep->gather_ms),
                gbps(rep->gather_bytes, rep->gather_memcpy_ms));
         printf("   \"blas_peak_gflops\": %.2f, \"gemm\": [", gflops(2048, 2048, 2048, rep->blas_peak_ms));
         for (int i = 0; i < rep->n_gemm; i++) {

@@ -1,12 +1,14 @@
 /* Causal multi-token attention over the paged KV pool, and the writes of new
  * K/V rows into it: the reference for every backend.
  *
- * A work item is one query token (with all its heads, or a range of kv heads
- * and the query heads that read them). It walks its sequence's context
- * 0..token_pos[i] block by block (one block = one chunk's rows) and keeps,
- * per query head, an online softmax: running max, running sum and an
- * unnormalised output. No T x context matrix exists; each K/V row is read
- * once per item, front to back, for all the item's heads. */
+ * A work item is up to QUERY_BLOCK query tokens of one sequence (with all
+ * their heads, or a range of kv heads and the query heads that read them).
+ * It walks the sequence's context block by block (one block = one chunk's
+ * rows) up to its last token's position and keeps, per token and query
+ * head, an online softmax: running max, running sum and an unnormalised
+ * output; each token takes the rows up to its own position (causal). No
+ * T x context matrix exists; each K/V row is read once per item, front to
+ * back, for all the item's tokens and heads. */
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
@@ -45,9 +47,6 @@
 /* Blocks of the contiguous layout match the pool's default chunk, so both
  * layouts run the same inner loop on the same block sizes. */
 #define CONTIGUOUS_BLOCK_TOKENS 32
-
-/* Rows of the next block prefetched ahead (see prefetch_rows). */
-#define PREFETCH_ROWS 4
 
 /* a . b with 16 independent partial sums, so the compiler keeps them in
  * vector registers without reassociating floating-point adds. */
@@ -177,6 +176,11 @@ static void kv_block(const kv_source *src, int32_t seq, int64_t first_pos, int32
     }
 }
 
+/* Query tokens of one sequence handled by one work item: they share every
+ * K/V block the item reads (prefill and recovery read each row once per
+ * QUERY_BLOCK tokens instead of once per token). */
+#define QUERY_BLOCK 8
+
 typedef struct attention_problem {
     kv_source kv;
     int32_t n_tokens, n_heads;
@@ -186,10 +190,16 @@ typedef struct attention_problem {
     const int32_t *token_pos; /* [T] */
     float *out;               /* [T][n_heads][head_dim] */
     int32_t part_kv_heads;    /* kv heads per work item */
+    /* Token indices sorted by (sequence, position), cut into groups of up
+     * to QUERY_BLOCK tokens of one sequence: group g is
+     * order[group_start[g] .. group_start[g + 1]). */
+    const int32_t *order, *group_start;
+    int32_t n_groups;
 } attention_problem;
 
-/* One thread's working memory for an item of n_h = part_kv_heads * group
- * query heads; every array is a multiple of LANES floats. */
+/* One thread's working memory for an item of up to QUERY_BLOCK tokens and
+ * n_h = part_kv_heads * group query heads each; every array (and each
+ * token's slice) is a multiple of LANES floats. */
 typedef struct attention_scratch {
     float *q;      /* [n_h][head_dim] query rows times scale */
     float *acc;    /* [n_h][head_dim] unnormalised outputs */
@@ -198,6 +208,8 @@ typedef struct attention_scratch {
     float *scores; /* [n_h][block_tokens rounded up to LANES] scores, then weights */
     float *k_rows; /* [block_tokens][part_kv_heads][head_dim] f16 rows widened */
     float *v_rows;
+    /* per-token slices: token j's q is q + j * q_stride, and so on */
+    size_t q_stride, head_stride, score_stride;
 } attention_scratch;
 
 static size_t round_lanes(size_t n)
@@ -210,9 +222,13 @@ static size_t scratch_carve(float *base, const attention_problem *pb, attention_
 {
     size_t n_h = (size_t)pb->part_kv_heads * (size_t)(pb->n_heads / pb->kv.n_kv_heads);
     size_t head_dim = (size_t)pb->kv.head_dim, block = (size_t)pb->kv.block_tokens;
+    s->q_stride = round_lanes(n_h * head_dim);
+    s->head_stride = round_lanes(n_h);
+    s->score_stride = n_h * round_lanes(block);
     size_t sizes[7] = {
-        round_lanes(n_h * head_dim), round_lanes(n_h * head_dim), round_lanes(n_h), round_lanes(n_h),
-        n_h * round_lanes(block), round_lanes(block * (size_t)pb->part_kv_heads * head_dim),
+        QUERY_BLOCK * s->q_stride, QUERY_BLOCK * s->q_stride, QUERY_BLOCK * s->head_stride,
+        QUERY_BLOCK * s->head_stride, QUERY_BLOCK * s->score_stride,
+        round_lanes(block * (size_t)pb->part_kv_heads * head_dim),
         round_lanes(block * (size_t)pb->part_kv_heads * head_dim),
     };
     float **arrays[7] = {&s->q, &s->acc, &s->max, &s->sum, &s->scores, &s->k_rows, &s->v_rows};
@@ -225,6 +241,44 @@ static size_t scratch_carve(float *base, const attention_problem *pb, attention_
     return total;
 }
 
+/* Token j's slice of the scratch (the f16 rows are shared). */
+static attention_scratch token_slice(const attention_scratch *s, int32_t j)
+{
+    attention_scratch t = *s;
+    t.q += (size_t)j * s->q_stride;
+    t.acc += (size_t)j * s->q_stride;
+    t.max += (size_t)j * s->head_stride;
+    t.sum += (size_t)j * s->head_stride;
+    t.scores += (size_t)j * s->score_stride;
+    return t;
+}
+
+/* The block after the one being computed. Paged blocks lie anywhere in the
+ * pool, so the hardware prefetcher alone would stall at every block (and
+ * page) boundary: row t of the next block's K is prefetched while row t of
+ * this block's K is used (V likewise), spreading the requests over the
+ * block. The contiguous layout gets the same, so the two differ only in
+ * addressing. rows = 0: nothing to prefetch. */
+typedef struct next_block {
+    const char *k, *v;
+    int32_t rows;
+    int64_t stride_bytes; /* between rows */
+    size_t row_bytes;     /* of the item's kv heads */
+} next_block;
+
+/* Prefetch row t of the next block's K (or V) rows starting at `rows`. */
+static inline void prefetch_row(const next_block *nb, const char *rows, int32_t t)
+{
+#if defined(__GNUC__)
+    if (!nb || t >= nb->rows)
+        return;
+    for (size_t b = 0; b < nb->row_bytes; b += 64)
+        __builtin_prefetch(rows + t * nb->stride_bytes + b);
+#else
+    (void)nb, (void)rows, (void)t;
+#endif
+}
+
 /* Online-softmax update of an item's n_h query heads with one block of rows.
  *   s->q      [n_h][head_dim] (scaled); query head h reads kv head h / group
  *   k, v      rows x [part kv heads][head_dim], row_stride elements apart
@@ -233,10 +287,11 @@ static size_t scratch_carve(float *base, const attention_problem *pb, attention_
  * Each K and V row is read once, front to back, for all the item's heads. */
 PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_t group, int32_t head_dim,
                                        int32_t block, const float *k, const float *v, int64_t row_stride,
-                                       int32_t rows)
+                                       int32_t rows, const next_block *next)
 {
     /* scores[h][t] = q_h . k_t */
     for (int32_t t = 0; t < rows; t++) {
+        prefetch_row(next, next ? next->k : NULL, t);
         const float *k_row = k + t * row_stride;
         for (int32_t h = 0; h < n_h; h++)
             s->scores[h * block + t] =
@@ -267,6 +322,7 @@ PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_
     }
     /* acc_h += weight[h][t] * v_t */
     for (int32_t t = 0; t < rows; t++) {
+        prefetch_row(next, next ? next->v : NULL, t);
         const float *v_row = v + t * row_stride;
         for (int32_t h = 0; h < n_h; h++)
             axpy_lanes(s->acc + (size_t)h * head_dim, s->scores[h * block + t],
@@ -274,47 +330,37 @@ PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_
     }
 }
 
-/* Starts fetching the next block while this block is computed: paged blocks
- * lie anywhere in the pool, so the hardware prefetcher would stall at every
- * block boundary. Its first rows are enough to get the stream going. */
-static void prefetch_rows(const void *k, const void *v, int64_t row_stride_bytes, int32_t rows, size_t row_bytes)
-{
-#if defined(__GNUC__)
-    for (int32_t t = 0; t < rows; t++)
-        for (size_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch((const char *)k + t * row_stride_bytes + b);
-            __builtin_prefetch((const char *)v + t * row_stride_bytes + b);
-        }
-#else
-    (void)k, (void)v, (void)row_stride_bytes, (void)rows, (void)row_bytes;
-#endif
-}
-
-/* Query token i, kv heads g0 .. g0 + part_kv_heads - 1 and the query heads
- * that read them. */
-static void attend_item(const attention_problem *pb, attention_scratch *s, int32_t i, int32_t g0)
+/* Group gi's query tokens (one sequence, ascending positions), kv heads
+ * g0 .. g0 + part_kv_heads - 1 and the query heads that read them. Each K/V
+ * block up to the last token's position is read (and widened) once; every
+ * token then takes the rows up to its own position. */
+static void attend_item(const attention_problem *pb, attention_scratch *s, int32_t gi, int32_t g0)
 {
     const kv_source *kv = &pb->kv;
     int32_t head_dim = kv->head_dim;
     int32_t group = pb->n_heads / kv->n_kv_heads;
     int32_t n_h = pb->part_kv_heads * group;
     int32_t part_elems = pb->part_kv_heads * head_dim;
-    int32_t seq = pb->token_seq[i];
-    int64_t n_ctx = (int64_t)pb->token_pos[i] + 1;
+    const int32_t *tokens = pb->order + pb->group_start[gi];
+    int32_t n_tok = pb->group_start[gi + 1] - pb->group_start[gi];
+    int32_t seq = pb->token_seq[tokens[0]];
+    int64_t n_ctx = (int64_t)pb->token_pos[tokens[n_tok - 1]] + 1; /* the longest context */
     int64_t row_stride = (int64_t)kv->n_kv_heads * head_dim;
-    size_t first_head = (size_t)i * pb->n_heads + (size_t)g0 * group;
     int32_t score_stride = (int32_t)round_lanes((size_t)kv->block_tokens);
 
-    const float *q = pb->q + first_head * head_dim;
-    for (size_t e = 0; e < (size_t)n_h * head_dim; e++)
-        s->q[e] = q[e] * pb->scale;
-    memset(s->acc, 0, (size_t)n_h * head_dim * sizeof(float));
-    /* Score lanes past a short block's rows are read (then zeroed) by the
-     * vectorised exp: give them defined values. */
-    memset(s->scores, 0, (size_t)n_h * score_stride * sizeof(float));
-    for (int32_t h = 0; h < n_h; h++) {
-        s->max[h] = -INFINITY;
-        s->sum[h] = 0.0f;
+    for (int32_t j = 0; j < n_tok; j++) {
+        attention_scratch t = token_slice(s, j);
+        const float *q = pb->q + ((size_t)tokens[j] * pb->n_heads + (size_t)g0 * group) * head_dim;
+        for (size_t e = 0; e < (size_t)n_h * head_dim; e++)
+            t.q[e] = q[e] * pb->scale;
+        memset(t.acc, 0, (size_t)n_h * head_dim * sizeof(float));
+        /* Score lanes past a short block's rows are read (then zeroed) by
+         * the vectorised exp: give them defined values. */
+        memset(t.scores, 0, (size_t)n_h * score_stride * sizeof(float));
+        for (int32_t h = 0; h < n_h; h++) {
+            t.max[h] = -INFINITY;
+            t.sum[h] = 0.0f;
+        }
     }
 
     size_t elem = pv_dtype_size(kv->dtype);
@@ -322,54 +368,130 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, int32
         int32_t rows = (int32_t)(n_ctx - first < kv->block_tokens ? n_ctx - first : kv->block_tokens);
         const void *k, *v;
         kv_block(kv, seq, first, g0, &k, &v);
-        int64_t next = first + kv->block_tokens;
-        if (next < n_ctx) {
+        next_block nb = {.rows = 0, .stride_bytes = row_stride * (int64_t)elem,
+                         .row_bytes = (size_t)part_elems * elem};
+        if (first + kv->block_tokens < n_ctx) {
             const void *next_k, *next_v;
-            kv_block(kv, seq, next, g0, &next_k, &next_v);
-            int32_t next_rows = (int32_t)(n_ctx - next < PREFETCH_ROWS ? n_ctx - next : PREFETCH_ROWS);
-            prefetch_rows(next_k, next_v, row_stride * elem, next_rows, (size_t)part_elems * elem);
+            kv_block(kv, seq, first + kv->block_tokens, g0, &next_k, &next_v);
+            nb.k = next_k;
+            nb.v = next_v;
+            int64_t left = n_ctx - first - kv->block_tokens;
+            nb.rows = (int32_t)(left < kv->block_tokens ? left : kv->block_tokens);
         }
-        if (kv->dtype == PV_F32) {
-            attend_block(s, n_h, group, head_dim, score_stride, k, v, row_stride, rows);
-        } else {
+        const float *k_rows = k, *v_rows = v;
+        int64_t stride = row_stride;
+        if (kv->dtype == PV_F16) {
             for (int32_t t = 0; t < rows; t++) {
+                prefetch_row(&nb, nb.k, t);
+                prefetch_row(&nb, nb.v, t);
                 half_row_to_float(s->k_rows + (size_t)t * part_elems, (const uint16_t *)k + t * row_stride,
                                   part_elems);
                 half_row_to_float(s->v_rows + (size_t)t * part_elems, (const uint16_t *)v + t * row_stride,
                                   part_elems);
             }
-            attend_block(s, n_h, group, head_dim, score_stride, s->k_rows, s->v_rows, part_elems, rows);
+            k_rows = s->k_rows;
+            v_rows = s->v_rows;
+            stride = part_elems;
+        }
+        for (int32_t j = 0; j < n_tok; j++) {
+            int64_t ctx_j = (int64_t)pb->token_pos[tokens[j]] + 1;
+            if (ctx_j <= first)
+                continue; /* this block is past token j's position */
+            int32_t rows_j = (int32_t)(ctx_j - first < rows ? ctx_j - first : rows);
+            attention_scratch t = token_slice(s, j);
+            /* f32 rows are prefetched while the last (longest) token reads them */
+            const next_block *prefetch = kv->dtype == PV_F32 && j == n_tok - 1 ? &nb : NULL;
+            attend_block(&t, n_h, group, head_dim, score_stride, k_rows, v_rows, stride, rows_j, prefetch);
         }
     }
 
-    float *out = pb->out + first_head * head_dim;
-    for (int32_t h = 0; h < n_h; h++)
-        for (int32_t d = 0; d < head_dim; d++)
-            out[(size_t)h * head_dim + d] = s->acc[(size_t)h * head_dim + d] / s->sum[h];
+    for (int32_t j = 0; j < n_tok; j++) {
+        attention_scratch t = token_slice(s, j);
+        float *out = pb->out + ((size_t)tokens[j] * pb->n_heads + (size_t)g0 * group) * head_dim;
+        for (int32_t h = 0; h < n_h; h++)
+            for (int32_t d = 0; d < head_dim; d++)
+                out[(size_t)h * head_dim + d] = t.acc[(size_t)h * head_dim + d] / t.sum[h];
+    }
+}
+
+typedef struct token_key {
+    int64_t key; /* sequence << 32 | position */
+    int32_t index;
+} token_key;
+
+static int by_key(const void *lhs, const void *rhs)
+{
+    const token_key *x = lhs, *y = rhs;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Fills order[T] (token indices by sequence, then position) and
+ * group_start[T + 1]; returns the number of groups, or -1 when out of
+ * memory. */
+static int32_t group_tokens(const attention_problem *pb, int32_t *order, int32_t *group_start)
+{
+    token_key *keys = malloc((size_t)pb->n_tokens * sizeof *keys);
+    if (!keys)
+        return -1;
+    for (int32_t i = 0; i < pb->n_tokens; i++) {
+        keys[i].key = (int64_t)pb->token_seq[i] * ((int64_t)1 << 32) + pb->token_pos[i];
+        keys[i].index = i;
+    }
+    qsort(keys, (size_t)pb->n_tokens, sizeof *keys, by_key);
+    int32_t n_groups = 0;
+    for (int32_t i = 0; i < pb->n_tokens; i++) {
+        order[i] = keys[i].index;
+        int new_group = i == 0 || pb->token_seq[order[i]] != pb->token_seq[order[i - 1]] ||
+                        i - group_start[n_groups - 1] == QUERY_BLOCK;
+        if (new_group)
+            group_start[n_groups++] = i;
+    }
+    group_start[n_groups] = pb->n_tokens;
+    free(keys);
+    return n_groups;
 }
 
 static pv_status attention_run(attention_problem *pb)
 {
     int n_threads = pv_cpu_max_threads();
-    /* A work item is one query token with all its heads, so K/V rows stream
-     * front to back. Only when tokens are too few to keep every thread busy
-     * (long-context decode of a few sequences) are heads split too. */
+    int32_t *order = malloc((size_t)pb->n_tokens * sizeof *order);
+    int32_t *group_start = malloc(((size_t)pb->n_tokens + 1) * sizeof *group_start);
+    int32_t n_groups = order && group_start ? group_tokens(pb, order, group_start) : -1;
+    if (n_groups < 0) {
+        free(order);
+        free(group_start);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu attention: cannot allocate the token order for n_tokens %d",
+                        pb->n_tokens);
+    }
+    pb->order = order;
+    pb->group_start = group_start;
+    pb->n_groups = n_groups;
+
+    /* A work item is a group of query tokens with all their heads, so K/V
+     * rows stream front to back. Only when groups are too few to keep every
+     * thread busy (long-context decode of a few sequences) are heads split
+     * too. */
     int32_t parts = 1;
-    while ((int64_t)pb->n_tokens * parts < 4 * (int64_t)n_threads && pb->kv.n_kv_heads % (parts * 2) == 0)
+    while ((int64_t)n_groups * parts < 4 * (int64_t)n_threads && pb->kv.n_kv_heads % (parts * 2) == 0)
         parts *= 2;
     pb->part_kv_heads = pb->kv.n_kv_heads / parts;
 
     attention_scratch counted;
     size_t per_thread = scratch_carve(NULL, pb, &counted);
     float *scratch = NULL;
-    if (posix_memalign((void **)&scratch, 64, per_thread * sizeof(float) * (size_t)n_threads) != 0)
+    if (posix_memalign((void **)&scratch, 64, per_thread * sizeof(float) * (size_t)n_threads) != 0) {
+        free(order);
+        free(group_start);
         return pv_error(PV_ERR_OUT_OF_MEMORY,
                         "cpu attention: cannot allocate %zu bytes of scratch for %d threads "
                         "(n_heads %d, head_dim %d, chunk_tokens %d)",
                         per_thread * sizeof(float) * (size_t)n_threads, n_threads, pb->n_heads,
                         pb->kv.head_dim, pb->kv.block_tokens);
+    }
 
-    int64_t n_items = (int64_t)pb->n_tokens * parts;
+    int64_t n_items = (int64_t)n_groups * parts;
     PV_CPU_OMP("omp parallel")
     {
         attention_scratch s;
@@ -379,6 +501,8 @@ static pv_status attention_run(attention_problem *pb)
             attend_item(pb, &s, (int32_t)(item / parts), (int32_t)(item % parts) * pb->part_kv_heads);
     }
     free(scratch);
+    free(order);
+    free(group_start);
     return PV_OK;
 }
 
