@@ -3,4 +3,4 @@ noinst_HEADERS += tests/tap.h
 include tests/backend.mk
 include tests/cache.mk
 include tests/models.mk
-include tests/llama.mk
+include tests/integration.mk

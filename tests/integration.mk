@@ -1,0 +1,14 @@
+# The paged forward pass against the contiguous host reference (synthetic model,
+# and SmolLM2 when present).
+check_PROGRAMS += tests/test-llama
+TESTS += tests/test-llama
+tests_test_llama_SOURCES = tests/test-llama.c tests/llama-ref.c tests/llama-ref.h
+tests_test_llama_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_llama_LDADD = $(PV_LINK)
+
+# The OpenCL backend without any platform.
+check_PROGRAMS += tests/test-opencl-nodevice
+TESTS += tests/test-opencl-nodevice
+tests_test_opencl_nodevice_SOURCES = tests/test-opencl-nodevice.c
+tests_test_opencl_nodevice_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_opencl_nodevice_LDADD = $(PV_LINK)
