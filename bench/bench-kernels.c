@@ -30,6 +30,7 @@
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
+#include "bench-util.h"
 
 #include <pensieve/half.h>
 
@@ -84,25 +85,6 @@ typedef struct report {
     double blas_peak_ms; /* cblas_sgemm at 2048^3 */
 } report;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, by_value);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* A timed action: returns a status; the backend is finished inside. */
 typedef pv_status (*action_fn)(void *state);
 
@@ -118,25 +100,25 @@ static pv_status time_pair(action_fn a, void *a_state, action_fn b, void *b_stat
                            double *b_ms)
 {
     double a_samples[MAX_REPS], b_samples[MAX_REPS];
-    double start = now_ms();
+    double start = 1e3 * bench_now_s();
     pv_status st = a(a_state);
     if (st == PV_OK)
         st = b(b_state);
-    double warm_ms = now_ms() - start;
+    double warm_ms = 1e3 * bench_now_s() - start;
     while (reps < MAX_REPS && reps * warm_ms < MIN_TOTAL_MS)
         reps++;
     for (int r = 0; r < reps && st == PV_OK; r++) {
         for (int turn = 0; turn < 2 && st == PV_OK; turn++) {
             int run_a = (turn == 0) == (r % 2 == 0);
-            start = now_ms();
+            start = 1e3 * bench_now_s();
             st = run_a ? a(a_state) : b(b_state);
-            (run_a ? a_samples : b_samples)[r] = now_ms() - start;
+            (run_a ? a_samples : b_samples)[r] = 1e3 * bench_now_s() - start;
         }
     }
     if (st != PV_OK)
         return st;
-    *a_ms = median(a_samples, reps);
-    *b_ms = median(b_samples, reps);
+    *a_ms = bench_median(a_samples, reps);
+    *b_ms = bench_median(b_samples, reps);
     return PV_OK;
 }
 

@@ -6,6 +6,8 @@
  *                   / bytes of f32 weights read per token
  * memcpy's rate (read + write bytes) is printed beside it for reference.
  * Prints a table, or JSON with --json. */
+#include "bench-util.h"
+
 #include <pensieve/llama.h>
 
 #include <getopt.h>
@@ -13,26 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int fail(const char *what)
 {
@@ -53,13 +35,13 @@ static double memcpy_gbs(size_t bytes, int reps)
     memset(a, 1, bytes);
     memset(b, 2, bytes);
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         memcpy(r % 2 ? a : b, r % 2 ? b : a, bytes);
-        t[r] = now_s() - t0;
+        t[r] = bench_now_s() - t0;
     }
     free(a);
     free(b);
-    return 2.0 * bytes / median(t, reps) / 1e9;
+    return 2.0 * bytes / bench_median(t, reps) / 1e9;
 }
 
 /* Streaming read bandwidth in GB/s (all cores), median of reps: what a
@@ -75,16 +57,16 @@ static double read_gbs(size_t bytes, int reps)
         a[i] = (float)(i & 7);
     for (int r = 0; r < reps; r++) {
         float sum = 0;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         /* simd lets the reduction reassociate, so it vectorises. */
 #pragma omp parallel for simd reduction(+ : sum) schedule(static)
         for (size_t i = 0; i < n; i++)
             sum += a[i];
-        t[r] = now_s() - t0;
+        t[r] = bench_now_s() - t0;
         sink += sum;
     }
     free(a);
-    return sink > 0 ? (double)bytes / median(t, reps) / 1e9 : 0;
+    return sink > 0 ? (double)bytes / bench_median(t, reps) / 1e9 : 0;
 }
 
 /* The backend's f32 GEMM rate at m x n x k, GFLOP/s, median of reps. */
@@ -106,12 +88,12 @@ static double gemm_gflops(pv_backend *be, int64_t m, int64_t n, int64_t k, int r
                               .a = a, .lda = k, .b = b, .ldb = k, .c = c, .ldc = n};
             int good = pv_gemm(be, &g) == PV_OK && pv_backend_finish(be) == PV_OK; /* warm-up */
             for (int r = 0; good && r < reps; r++) {
-                double t0 = now_s();
+                double t0 = bench_now_s();
                 good = pv_gemm(be, &g) == PV_OK && pv_backend_finish(be) == PV_OK;
-                t[r] = now_s() - t0;
+                t[r] = bench_now_s() - t0;
             }
             if (good)
-                rate = 2.0 * m * n * k / median(t, reps) / 1e9;
+                rate = 2.0 * m * n * k / bench_median(t, reps) / 1e9;
         }
         free(fill);
         pv_buffer_free(c);
@@ -192,14 +174,14 @@ int main(int argc, char **argv)
                         .kv_pool = pool, .n_slots = n_slots, .n_logits = 1, .logit_rows = &last};
     double t_prefill[16], t_decode[16];
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
-        double t0 = now_s();
+        double t0 = bench_now_s();
         b.n_tokens = prompt;
         b.tokens = tokens;
         b.token_pos = pos;
         last = prompt - 1;
         if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
             return fail("prefill");
-        double t1 = now_s();
+        double t1 = bench_now_s();
         last = 0;
         for (int i = prompt; i < ctx; i++) {
             b.n_tokens = 1;
@@ -208,14 +190,14 @@ int main(int argc, char **argv)
             if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
                 return fail("decode");
         }
-        double t2 = now_s();
+        double t2 = bench_now_s();
         if (r > 0) {
             t_prefill[r - 1] = t1 - t0;
             t_decode[r - 1] = (t2 - t1) / decode;
         }
     }
-    double prefill_tps = prompt / median(t_prefill, reps);
-    double decode_tps = 1.0 / median(t_decode, reps);
+    double prefill_tps = prompt / bench_median(t_prefill, reps);
+    double decode_tps = 1.0 / bench_median(t_decode, reps);
 
     /* Bounds from this run's GEMM rate and memory bandwidth. */
     const double q_dim = (double)hp->n_heads * hp->head_dim, kv_dim = (double)hp->n_kv_heads * hp->head_dim;
