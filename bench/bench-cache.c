@@ -1,5 +1,5 @@
 /* bench-cache: operations per second of the tiered KV cache core for store,
- * lookup, touch and evict, at 1,000 and 10,000 sessions of 30 layers x 64
+ * lookup, touch, shadow reclaim and evict, at 1,000 and 10,000 sessions of 30 layers x 64
  * chunks (1.92M and 19.2M chunk records), so the cost of a victim choice can
  * be compared across a 10x change in the number of chunks.
  *
@@ -59,6 +59,8 @@ typedef struct result {
     uint64_t records;
     double store_ops, lookup_ops, touch_ops, evict_ops, evict_us;
     double evict_us_min, evict_us_max;
+    double reclaim_us;  /* per shadow reclaimed by evict_to_free (no copy) */
+    uint64_t reclaims;
     uint64_t evictions, to_host, dropped;
     double seconds_total;
     long max_rss_mb;
@@ -152,11 +154,69 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     }
     res->touch_ops = median(rates, repeats);
 
+    /* shadow reclaim: ahead-of-time copies of the coldest chunks complete,
+     * leaving their device slots as shadows; device pressure then reclaims
+     * them one slot per call, lowest retention value first, with no copy.
+     * Storing the chunks again afterwards (a recompute replaces both copies)
+     * puts every record back on device for the evict phase. */
+    const uint32_t n_shadows = records / 4 < 100000 ? (uint32_t)(records / 4) : 100000;
+    pv_cache_stats before;
+    pv_cache_stats_get(cache, &before);
+    if (pv_cache_plan_swap_out(cache, n_shadows, &plan) != PV_OK ||
+        pv_cache_complete(cache, plan.moves, plan.n_moves) != PV_OK)
+        return fail("swap-out");
+    size_t n_copied = plan.n_moves;
+    pv_cache_move *copied = malloc((n_copied ? n_copied : 1) * sizeof *copied);
+    if (!copied) {
+        fprintf(stderr, "bench-cache: out of memory\n");
+        return 1;
+    }
+    memcpy(copied, plan.moves, n_copied * sizeof *copied);
+    uint64_t per_repeat = n_copied / (uint64_t)repeats;
+    res->reclaims = 0;
+    for (int r = 0; r < repeats && per_repeat > 0; r++) {
+        pv_cache_stats st;
+        pv_cache_stats_get(cache, &st);
+        uint64_t free_slots = (cfg.device_bytes - st.used_bytes[PV_TIER_DEVICE]) / cfg.slot_bytes;
+        double busy = 0;
+        for (uint64_t i = 0; i < per_repeat; i++) {
+            clk.now += 1e-4;
+            if (i % 16 == 0 && pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
+                return fail("touch");
+            pv_cache_plan_clear(&plan);
+            free_slots++;
+            double t0 = wall_seconds();
+            if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_slots * cfg.slot_bytes, &plan) != PV_OK)
+                return fail("reclaim");
+            busy += wall_seconds() - t0;
+            if (plan.n_moves != 1 || plan.moves[0].to != PV_TIER_NONE) {
+                fprintf(stderr, "bench-cache: device pressure did not reclaim a shadow alone\n");
+                return 1;
+            }
+        }
+        res->reclaims += per_repeat;
+        per[r] = 1e6 * busy / (double)per_repeat;
+    }
+    res->reclaim_us = per_repeat > 0 ? median(per, repeats) : 0;
+    pv_cache_plan_clear(&plan);
+    /* Whatever is still shadowed goes for free too, then all return. */
+    if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, cfg.device_bytes - before.used_bytes[PV_TIER_DEVICE] +
+                                                          n_copied * cfg.slot_bytes,
+                               &plan) != PV_OK)
+        return fail("reclaim the rest");
+    for (size_t i = 0; i < n_copied; i++)
+        if (pv_cache_store_chunk(cache, pv_cache_session_name(cache, copied[i].session),
+                                 copied[i].chunk, copied[i].layer, PV_TIER_DEVICE, NULL) != PV_OK)
+            return fail("store after reclaim");
+    free(copied);
+
     /* evict: one slot per call, time moving and sessions touched between
      * calls so the order across sessions keeps changing. The first half
      * goes to host; once host is full, the colder of host and device
      * victims is dropped. */
-    const uint64_t n_evict = 200000;
+    /* Every eviction empties one device slot: small sizes run fewer. */
+    const uint64_t n_evict = records / (uint64_t)(repeats + 1) < 200000 ? records / (uint64_t)(repeats + 1)
+                                                                         : 200000;
     uint64_t slot_bytes = cfg.slot_bytes;
     res->evictions = 0;
     res->evict_us_min = 1e30;
@@ -189,7 +249,7 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     res->evict_us = median(per, repeats);
     pv_cache_stats st;
     pv_cache_stats_get(cache, &st);
-    res->to_host = st.swap_out_chunks;
+    res->to_host = st.swap_out_chunks - before.swap_out_chunks - n_copied;
     res->dropped = st.dropped_chunks;
     if (pv_cache_check(cache) != PV_OK)
         return fail("check after the run");
@@ -250,11 +310,12 @@ int main(int argc, char **argv)
                    "\"lookup_ops\": %.0f, \"touch_ops\": %.0f, \"evict_ops\": %.0f, "
                    "\"evict_us\": %.3f, \"evict_us_min\": %.3f, \"evict_us_max\": %.3f, "
                    "\"evictions\": %" PRIu64 ", \"to_host\": %" PRIu64 ", \"dropped\": %" PRIu64 ", "
+                   "\"reclaims\": %" PRIu64 ", \"reclaim_us\": %.3f, "
                    "\"max_rss_mb\": %ld, \"seconds\": %.1f}",
                    i ? "," : "", res[i].sessions, res[i].records, res[i].store_ops, res[i].lookup_ops,
                    res[i].touch_ops, res[i].evict_ops, res[i].evict_us, res[i].evict_us_min,
                    res[i].evict_us_max, res[i].evictions, res[i].to_host, res[i].dropped,
-                   res[i].max_rss_mb, res[i].seconds_total);
+                   res[i].reclaims, res[i].reclaim_us, res[i].max_rss_mb, res[i].seconds_total);
         printf("\n]}\n");
         return 0;
     }
@@ -267,7 +328,9 @@ int main(int argc, char **argv)
                res[i].records, res[i].store_ops, res[i].lookup_ops, res[i].touch_ops, res[i].evict_ops,
                res[i].evict_us, res[i].evict_us_min, res[i].evict_us_max, res[i].max_rss_mb);
     for (int i = 0; i < n_sizes; i++)
-        printf("%u sessions: %" PRIu64 " evictions, %" PRIu64 " to host, %" PRIu64 " dropped, %.1f s\n",
-               res[i].sessions, res[i].evictions, res[i].to_host, res[i].dropped, res[i].seconds_total);
+        printf("%u sessions: %" PRIu64 " evictions, %" PRIu64 " to host, %" PRIu64 " dropped; %" PRIu64
+               " shadows reclaimed, %.3f us each; %.1f s\n",
+               res[i].sessions, res[i].evictions, res[i].to_host, res[i].dropped, res[i].reclaims,
+               res[i].reclaim_us, res[i].seconds_total);
     return 0;
 }

@@ -35,15 +35,18 @@ double pv_cache_now(pv_cache *cache)
 
 /* ---- slot pools ------------------------------------------------------------ */
 
-static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name)
+static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name, int shadows)
 {
     pool->n_slots = n_slots;
     pool->n_free = n_slots;
     pool->free_stack = malloc((size_t)n_slots * sizeof *pool->free_stack);
     pool->owner = calloc(n_slots, sizeof *pool->owner);
-    if (!pool->free_stack || !pool->owner)
+    pool->shadow_of = shadows ? malloc((size_t)n_slots * sizeof *pool->shadow_of) : NULL;
+    if (!pool->free_stack || !pool->owner || (shadows && !pool->shadow_of))
         return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the %s pool's %u slot records",
                         name, n_slots);
+    if (shadows)
+        memset(pool->shadow_of, 0xff, (size_t)n_slots * sizeof *pool->shadow_of);
     /* Slot 0 on top: slots are handed out in increasing order at first. */
     for (uint32_t i = 0; i < n_slots; i++)
         pool->free_stack[i] = n_slots - 1 - i;
@@ -54,8 +57,10 @@ static void pool_free(pv_pool *pool)
 {
     free(pool->free_stack);
     free(pool->owner);
+    free(pool->shadow_of);
     pool->free_stack = NULL;
     pool->owner = NULL;
+    pool->shadow_of = NULL;
 }
 
 uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chunk, uint32_t layer,
@@ -190,8 +195,8 @@ pv_status pv_cache_init(pv_cache **out, const pv_cache_config *cfg, pv_clock_fn 
         goto fail;
     }
     memset(cache->map, 0xff, cache->map_cap * sizeof *cache->map);
-    if ((st = pool_init(&cache->pool[PV_TIER_DEVICE], n_device, "device")) != PV_OK ||
-        (st = pool_init(&cache->pool[PV_TIER_HOST], n_host, "host")) != PV_OK ||
+    if ((st = pool_init(&cache->pool[PV_TIER_DEVICE], n_device, "device", 0)) != PV_OK ||
+        (st = pool_init(&cache->pool[PV_TIER_HOST], n_host, "host", 1)) != PV_OK ||
         (st = pv_ktree_resize(cache, 16)) != PV_OK)
         goto fail;
     cache->stats.capacity_bytes[PV_TIER_DEVICE] = (uint64_t)n_device * cfg->slot_bytes;
@@ -221,10 +226,10 @@ void pv_cache_free(pv_cache *cache)
     free(cache->sessions);
     free(cache->free_handles);
     free(cache->map);
-    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+    for (int t = 0; t < PV_SLOT_TIERS; t++)
         pool_free(&cache->pool[t]);
+    for (int t = 0; t < PV_EVICT_SETS; t++)
         pv_ktree_free(&cache->tree[t]);
-    }
     free(cache);
 }
 
@@ -292,7 +297,7 @@ pv_status pv_cache_session_open(pv_cache *cache, const char *id)
     if ((cache->n_sessions + 1) * 2 > cache->map_cap && (st = map_grow(cache)) != PV_OK)
         return st;
     char *copy = malloc(len + 1);
-    uint32_t *lead = malloc((size_t)PV_SLOT_TIERS * cache->cfg.n_layers * sizeof *lead);
+    uint32_t *lead = malloc((size_t)PV_EVICT_SETS * cache->cfg.n_layers * sizeof *lead);
     if (!copy || !lead) {
         free(copy);
         free(lead);
@@ -304,7 +309,7 @@ pv_status pv_cache_session_open(pv_cache *cache, const char *id)
         return st;
     }
     memcpy(copy, id, len + 1);
-    memset(lead, 0xff, (size_t)PV_SLOT_TIERS * cache->cfg.n_layers * sizeof *lead);
+    memset(lead, 0xff, (size_t)PV_EVICT_SETS * cache->cfg.n_layers * sizeof *lead);
     pv_session *s = &cache->sessions[h];
     memset(s, 0, sizeof *s);
     s->id = copy;
@@ -318,12 +323,27 @@ pv_status pv_cache_session_open(pv_cache *cache, const char *id)
     return PV_OK;
 }
 
-/* Removes one record from its tier, freeing its slot. */
+void pv_shadow_release(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer)
+{
+    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    uint32_t *shadow = &cache->pool[PV_TIER_HOST].shadow_of[r->slot];
+    pv_lead_remove(cache, s, PV_SET_SHADOW, chunk, layer);
+    pv_slot_give(cache, s, PV_TIER_DEVICE, *shadow);
+    *shadow = PV_NONE32;
+    r->shadowed = 0;
+    s->shadows--;
+    cache->stats.shadow_chunks--;
+    cache->stats.shadow_bytes -= cache->cfg.slot_bytes;
+}
+
+/* Removes one record from its tier, freeing its slot and shadow. */
 void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer)
 {
     pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
     if (r->tier == PV_TIER_NONE)
         return;
+    if (r->shadowed)
+        pv_shadow_release(cache, s, chunk, layer);
     if (r->tier < PV_SLOT_TIERS) {
         if (!r->copying)
             pv_lead_remove(cache, s, r->tier, chunk, layer);
@@ -485,6 +505,7 @@ pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_ses
         view->records[t] = s->records[t];
     for (int t = 0; t < PV_SLOT_TIERS; t++)
         view->held_bytes[t] = (uint64_t)s->held_slots[t] * cache->cfg.slot_bytes;
+    view->shadows = s->shadows;
     view->pins = s->pins;
     view->last_active = s->last_active;
     /* Recovery recomputes the prefix through the last chunk with any dropped
@@ -563,7 +584,7 @@ static pv_status ensure_chunks(pv_cache *cache, pv_session *s, uint32_t n_chunks
         return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u chunks x %zu layers of \"%.64s\"",
                         cap, per, s->id);
     for (size_t i = (size_t)s->cap_chunks * per; i < (size_t)cap * per; i++)
-        recs[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0};
+        recs[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0};
     s->recs = recs;
     s->cap_chunks = cap;
     return PV_OK;
@@ -603,15 +624,22 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
                         "pv_cache_store_chunk: chunk %u layer %u of \"%.64s\" is under copy", chunk,
                         layer, id);
     pv_pool *pool = &cache->pool[tier];
-    /* Check before removing the old copy, so a failure changes nothing. */
-    if (pool->n_free == 0 && r->tier != tier)
+    /* Check before removing the old copy, so a failure changes nothing. The
+     * old copy (or its shadow) frees a slot of the tier; so does reclaiming
+     * a shadow on DEVICE. */
+    int frees_own = r->tier == tier || (tier == PV_TIER_DEVICE && r->shadowed);
+    int shadow_room = tier == PV_TIER_DEVICE && cache->evictable[PV_SET_SHADOW] > 0;
+    if (pool->n_free == 0 && !frees_own && !shadow_room)
         return pv_error(PV_ERR_OUT_OF_MEMORY,
-                        "pv_cache_store_chunk: no free %s slot (%u slots in use); evict first",
+                        "pv_cache_store_chunk: no free %s slot (%u slots in use, no shadow to "
+                        "reclaim); evict first",
                         pv_tier_name(tier), pool->n_slots);
     pv_tier old = (pv_tier)r->tier;
     /* Seed 002: a recomputed or rewritten chunk replaces its older copy in
-     * whatever tier it is, so it never lives in two tiers. */
+     * whatever tier it is, shadow included, so it never lives in two tiers. */
     pv_rec_exit(cache, s, chunk, layer);
+    if (pool->n_free == 0)
+        pv_shadow_reclaim(cache, pv_cache_now(cache), NULL);
     uint32_t got = pv_slot_take(cache, s, tier, chunk, layer, PV_SLOT_OWNED);
     if (chunk >= s->n_chunks)
         s->n_chunks = chunk + 1;
@@ -648,6 +676,12 @@ pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk, uint3
         const pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
         where = (pv_tier)r->tier;
         at = r->slot;
+        if (r->shadowed) {
+            /* Both copies are valid; the device one is read directly. */
+            where = PV_TIER_DEVICE;
+            at = pv_rec_shadow(cache, r);
+            cache->stats.shadow_hits++;
+        }
     }
     if (where == PV_TIER_NONE)
         cache->stats.misses++;
@@ -711,6 +745,11 @@ void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats)
 
 #define FAIL(...) return pv_error(PV_ERR_STATE, "pv_cache_check: " __VA_ARGS__)
 
+static const char *set_name(int t)
+{
+    return t == PV_SET_SHADOW ? "shadow" : pv_tier_name((pv_tier)t);
+}
+
 static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_size)
 {
     for (int t = 0; t < PV_SLOT_TIERS; t++) {
@@ -753,6 +792,17 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
                 FAIL("%s slot %u is reserved for \"%s\" chunk %u layer %u, which is not under copy "
                      "from the other tier",
                      tn, slot, s->id, o->chunk, o->layer);
+            /* A shadow belongs to exactly one HOST chunk of the same key. */
+            if (o->state == PV_SLOT_SHADOW &&
+                (t != PV_TIER_DEVICE || r->tier != PV_TIER_HOST || pv_rec_shadow(cache, r) != slot))
+                FAIL("%s slot %u is a shadow of \"%s\" chunk %u layer %u, which is in %s with "
+                     "shadow %u",
+                     tn, slot, s->id, o->chunk, o->layer, pv_tier_name((pv_tier)r->tier),
+                     pv_rec_shadow(cache, r));
+            if (pool->shadow_of && pool->shadow_of[slot] != PV_NONE32 &&
+                (o->state != PV_SLOT_OWNED || !r->shadowed))
+                FAIL("%s slot %u names shadow %u but holds no shadowed chunk", tn, slot,
+                     pool->shadow_of[slot]);
             held += cache->cfg.slot_bytes;
         }
         if (in_use + pool->n_free != pool->n_slots)
@@ -765,7 +815,7 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
 }
 
 static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *records,
-                               uint64_t *evictable, uint32_t *copies)
+                               uint64_t *evictable, uint32_t *copies, uint64_t *all_shadows)
 {
     const pv_session *s = &cache->sessions[h];
     uint32_t n_layers = cache->cfg.n_layers;
@@ -774,9 +824,23 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
     if (s->n_chunks > s->cap_chunks)
         FAIL("session \"%s\" has %u chunks beyond its capacity %u", s->id, s->n_chunks, s->cap_chunks);
     uint32_t count[3] = {0, 0, 0}, copying[PV_SLOT_TIERS] = {0, 0}, reserved[PV_SLOT_TIERS] = {0, 0};
+    uint32_t shadows = 0;
     for (uint32_t c = 0; c < s->cap_chunks; c++) {
         for (uint32_t l = 0; l < n_layers; l++) {
             const pv_chunk_rec *r = pv_rec(cache, s, c, l);
+            if (r->shadowed) {
+                const pv_pool *dev = &cache->pool[PV_TIER_DEVICE];
+                if (r->tier != PV_TIER_HOST || r->copying || r->slot >= cache->pool[PV_TIER_HOST].n_slots)
+                    FAIL("\"%s\" chunk %u layer %u has a shadow but is in %s slot %u (copying %u), "
+                         "not settled in host",
+                         s->id, c, l, pv_tier_name((pv_tier)r->tier), r->slot, r->copying);
+                uint32_t sh = pv_rec_shadow(cache, r);
+                if (sh >= dev->n_slots || dev->owner[sh].state != PV_SLOT_SHADOW ||
+                    dev->owner[sh].session != h || dev->owner[sh].chunk != c || dev->owner[sh].layer != l)
+                    FAIL("\"%s\" chunk %u layer %u: shadow device slot %u (of %u) is not its shadow",
+                         s->id, c, l, sh, dev->n_slots);
+                shadows++;
+            }
             if (r->tier == PV_TIER_NONE) {
                 if (r->copying)
                     FAIL("\"%s\" chunk %u layer %u is under copy but stored nowhere", s->id, c, l);
@@ -811,20 +875,27 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
                  pv_tier_name((pv_tier)t), s->records[t]);
         records[t] += count[t];
     }
+    if (shadows != s->shadows)
+        FAIL("session \"%s\": %u shadows counted, counter says %u", s->id, shadows, s->shadows);
+    *all_shadows += shadows;
     for (int t = 0; t < PV_SLOT_TIERS; t++) {
         const char *tn = pv_tier_name((pv_tier)t);
+        uint32_t own_shadows = t == PV_TIER_DEVICE ? shadows : 0;
         if (copying[t] != s->copy_src[t])
             FAIL("session \"%s\": %u %s records under copy, counter says %u", s->id, copying[t], tn,
                  s->copy_src[t]);
-        if (count[t] + reserved[t] != s->held_slots[t])
-            FAIL("session \"%s\": holds %u %s slots + %u reserved, counter says %u", s->id, count[t],
-                 tn, reserved[t], s->held_slots[t]);
+        if (count[t] + reserved[t] + own_shadows != s->held_slots[t])
+            FAIL("session \"%s\": holds %u %s slots + %u reserved + %u shadows, counter says %u",
+                 s->id, count[t], tn, reserved[t], own_shadows, s->held_slots[t]);
         copies[t] += copying[t];
+    }
+    for (int t = 0; t < PV_EVICT_SETS; t++) {
+        const char *tn = set_name(t);
         for (uint32_t l = 0; l < n_layers; l++) {
             uint32_t lead = PV_NONE32;
             for (uint32_t c = 0; c < s->n_chunks && lead == PV_NONE32; c++) {
                 const pv_chunk_rec *r = pv_rec(cache, s, c, l);
-                if (r->tier == t && !r->copying)
+                if (t == PV_SET_SHADOW ? r->shadowed : r->tier == t && !r->copying)
                     lead = c;
             }
             if (s->lead[t * n_layers + l] != lead)
@@ -841,7 +912,8 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
             FAIL("session \"%s\": %s frontier is chunk %u layer %u (candidate %d), expected chunk "
                  "%u layer %u (candidate %d)",
                  s->id, tn, s->front_chunk[t], s->front_layer[t], s->candidate[t], fc, fl, candidate);
-        uint32_t share = s->pins ? 0 : count[t] - copying[t];
+        uint32_t members = t == PV_SET_SHADOW ? shadows : count[t] - copying[t];
+        uint32_t share = s->pins ? 0 : members;
         if (share != s->evictable[t])
             FAIL("session \"%s\": %u evictable %s records, counter says %u", s->id, share, tn,
                  s->evictable[t]);
@@ -868,24 +940,24 @@ pv_status pv_cache_check(const pv_cache *cache)
     if (st != PV_OK)
         return st;
 
-    uint64_t records[3] = {0, 0, 0}, evictable[PV_SLOT_TIERS] = {0, 0};
+    uint64_t records[3] = {0, 0, 0}, evictable[PV_EVICT_SETS] = {0, 0, 0}, shadows = 0;
     uint32_t copies[PV_SLOT_TIERS] = {0, 0}, live = 0, pinned = 0;
     for (uint32_t h = 0; h < cache->next_handle; h++) {
         const pv_session *s = &cache->sessions[h];
         if (!s->id) {
             /* Invariant 4: an ended session leaves nothing behind. */
             if (s->recs || s->tokens || s->lead || s->held_slots[0] || s->held_slots[1] ||
-                s->records[0] || s->records[1] || s->records[2] || s->pins)
-                FAIL("ended session handle %u still holds records, history or slots", h);
-            if (cache->tree[0].winner[cache->tree[0].cap + h] != -1 ||
-                cache->tree[1].winner[cache->tree[1].cap + h] != -1)
-                FAIL("ended session handle %u is still an eviction candidate", h);
+                s->records[0] || s->records[1] || s->records[2] || s->shadows || s->pins)
+                FAIL("ended session handle %u still holds records, shadows, history or slots", h);
+            for (int t = 0; t < PV_EVICT_SETS; t++)
+                if (cache->tree[t].winner[cache->tree[t].cap + h] != -1)
+                    FAIL("ended session handle %u is still an eviction candidate", h);
             continue;
         }
         live++;
         if (s->pins)
             pinned++;
-        if ((st = check_session(cache, h, records, evictable, copies)) != PV_OK)
+        if ((st = check_session(cache, h, records, evictable, copies, &shadows)) != PV_OK)
             return st;
     }
     if (live != cache->n_sessions)
@@ -903,14 +975,20 @@ pv_status pv_cache_check(const pv_cache *cache)
         if (records[t] != cache->stats.records[t])
             FAIL("%llu %s records, counter says %llu", (unsigned long long)records[t],
                  pv_tier_name((pv_tier)t), (unsigned long long)cache->stats.records[t]);
-    for (int t = 0; t < PV_SLOT_TIERS; t++)
+    for (int t = 0; t < PV_EVICT_SETS; t++)
         if (evictable[t] != cache->evictable[t])
             FAIL("%llu evictable %s records, counter says %llu", (unsigned long long)evictable[t],
-                 pv_tier_name((pv_tier)t), (unsigned long long)cache->evictable[t]);
+                 set_name(t),
+                 (unsigned long long)cache->evictable[t]);
+    if (shadows != cache->stats.shadow_chunks ||
+        shadows * cache->cfg.slot_bytes != cache->stats.shadow_bytes)
+        FAIL("%llu shadows, counters say %llu chunks and %llu bytes", (unsigned long long)shadows,
+             (unsigned long long)cache->stats.shadow_chunks,
+             (unsigned long long)cache->stats.shadow_bytes);
     if (copies[PV_TIER_DEVICE] != cache->pending_out || copies[PV_TIER_HOST] != cache->pending_in)
         FAIL("%u swap-outs and %u swap-ins under copy, counters say %u and %u", copies[0], copies[1],
              cache->pending_out, cache->pending_in);
-    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+    for (int t = 0; t < PV_EVICT_SETS; t++) {
         /* A node not marked for recomputation holds one of its children's
          * winners; a marked node's parent is marked too. */
         const pv_ktree *tree = &cache->tree[t];
@@ -918,11 +996,10 @@ pv_status pv_cache_check(const pv_cache *cache)
             int32_t w = tree->winner[i], a = tree->winner[2 * i], b = tree->winner[2 * i + 1];
             if (tree->expiry[i] == -INFINITY) {
                 if (i > 1 && tree->expiry[i / 2] != -INFINITY)
-                    FAIL("%s eviction tree node %u is stale under a current parent",
-                         pv_tier_name((pv_tier)t), i);
+                    FAIL("%s eviction tree node %u is stale under a current parent", set_name(t), i);
             } else if ((w != a && w != b) || (w < 0 && (a >= 0 || b >= 0))) {
-                FAIL("%s eviction tree node %u holds %d, its children %d and %d",
-                     pv_tier_name((pv_tier)t), i, w, a, b);
+                FAIL("%s eviction tree node %u holds %d, its children %d and %d", set_name(t), i, w,
+                     a, b);
             }
         }
     }

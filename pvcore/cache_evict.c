@@ -32,7 +32,13 @@
  * so one eviction is O(L + log S) plus crossings, independent of the total
  * number of chunks (S x L x C). LRU's lines are parallel and never cross.
  * Ties break by cost, chunk index (lower first), layer (higher first) and,
- * between sessions, by id. */
+ * between sessions, by id.
+ *
+ * Shadows (lazy reclaim after an ahead-of-time swap-out) are a third
+ * eviction set with the same machinery: per session and layer the lowest
+ * chunk index holding a shadow, a frontier, and a tournament of their own.
+ * Reclaiming the lowest-value shadow is therefore also O(L + log S) plus
+ * crossings, and it comes before any real DEVICE eviction. */
 #include "pvcore/cache_internal.h"
 
 #include <math.h>
@@ -69,6 +75,14 @@ void pv_lead_add(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t
         *lead = chunk;
 }
 
+/* 1 if the record belongs to eviction set t. */
+static int in_set(const pv_chunk_rec *r, int t)
+{
+    if (t == PV_SET_SHADOW)
+        return r->shadowed;
+    return r->tier == t && !r->copying;
+}
+
 void pv_lead_remove(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t layer)
 {
     uint32_t *lead = &s->lead[(size_t)t * cache->cfg.n_layers + layer];
@@ -77,7 +91,7 @@ void pv_lead_remove(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint3
     *lead = PV_NONE32;
     for (uint32_t c = chunk + 1; c < s->n_chunks; c++) {
         const pv_chunk_rec *r = pv_rec(cache, s, c, layer);
-        if (r->tier == t && !r->copying) {
+        if (in_set(r, t)) {
             *lead = c;
             return;
         }
@@ -181,24 +195,24 @@ pv_status pv_ktree_resize(pv_cache *cache, uint32_t sessions)
     uint32_t cap = 1;
     while (cap < sessions)
         cap *= 2;
-    /* Allocate both trees before replacing either, so a failure leaves the
+    /* Allocate every tree before replacing any, so a failure leaves the
      * old ones whole. */
-    int32_t *winner[PV_SLOT_TIERS] = {NULL, NULL};
-    double *expiry[PV_SLOT_TIERS] = {NULL, NULL};
+    int32_t *winner[PV_EVICT_SETS] = {NULL, NULL, NULL};
+    double *expiry[PV_EVICT_SETS] = {NULL, NULL, NULL};
     int missing = 0;
-    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+    for (int t = 0; t < PV_EVICT_SETS; t++) {
         winner[t] = malloc(2 * (size_t)cap * sizeof *winner[t]);
         expiry[t] = malloc(2 * (size_t)cap * sizeof *expiry[t]);
         missing |= !winner[t] || !expiry[t];
     }
     if (missing) {
-        for (int t = 0; t < PV_SLOT_TIERS; t++) {
+        for (int t = 0; t < PV_EVICT_SETS; t++) {
             free(winner[t]);
             free(expiry[t]);
         }
         return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for eviction trees of %u sessions", cap);
     }
-    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+    for (int t = 0; t < PV_EVICT_SETS; t++) {
         pv_ktree *tree = &cache->tree[t];
         for (uint32_t i = 0; i < 2 * cap; i++) {
             winner[t][i] = -1;
@@ -227,13 +241,18 @@ void pv_ktree_free(pv_ktree *tree)
 void pv_session_refresh(pv_cache *cache, pv_session *s)
 {
     uint32_t h = handle_of(cache, s);
-    for (int t = 0; t < PV_SLOT_TIERS; t++) {
+    for (int t = 0; t < PV_EVICT_SETS; t++) {
+        uint32_t members = t == PV_SET_SHADOW ? s->shadows : s->records[t] - s->copy_src[t];
+        /* Empty before and after: no frontier, no leaf, nothing to redo
+         * (most sessions hold no shadow, many nothing in HOST). */
+        if (members == 0 && !s->candidate[t] && s->evictable[t] == 0)
+            continue;
         uint32_t c = PV_NONE32, l = 0;
         double cost = 0;
         if (s->id)
             pv_frontier_compute(cache, s, t, &c, &l, &cost);
         int active = s->id && !s->pins;
-        uint32_t share = active ? s->records[t] - s->copy_src[t] : 0;
+        uint32_t share = active ? members : 0;
         cache->evictable[t] = cache->evictable[t] - s->evictable[t] + share;
         s->evictable[t] = share;
         s->front_chunk[t] = c;
@@ -288,7 +307,11 @@ static void move_down(pv_cache *cache, uint32_t h, pv_tier from, pv_tier to, pv_
 {
     pv_session *s = &cache->sessions[h];
     uint32_t c = s->front_chunk[from], l = s->front_layer[from];
-    uint32_t from_slot = pv_rec(cache, s, c, l)->slot;
+    const pv_chunk_rec *r = pv_rec(cache, s, c, l);
+    uint32_t from_slot = r->slot;
+    /* A shadow belongs to a HOST chunk: it goes with it. */
+    if (r->shadowed)
+        plan_push(plan, h, c, l, PV_TIER_DEVICE, pv_rec_shadow(cache, r), PV_TIER_NONE, PV_NONE32, 0);
     pv_rec_exit(cache, s, c, l);
     uint32_t to_slot = PV_NONE32;
     if (to == PV_TIER_HOST) {
@@ -313,9 +336,28 @@ static int drop_colder_host_chunk(pv_cache *cache, uint32_t dev_h, double now, p
     return 1;
 }
 
-/* One eviction from tier t; the caller checked that a candidate exists. */
+int pv_shadow_reclaim(pv_cache *cache, double now, pv_cache_plan *plan)
+{
+    if (cache->evictable[PV_SET_SHADOW] == 0)
+        return 0;
+    uint32_t h = (uint32_t)tree_top(cache, PV_SET_SHADOW, now);
+    pv_session *s = &cache->sessions[h];
+    uint32_t c = s->front_chunk[PV_SET_SHADOW], l = s->front_layer[PV_SET_SHADOW];
+    if (plan)
+        plan_push(plan, h, c, l, PV_TIER_DEVICE, pv_rec_shadow(cache, pv_rec(cache, s, c, l)),
+                  PV_TIER_NONE, PV_NONE32, 0);
+    pv_shadow_release(cache, s, c, l);
+    cache->stats.shadow_reclaimed++;
+    pv_session_refresh(cache, s);
+    return 1;
+}
+
+/* One eviction from tier t; the caller checked that a candidate exists.
+ * On DEVICE a shadow, when one is reclaimable, is the free first choice. */
 static void evict_one(pv_cache *cache, int t, double now, pv_cache_plan *plan)
 {
+    if (t == PV_TIER_DEVICE && pv_shadow_reclaim(cache, now, plan))
+        return;
     uint32_t h = (uint32_t)tree_top(cache, t, now);
     if (t == PV_TIER_HOST) {
         move_down(cache, h, PV_TIER_HOST, PV_TIER_DROPPED, plan);
@@ -355,13 +397,17 @@ pv_status pv_cache_evict_to_free(pv_cache *cache, pv_tier tier, uint64_t bytes, 
     if (need <= pool->n_free)
         return PV_OK;
     uint64_t shortfall = need - pool->n_free;
-    if (cache->evictable[tier] < shortfall)
+    uint64_t reclaimable = cache->evictable[tier] +
+                           (tier == PV_TIER_DEVICE ? cache->evictable[PV_SET_SHADOW] : 0);
+    if (reclaimable < shortfall)
         return pv_error(PV_ERR_OUT_OF_MEMORY,
                         "pv_cache_evict_to_free: %s needs %llu more free slots but only %llu chunks "
-                        "are evictable (the rest are pinned or under copy)",
+                        "or shadows are evictable (the rest are pinned or under copy)",
                         pv_tier_name(tier), (unsigned long long)shortfall,
-                        (unsigned long long)cache->evictable[tier]);
-    if ((st = plan_reserve(plan, 2 * shortfall)) != PV_OK)
+                        (unsigned long long)reclaimable);
+    /* Up to 3 moves an eviction: a shadow note and a drop for room on HOST,
+     * then the victim's own move. */
+    if ((st = plan_reserve(plan, 3 * shortfall)) != PV_OK)
         return st;
     double now = pv_cache_now(cache);
     for (uint64_t i = 0; i < shortfall; i++)
@@ -379,14 +425,15 @@ pv_status pv_cache_plan_swap_out(pv_cache *cache, uint32_t max_chunks, pv_cache_
         return PV_OK;
     }
     const pv_pool *dev = &cache->pool[PV_TIER_DEVICE];
-    uint64_t used = dev->n_slots - dev->n_free - cache->pending_out;
+    /* Shadows are copied out already and reclaimed for free: not "used". */
+    uint64_t used = dev->n_slots - dev->n_free - cache->pending_out - cache->stats.shadow_chunks;
     uint64_t limit = (uint64_t)(cache->cfg.high_water * dev->n_slots);
     if (used <= limit)
         return PV_OK;
     uint64_t want = used - limit;
     if (want > max_chunks)
         want = max_chunks;
-    pv_status st = plan_reserve(plan, 2 * want);
+    pv_status st = plan_reserve(plan, 3 * want);
     if (st != PV_OK)
         return st;
     double now = pv_cache_now(cache);
@@ -416,7 +463,8 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
     if (h == PV_NONE32)
         return pv_error(PV_ERR_NOT_FOUND, "pv_cache_plan_swap_in: unknown session \"%.64s\"", id);
     pv_session *s = &cache->sessions[h];
-    uint64_t k = s->records[PV_TIER_HOST] - s->copy_src[PV_TIER_HOST];
+    /* Shadowed chunks are read on DEVICE already: nothing to copy. */
+    uint64_t k = s->records[PV_TIER_HOST] - s->copy_src[PV_TIER_HOST] - s->shadows;
     if (k == 0)
         return PV_OK;
     const pv_pool *dev = &cache->pool[PV_TIER_DEVICE];
@@ -425,14 +473,14 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
     s->pins++;
     pv_session_refresh(cache, s);
     pv_status st = PV_OK;
-    if (k > dev->n_slots || cache->evictable[PV_TIER_DEVICE] < shortfall)
+    uint64_t reclaimable = cache->evictable[PV_TIER_DEVICE] + cache->evictable[PV_SET_SHADOW];
+    if (k > dev->n_slots || reclaimable < shortfall)
         st = pv_error(PV_ERR_OUT_OF_MEMORY,
-                      "pv_cache_plan_swap_in: \"%.64s\" has %llu host chunks; device has %u free "
-                      "slots and %llu evictable chunks of other sessions",
-                      id, (unsigned long long)k, dev->n_free,
-                      (unsigned long long)cache->evictable[PV_TIER_DEVICE]);
+                      "pv_cache_plan_swap_in: \"%.64s\" has %llu host chunks to copy; device has "
+                      "%u free slots and %llu evictable chunks or shadows of other sessions",
+                      id, (unsigned long long)k, dev->n_free, (unsigned long long)reclaimable);
     if (st == PV_OK)
-        st = plan_reserve(plan, 2 * shortfall + k);
+        st = plan_reserve(plan, 3 * shortfall + k);
     if (st == PV_OK) {
         double now = pv_cache_now(cache);
         for (uint64_t i = 0; i < shortfall; i++)
@@ -440,7 +488,7 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
         for (uint32_t c = 0; c < s->n_chunks; c++) {
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++) {
                 pv_chunk_rec *r = pv_rec(cache, s, c, l);
-                if (r->tier != PV_TIER_HOST || r->copying)
+                if (r->tier != PV_TIER_HOST || r->copying || r->shadowed)
                     continue;
                 uint32_t to = pv_slot_take(cache, s, PV_TIER_DEVICE, c, l, PV_SLOT_RESERVED);
                 pv_lead_remove(cache, s, PV_TIER_HOST, c, l);
@@ -524,10 +572,22 @@ pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t 
             cache->stats.swap_in_bytes += cache->cfg.slot_bytes;
         }
         /* The record leaves its source (lead untouched: it was under copy)
-         * and takes the reserved slot as its own. */
+         * and takes the reserved slot as its own. A DEVICE source is
+         * reclaimed lazily (Pensieve §4.3.2): it stays held as a clean
+         * shadow, read on lookup and freed for free when room is needed. */
         s->records[m->from]--;
         cache->stats.records[m->from]--;
-        pv_slot_give(cache, s, m->from, m->from_slot);
+        if (m->from == PV_TIER_DEVICE) {
+            cache->pool[PV_TIER_DEVICE].owner[m->from_slot].state = PV_SLOT_SHADOW;
+            r->shadowed = 1;
+            cache->pool[PV_TIER_HOST].shadow_of[m->to_slot] = m->from_slot;
+            s->shadows++;
+            cache->stats.shadow_chunks++;
+            cache->stats.shadow_bytes += cache->cfg.slot_bytes;
+            pv_lead_add(cache, s, PV_SET_SHADOW, m->chunk, m->layer);
+        } else {
+            pv_slot_give(cache, s, m->from, m->from_slot);
+        }
         cache->pool[m->to].owner[m->to_slot].state = PV_SLOT_OWNED;
         pv_rec_enter(cache, s, m->chunk, m->layer, m->to, m->to_slot);
         pv_session_refresh(cache, s);
@@ -568,7 +628,8 @@ pv_status pv_cache_admit(pv_cache *cache, uint64_t need_slots, pv_cache_admissio
                         "pv_cache_admit: %llu slots plus the %u-slot reserve exceed the device pool "
                         "(%u slots); the request can never be admitted",
                         (unsigned long long)need_slots, cache->reserve_slots, dev->n_slots);
-    out->admit = want <= dev->n_free + cache->evictable[PV_TIER_DEVICE];
+    out->admit = want <= dev->n_free + cache->evictable[PV_TIER_DEVICE] +
+                             cache->evictable[PV_SET_SHADOW];
     out->free_bytes = out->admit && want > dev->n_free ? want * cache->cfg.slot_bytes : 0;
     return PV_OK;
 }

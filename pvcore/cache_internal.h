@@ -14,9 +14,18 @@ typedef struct pv_chunk_rec {
     uint32_t slot;    /* slot in DEVICE or HOST */
     uint8_t tier;     /* pv_tier; PV_TIER_NONE when never stored */
     uint8_t copying;  /* under a two-phase copy: not evictable, not freeable */
+    uint8_t shadowed; /* HOST only: its DEVICE slot is still held as a clean
+                       * copy after an ahead-of-time swap-out (the slot number
+                       * is in the HOST pool's shadow_of, keeping this 8 bytes) */
 } pv_chunk_rec;
 
-enum pv_slot_state { PV_SLOT_FREE = 0, PV_SLOT_OWNED, PV_SLOT_RESERVED };
+/* SHADOW: a DEVICE slot kept as a clean copy of a HOST chunk (lazy reclaim). */
+enum pv_slot_state { PV_SLOT_FREE = 0, PV_SLOT_OWNED, PV_SLOT_RESERVED, PV_SLOT_SHADOW };
+
+/* Eviction sets, each with its leads, frontiers and tree: the records of
+ * DEVICE and HOST (indexed by tier) and the shadows, reclaimed first. */
+#define PV_SET_SHADOW 2
+#define PV_EVICT_SETS 3
 
 /* Reverse map of a pool slot, for pv_cache_check and copy completion. */
 typedef struct pv_slot_owner {
@@ -31,6 +40,8 @@ typedef struct pv_pool {
     uint32_t n_free;
     uint32_t *free_stack;   /* free slots; the top is handed out next */
     pv_slot_owner *owner;   /* [n_slots] */
+    uint32_t *shadow_of;    /* HOST only, [n_slots]: the DEVICE shadow slot of
+                             * the chunk in this slot, or PV_NONE32 */
 } pv_pool;
 
 typedef struct pv_session {
@@ -49,14 +60,15 @@ typedef struct pv_session {
     uint32_t pin_prev, pin_next; /* list of pinned sessions, oldest first */
     uint32_t records[3];        /* records per DEVICE, HOST, DROPPED */
     uint32_t copy_src[PV_SLOT_TIERS]; /* records under copy, by source tier */
-    uint32_t held_slots[PV_SLOT_TIERS]; /* owned + reserved slots */
-    uint32_t *lead;             /* [PV_SLOT_TIERS][n_layers]: lowest evictable chunk */
-    /* Frontier: the session's cheapest evictable chunk per tier. */
-    uint32_t front_chunk[PV_SLOT_TIERS];
-    uint32_t front_layer[PV_SLOT_TIERS];
-    double front_cost[PV_SLOT_TIERS];
-    uint8_t candidate[PV_SLOT_TIERS]; /* unpinned with a frontier: in the tree */
-    uint32_t evictable[PV_SLOT_TIERS]; /* its share of cache->evictable */
+    uint32_t held_slots[PV_SLOT_TIERS]; /* owned + reserved + shadow slots */
+    uint32_t shadows;           /* DEVICE shadow slots of its HOST chunks */
+    uint32_t *lead;             /* [PV_EVICT_SETS][n_layers]: lowest evictable chunk */
+    /* Frontier: the session's cheapest evictable chunk per eviction set. */
+    uint32_t front_chunk[PV_EVICT_SETS];
+    uint32_t front_layer[PV_EVICT_SETS];
+    double front_cost[PV_EVICT_SETS];
+    uint8_t candidate[PV_EVICT_SETS]; /* unpinned with a frontier: in the tree */
+    uint32_t evictable[PV_EVICT_SETS]; /* its share of cache->evictable */
 } pv_session;
 
 /* Kinetic tournament over session handles: see pvcore/cache_evict.c. */
@@ -80,8 +92,8 @@ struct pv_cache {
     uint32_t next_handle;       /* handles below this have been used */
     uint32_t *map;              /* open addressing id -> handle; PV_NONE32 empty */
     uint32_t map_cap;           /* power of two */
-    pv_ktree tree[PV_SLOT_TIERS];
-    uint64_t evictable[PV_SLOT_TIERS]; /* records an eviction may take */
+    pv_ktree tree[PV_EVICT_SETS];
+    uint64_t evictable[PV_EVICT_SETS]; /* records (shadows) an eviction may take */
     uint32_t pending_out;       /* DEVICE -> HOST copies in flight */
     uint32_t pending_in;        /* HOST -> DEVICE copies in flight */
     uint32_t pin_head, pin_tail;
@@ -94,6 +106,12 @@ static inline pv_chunk_rec *pv_rec(const pv_cache *cache, const pv_session *s,
                                    uint32_t chunk, uint32_t layer)
 {
     return &s->recs[(size_t)chunk * cache->cfg.n_layers + layer];
+}
+
+/* The DEVICE shadow slot of a record, or PV_NONE32. */
+static inline uint32_t pv_rec_shadow(const pv_cache *cache, const pv_chunk_rec *r)
+{
+    return r->shadowed ? cache->pool[PV_TIER_HOST].shadow_of[r->slot] : PV_NONE32;
 }
 
 static inline uint32_t handle_of(const pv_cache *cache, const pv_session *s)
@@ -109,12 +127,12 @@ double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk,
 /* Frontier and tree maintenance (pvcore/cache_evict.c). */
 pv_status pv_ktree_resize(pv_cache *cache, uint32_t cap);
 void pv_ktree_free(pv_ktree *tree);
-/* A record of s entered tier t's evictable set, or left it. */
+/* A record of s entered eviction set t, or left it. */
 void pv_lead_add(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t layer);
 void pv_lead_remove(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint32_t layer);
 /* Recomputes s's frontiers and tree leaves after any change to it. */
 void pv_session_refresh(pv_cache *cache, pv_session *s);
-/* Recomputes the frontier in tier t without touching the tree (for checks). */
+/* Recomputes the frontier of set t without touching the tree (for checks). */
 void pv_frontier_compute(const pv_cache *cache, const pv_session *s, int t,
                          uint32_t *chunk, uint32_t *layer, double *cost);
 
@@ -128,7 +146,12 @@ void pv_slot_give(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t slot);
 /* Places a record in tier at slot (a slot already taken as OWNED). */
 void pv_rec_enter(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer, pv_tier tier,
                   uint32_t slot);
-/* Removes a record from its tier and frees its slot (not under copy). */
+/* Removes a record from its tier and frees its slot and shadow (not under copy). */
 void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer);
+/* Frees the record's shadow slot; the record stays in HOST. */
+void pv_shadow_release(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer);
+/* Reclaims the reclaimable shadow of lowest retention value, noting it in
+ * plan (may be NULL); 0 if none is reclaimable. */
+int pv_shadow_reclaim(pv_cache *cache, double now, pv_cache_plan *plan);
 
 #endif

@@ -1,8 +1,11 @@
 /* Randomized property test: >= 200,000 random operations over hundreds of
  * sessions with small budgets, so every path runs (evictions both ways,
- * drops, two-phase copies, pins, ends, errors). After EVERY operation
+ * drops, two-phase copies, pins, ends, errors, and the device shadows that
+ * completed ahead-of-time copies leave: hit, reclaimed by evictions and
+ * stores, invalidated by stores, drops and ends). After EVERY operation
  * pv_cache_check() must pass and the outcome must match a shadow model
- * (where each chunk should be, which calls must fail and how).
+ * (where each chunk should be, which device shadows are held, which calls
+ * must fail and how).
  *
  * Usage: test-cache-property [seed [ops]]; or PV_CACHE_SEED / PV_CACHE_OPS.
  * The seed is printed first so a failure reproduces. */
@@ -44,8 +47,14 @@ typedef struct shadow_session {
     uint64_t pin_seq;
     uint8_t tier[CHUNKS][LAYERS];
     uint8_t copying[CHUNKS][LAYERS];
+    uint8_t dev_copy[CHUNKS][LAYERS]; /* a HOST chunk's device shadow is held */
     size_t n_tokens;
 } shadow_session;
+
+/* How device shadows came and went, so the run can show every path ran. */
+static struct {
+    uint64_t made, reclaimed_by_plan, reclaimed_by_store, replaced, dropped, ended;
+} dev_copies;
 
 static shadow_session shadow[NAMES];
 static char names[NAMES][16];
@@ -66,18 +75,99 @@ static void fail(uint64_t op, const char *what)
         tap_diag("op %" PRIu64 ": %s (%s)", op, what, pv_last_error());
 }
 
+/* What a lookup must answer: a held device shadow is a DEVICE hit. */
+static pv_tier model_tier(int s, uint32_t c, uint32_t l)
+{
+    return shadow[s].dev_copy[c][l] ? PV_TIER_DEVICE : (pv_tier)shadow[s].tier[c][l];
+}
+
+/* Shadows an eviction or a store may reclaim: those of unpinned sessions. */
+static int reclaimable_dev_copies(void)
+{
+    int n = 0;
+    for (int s = 0; s < NAMES; s++)
+        for (int c = 0; c < CHUNKS; c++)
+            for (int l = 0; l < LAYERS; l++)
+                n += shadow[s].live && !shadow[s].pins && shadow[s].dev_copy[c][l];
+    return n;
+}
+
+/* The lowest retention value over reclaimable shadows, now. */
+static double lowest_dev_copy_value(pv_cache *cache)
+{
+    double best = INFINITY;
+    for (int s = 0; s < NAMES; s++)
+        for (uint32_t c = 0; c < CHUNKS; c++)
+            for (uint32_t l = 0; l < LAYERS; l++) {
+                double v;
+                if (shadow[s].live && !shadow[s].pins && shadow[s].dev_copy[c][l] &&
+                    pv_cache_retention_value(cache, names[s], c, l, &v) == PV_OK && v < best)
+                    best = v;
+            }
+    return best;
+}
+
+/* A live session holding a device shadow (scanning from a random one), or -1;
+ * *c and *l get one of its shadowed chunks. */
+static int find_dev_copy(uint32_t *c, uint32_t *l)
+{
+    uint32_t start = pick(NAMES);
+    for (uint32_t k = 0; k < NAMES; k++) {
+        int s = (int)((start + k) % NAMES);
+        for (uint32_t cc = 0; cc < CHUNKS; cc++)
+            for (uint32_t ll = 0; ll < LAYERS; ll++)
+                if (shadow[s].live && shadow[s].dev_copy[cc][ll]) {
+                    *c = cc;
+                    *l = ll;
+                    return s;
+                }
+    }
+    return -1;
+}
+
+static int no_higher(double v, double best)
+{
+    return v <= best * (1 + 1e-9) || (isinf(v) && isinf(best));
+}
+
 /* Applies a plan to the shadow; two-phase moves wait in `inflight`. */
 static void apply_plan(const pv_cache *cache, const pv_cache_plan *plan, size_t from, uint64_t op)
 {
     for (size_t i = from; i < plan->n_moves; i++) {
         const pv_cache_move *m = &plan->moves[i];
         int s = name_index(cache, m->session);
+        if (m->to == PV_TIER_NONE) {
+            /* A note: a shadow reclaimed, or freed ahead of its chunk's drop
+             * (a reclaim may also be followed by that chunk's drop: the
+             * counts below are only to show that both paths run). */
+            if (s < 0 || !shadow[s].live || m->chunk >= CHUNKS || m->layer >= LAYERS ||
+                m->from != PV_TIER_DEVICE || m->two_phase || shadow[s].pins ||
+                !shadow[s].dev_copy[m->chunk][m->layer] ||
+                shadow[s].tier[m->chunk][m->layer] != PV_TIER_HOST) {
+                fail(op, "a shadow note names no reclaimable shadow");
+                continue;
+            }
+            shadow[s].dev_copy[m->chunk][m->layer] = 0;
+            int dropped_next = i + 1 < plan->n_moves && plan->moves[i + 1].to == PV_TIER_DROPPED &&
+                               plan->moves[i + 1].session == m->session &&
+                               plan->moves[i + 1].chunk == m->chunk &&
+                               plan->moves[i + 1].layer == m->layer;
+            if (dropped_next)
+                dev_copies.dropped++;
+            else
+                dev_copies.reclaimed_by_plan++;
+            continue;
+        }
         /* Only a swap-in moves a pinned session's chunks (its own, in). */
         int swap_in = m->two_phase && m->from == PV_TIER_HOST;
         if (s < 0 || !shadow[s].live || m->chunk >= CHUNKS || m->layer >= LAYERS ||
             shadow[s].tier[m->chunk][m->layer] != m->from || (shadow[s].pins && !swap_in) ||
             shadow[s].copying[m->chunk][m->layer]) {
             fail(op, "a move takes a chunk that is pinned, under copy or not where it should be");
+            continue;
+        }
+        if (shadow[s].dev_copy[m->chunk][m->layer]) {
+            fail(op, "a chunk with a device shadow is copied in or dropped with its shadow held");
             continue;
         }
         if (m->two_phase) {
@@ -98,6 +188,7 @@ static uint32_t shadow_count(pv_tier tier, int with_reserved)
             for (int l = 0; l < LAYERS; l++)
                 if (shadow[s].live) {
                     n += shadow[s].tier[c][l] == tier;
+                    n += tier == PV_TIER_DEVICE && shadow[s].dev_copy[c][l];
                     /* a copy in flight also holds its destination slot */
                     n += with_reserved && shadow[s].copying[c][l] && shadow[s].tier[c][l] != tier;
                 }
@@ -111,14 +202,15 @@ static void compare_all(pv_cache *cache, uint64_t op)
             continue;
         for (uint32_t c = 0; c < CHUNKS; c++)
             for (uint32_t l = 0; l < LAYERS; l++)
-                if (tier_of(cache, names[s], c, l) != shadow[s].tier[c][l])
+                if (tier_of(cache, names[s], c, l) != model_tier(s, c, l))
                     fail(op, "a chunk is not in the tier the shadow expects");
         uint64_t dev, host, want[PV_SLOT_TIERS] = {0, 0};
         for (uint32_t c = 0; c < CHUNKS; c++)
             for (uint32_t l = 0; l < LAYERS; l++)
                 for (int t = 0; t < PV_SLOT_TIERS; t++)
                     want[t] += (shadow[s].tier[c][l] == t ||
-                                (shadow[s].copying[c][l] && shadow[s].tier[c][l] != t)) *
+                                (shadow[s].copying[c][l] && shadow[s].tier[c][l] != t) ||
+                                (t == PV_TIER_DEVICE && shadow[s].dev_copy[c][l])) *
                                (uint64_t)TEST_SLOT_BYTES;
         pv_cache_held_bytes(cache, names[s], &dev, &host);
         if (dev != want[PV_TIER_DEVICE] || host != want[PV_TIER_HOST])
@@ -129,11 +221,36 @@ static void compare_all(pv_cache *cache, uint64_t op)
     if (stats.used_bytes[PV_TIER_DEVICE] != (uint64_t)shadow_count(PV_TIER_DEVICE, 1) * TEST_SLOT_BYTES ||
         stats.used_bytes[PV_TIER_HOST] != (uint64_t)shadow_count(PV_TIER_HOST, 1) * TEST_SLOT_BYTES)
         fail(op, "used bytes differ from the shadow's");
+    uint64_t held = 0;
+    for (int s = 0; s < NAMES; s++)
+        for (int c = 0; c < CHUNKS; c++)
+            for (int l = 0; l < LAYERS; l++)
+                held += shadow[s].live && shadow[s].dev_copy[c][l];
+    if (stats.shadow_chunks != held || stats.shadow_bytes != held * TEST_SLOT_BYTES)
+        fail(op, "device shadows differ from the model's");
 }
 
-/* Victim choice against brute force: min V over every unpinned device chunk. */
+/* Victim choice against brute force: a reclaimable shadow of min V first,
+ * else min V over every unpinned device chunk. */
 static void oracle_evict(pv_cache *cache, pv_cache_plan *plan, uint64_t op)
 {
+    if (reclaimable_dev_copies()) {
+        double lowest = lowest_dev_copy_value(cache);
+        pv_cache_stats stats;
+        pv_cache_stats_get(cache, &stats);
+        uint64_t free_bytes = DEVICE_SLOTS * (uint64_t)TEST_SLOT_BYTES - stats.used_bytes[PV_TIER_DEVICE];
+        size_t before = plan->n_moves;
+        double v;
+        if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_bytes + TEST_SLOT_BYTES, plan) != PV_OK ||
+            plan->n_moves != before + 1 || plan->moves[before].to != PV_TIER_NONE ||
+            pv_cache_retention_value(cache, pv_cache_session_name(cache, plan->moves[before].session),
+                                     plan->moves[before].chunk, plan->moves[before].layer,
+                                     &v) != PV_OK ||
+            !no_higher(v, lowest))
+            fail(op, "device pressure did not reclaim the shadow of lowest retention value alone");
+        apply_plan(cache, plan, before, op);
+        return;
+    }
     double best = INFINITY;
     int any = 0;
     for (int s = 0; s < NAMES; s++) {
@@ -166,7 +283,7 @@ static void oracle_evict(pv_cache *cache, pv_cache_plan *plan, uint64_t op)
     double v;
     if (!victim || pv_cache_retention_value(cache, pv_cache_session_name(cache, victim->session),
                                             victim->chunk, victim->layer, &v) != PV_OK ||
-        (!(v <= best * (1 + 1e-9)) && !(isinf(v) && isinf(best))))
+        !no_higher(v, best))
         fail(op, "the device victim is not of lowest retention value");
     apply_plan(cache, plan, before, op);
 }
@@ -188,8 +305,14 @@ static void finish_copies(pv_cache *cache, uint64_t op)
         const pv_cache_move *m = &inflight[i];
         int s = name_index(cache, m->session);
         shadow[s].copying[m->chunk][m->layer] = 0;
-        if (complete)
+        if (complete) {
             shadow[s].tier[m->chunk][m->layer] = (uint8_t)m->to;
+            /* Lazy reclaim: a copy out leaves its device slot as a shadow. */
+            if (m->from == PV_TIER_DEVICE) {
+                shadow[s].dev_copy[m->chunk][m->layer] = 1;
+                dev_copies.made++;
+            }
+        }
     }
     /* A copy finished twice is refused, changing nothing. */
     if (pv_cache_complete(cache, inflight + first, 1) != PV_ERR_STATE)
@@ -217,7 +340,16 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
     pv_status st;
     clk->now += (double)pick(1000) / 1000.0;
     pv_cache_plan_clear(plan);
-    switch (pick(22)) {
+    int kind = (int)pick(22);
+    if (kind >= 3 && kind <= 7 && pick(4) == 0) {
+        /* Shadows are reclaimed soon: aim some stores and ends at them. */
+        int with = find_dev_copy(&c, &l);
+        if (with >= 0) {
+            s = with;
+            id = names[s];
+        }
+    }
+    switch (kind) {
     case 0: case 1: case 2:
         if (pv_cache_session_open(cache, id) != PV_OK)
             fail(op, "open failed");
@@ -232,8 +364,11 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
         if (st == PV_OK) {
             uint64_t held = 0;
             for (int cc = 0; cc < CHUNKS; cc++)
-                for (int ll = 0; ll < LAYERS; ll++)
+                for (int ll = 0; ll < LAYERS; ll++) {
                     held += shadow[s].tier[cc][ll] < PV_SLOT_TIERS ? TEST_SLOT_BYTES : 0;
+                    held += shadow[s].dev_copy[cc][ll] ? TEST_SLOT_BYTES : 0;
+                    dev_copies.ended += shadow[s].dev_copy[cc][ll];
+                }
             if (freed != held)
                 fail(op, "end_session freed bytes differ from what the session held");
             memset(&shadow[s], 0, sizeof shadow[s]);
@@ -243,17 +378,46 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
     }
     case 4: case 5: case 6: case 7: {
         pv_tier tier = pick(3) ? PV_TIER_DEVICE : PV_TIER_HOST;
+        int full = shadow_count(tier, 1) == (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : HOST_SLOTS);
+        int frees_own = shadow[s].live && (shadow[s].tier[c][l] == tier ||
+                                           (tier == PV_TIER_DEVICE && shadow[s].dev_copy[c][l]));
+        /* A full device takes a shadow's slot: predict it and its value. */
+        int reclaim = shadow[s].live && !shadow[s].copying[c][l] && full && !frees_own &&
+                      tier == PV_TIER_DEVICE && reclaimable_dev_copies();
+        double lowest = reclaim ? lowest_dev_copy_value(cache) : 0;
+        double before[NAMES][CHUNKS][LAYERS];
+        if (reclaim)
+            for (int i = 0; i < NAMES; i++)
+                for (uint32_t cc = 0; cc < CHUNKS; cc++)
+                    for (uint32_t ll = 0; ll < LAYERS; ll++)
+                        if (shadow[i].live && shadow[i].dev_copy[cc][ll])
+                            pv_cache_retention_value(cache, names[i], cc, ll, &before[i][cc][ll]);
         st = pv_cache_store_chunk(cache, id, c, l, tier, NULL);
         pv_status want = PV_OK;
         if (!shadow[s].live)
             want = PV_ERR_NOT_FOUND;
         else if (shadow[s].copying[c][l])
             want = PV_ERR_BUSY;
-        else if (shadow_count(tier, 1) == (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : HOST_SLOTS) &&
-                 shadow[s].tier[c][l] != tier)
+        else if (full && !frees_own && !reclaim)
             want = PV_ERR_OUT_OF_MEMORY;
         if (st != want)
             fail(op, "store status differs from the shadow's");
+        if (st == PV_OK && reclaim) {
+            int gone = 0;
+            for (int i = 0; i < NAMES; i++)
+                for (uint32_t cc = 0; cc < CHUNKS; cc++)
+                    for (uint32_t ll = 0; ll < LAYERS; ll++)
+                        if (shadow[i].live && shadow[i].dev_copy[cc][ll] &&
+                            tier_of(cache, names[i], cc, ll) == PV_TIER_HOST) {
+                            gone++;
+                            if (shadow[i].pins || !no_higher(before[i][cc][ll], lowest))
+                                fail(op, "a store reclaimed a pinned shadow or not the coldest");
+                            shadow[i].dev_copy[cc][ll] = 0;
+                        }
+            if (gone != 1)
+                fail(op, "a store on a full device did not reclaim exactly one shadow");
+            dev_copies.reclaimed_by_store++;
+        }
         if (st == PV_ERR_OUT_OF_MEMORY && pick(4)) {
             /* The engine's path: make room, then store. */
             if (pv_cache_evict_to_free(cache, tier, TEST_SLOT_BYTES, plan) == PV_OK) {
@@ -265,8 +429,11 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
                     fail(op, "store after making room failed");
             }
         }
-        if (st == PV_OK)
+        if (st == PV_OK) {
             shadow[s].tier[c][l] = (uint8_t)tier;
+            dev_copies.replaced += shadow[s].dev_copy[c][l];
+            shadow[s].dev_copy[c][l] = 0;
+        }
         break;
     }
     case 8: case 9: {
@@ -286,7 +453,7 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
         pv_tier tier;
         st = pv_cache_lookup(cache, id, c, l, &tier, NULL);
         if (st != (shadow[s].live ? PV_OK : PV_ERR_NOT_FOUND) ||
-            (st == PV_OK && tier != shadow[s].tier[c][l]))
+            (st == PV_OK && tier != model_tier(s, c, l)))
             fail(op, "lookup differs from the shadow");
         break;
     }
@@ -385,6 +552,7 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
         memset(shadow[s].tier, PV_TIER_NONE, sizeof shadow[s].tier);
     n_inflight = 0;
     pin_counter = 0;
+    memset(&dev_copies, 0, sizeof dev_copies);
     failures = 0;
     pv_cache_plan plan;
     pv_cache_plan_init(&plan);
@@ -400,8 +568,15 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
              ", recomputed %" PRIu64 ", delayed %" PRIu64,
              pv_policy_name(policy), stats.sessions, stats.swap_out_chunks, stats.swap_in_chunks,
              stats.dropped_chunks, stats.recomputed_chunks, stats.swap_out_delayed);
+    tap_diag("%s: device shadows made %" PRIu64 ", hit %" PRIu64 ", reclaimed by evictions %" PRIu64
+             " and stores %" PRIu64 ", replaced by stores %" PRIu64 ", dropped %" PRIu64
+             ", ended %" PRIu64,
+             pv_policy_name(policy), dev_copies.made, stats.shadow_hits, dev_copies.reclaimed_by_plan,
+             dev_copies.reclaimed_by_store, dev_copies.replaced, dev_copies.dropped, dev_copies.ended);
     int every_path = stats.swap_out_chunks && stats.swap_in_chunks && stats.dropped_chunks &&
-                     stats.recomputed_chunks && stats.swap_out_delayed;
+                     stats.recomputed_chunks && stats.swap_out_delayed && stats.shadow_hits &&
+                     dev_copies.reclaimed_by_plan && dev_copies.reclaimed_by_store &&
+                     dev_copies.replaced && dev_copies.dropped && dev_copies.ended;
     if (!every_path)
         tap_diag("some path never ran");
     /* End every session the shadow can end, then nothing may remain. */

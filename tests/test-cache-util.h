@@ -63,7 +63,8 @@ static inline int same_view(const pv_session_view *a, const pv_session_view *b)
            a->committed_tokens == b->committed_tokens && a->turns == b->turns &&
            a->n_chunks == b->n_chunks && a->records[0] == b->records[0] &&
            a->records[1] == b->records[1] && a->records[2] == b->records[2] &&
-           a->recompute_tokens == b->recompute_tokens && a->held_bytes[0] == b->held_bytes[0] &&
+           a->recompute_tokens == b->recompute_tokens && a->shadows == b->shadows &&
+           a->held_bytes[0] == b->held_bytes[0] &&
            a->held_bytes[1] == b->held_bytes[1] && a->pins == b->pins &&
            a->last_active == b->last_active;
 }

@@ -132,7 +132,8 @@ typedef struct pv_session_view {
     uint32_t records[3];        /* (chunk, layer) records per DEVICE, HOST, DROPPED */
     uint32_t recompute_tokens;  /* leading tokens to recompute: through the last
                                  * chunk with a dropped layer, capped at the history */
-    uint64_t held_bytes[PV_SLOT_TIERS];
+    uint32_t shadows;           /* HOST records whose DEVICE shadow is still held */
+    uint64_t held_bytes[PV_SLOT_TIERS]; /* DEVICE includes shadow slots */
     uint32_t pins;
     double last_active;
 } pv_session_view;
@@ -142,15 +143,18 @@ typedef struct pv_session_view {
  * gets the same answer. */
 pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_session_view *view);
 
-/* Bytes held in DEVICE and HOST slots by one session (id) or by all (id NULL). */
+/* Bytes held in DEVICE and HOST slots by one session (id) or by all (id NULL);
+ * DEVICE includes shadow slots (they are held until reclaimed). */
 pv_status pv_cache_held_bytes(const pv_cache *cache, const char *id,
                               uint64_t *device_bytes, uint64_t *host_bytes);
 
 /* ---- chunks --------------------------------------------------------------- */
 
 /* Stores a new or recomputed chunk in tier (DEVICE or HOST) and returns its
- * slot. Any older copy in any tier is removed first (seed 002). Fails with
- * PV_ERR_OUT_OF_MEMORY, changing nothing, if the tier has no free slot:
+ * slot. Any older copy in any tier, shadow included, is removed first (seed
+ * 002). A DEVICE store with no free slot reclaims the shadow of lowest
+ * retention value (no copy needed). Fails with PV_ERR_OUT_OF_MEMORY,
+ * changing nothing, if the tier has no free slot (nor shadow to reclaim):
  * the engine runs pv_cache_evict_to_free first. PV_ERR_BUSY if the chunk is
  * under copy. */
 #define PV_CACHE_MAX_CHUNKS (1u << 20)
@@ -158,7 +162,10 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk,
                                uint32_t layer, pv_tier tier, uint32_t *slot);
 
 /* Where a chunk is: *tier is PV_TIER_NONE for a chunk never stored; *slot
- * (may be NULL) is its slot in DEVICE or HOST. Counts hits per tier. */
+ * (may be NULL) is its slot in DEVICE or HOST. A HOST chunk whose DEVICE
+ * shadow is still held is a DEVICE hit at the shadow slot (the engine reads
+ * it there); the chunk stays in HOST with both copies until the shadow is
+ * reclaimed. Counts hits per tier (and shadow hits). */
 pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk,
                           uint32_t layer, pv_tier *tier, uint32_t *slot);
 
@@ -172,9 +179,12 @@ typedef struct pv_cache_move {
     uint32_t session;   /* handle: pv_cache_session_name() gives the id */
     uint32_t chunk;
     uint32_t layer;
-    pv_tier from, to;   /* DEVICE->HOST, HOST->DEVICE, DEVICE/HOST->DROPPED */
+    pv_tier from, to;   /* DEVICE->HOST, HOST->DEVICE, DEVICE/HOST->DROPPED;
+                         * DEVICE->NONE is a note: the chunk's shadow at
+                         * from_slot was reclaimed (nothing to copy; the
+                         * chunk stays in HOST, or is dropped by the next move) */
     uint32_t from_slot; /* slot in `from` (unused when from is DROPPED) */
-    uint32_t to_slot;   /* slot in `to` (unused when to is DROPPED) */
+    uint32_t to_slot;   /* slot in `to` (unused when to is DROPPED or NONE) */
     int two_phase;      /* 1: both slots stay held until pv_cache_complete()
                          * or pv_cache_abort(); 0: already applied, the engine
                          * copies from_slot -> to_slot before reusing from_slot */
@@ -193,30 +203,36 @@ void pv_cache_plan_free(pv_cache_plan *plan);
 /* The id of a session handle found in a move; NULL for a handle not in use. */
 const char *pv_cache_session_name(const pv_cache *cache, uint32_t session);
 
-/* Makes at least `bytes` free in tier (DEVICE or HOST) by moving the chunks
- * of lowest retention value down: DEVICE -> HOST (dropping a HOST chunk of
- * lower value when HOST is full, or the victim itself when none is lower)
- * and HOST -> DROPPED. Appends the moves to plan, in the order the engine
- * must perform them. If not enough unpinned chunks exist, fails with
- * PV_ERR_OUT_OF_MEMORY and changes nothing. */
+/* Makes at least `bytes` free in tier (DEVICE or HOST). On DEVICE, shadows
+ * of unpinned sessions are reclaimed first, lowest retention value first,
+ * with a note each and no copy. Then the chunks of lowest retention value
+ * move down: DEVICE -> HOST (dropping a HOST chunk of lower value when HOST
+ * is full, or the victim itself when none is lower) and HOST -> DROPPED (a
+ * dropped chunk's shadow goes with it, noted first). Appends the moves to
+ * plan, in the order the engine must perform them. If not enough unpinned
+ * chunks exist, fails with PV_ERR_OUT_OF_MEMORY and changes nothing. */
 pv_status pv_cache_evict_to_free(pv_cache *cache, pv_tier tier, uint64_t bytes,
                                  pv_cache_plan *plan);
 
 /* Ahead-of-time swap-out: while DEVICE use (not counting chunks already
- * being copied out) is above the high-water mark, plans up to max_chunks
- * two-phase DEVICE -> HOST copies of the coldest chunks (dropping colder
- * HOST chunks for room). A chunk under copy is neither evicted nor freed.
- * Plans nothing while a swap-in is in flight (swap-outs are delayed). */
+ * being copied out, nor shadows) is above the high-water mark, plans up to
+ * max_chunks two-phase DEVICE -> HOST copies of the coldest chunks (dropping
+ * colder HOST chunks for room). A chunk under copy is neither evicted nor
+ * freed. Plans nothing while a swap-in is in flight (swap-outs are
+ * delayed). When such a copy completes, the DEVICE slot is reclaimed lazily:
+ * it stays held as the chunk's shadow. */
 pv_status pv_cache_plan_swap_out(pv_cache *cache, uint32_t max_chunks, pv_cache_plan *plan);
 
 /* Swap-in of a returning session: two-phase HOST -> DEVICE copies of all its
- * HOST chunks, after making room on DEVICE (moves of other sessions' chunks
- * come first in the plan). PV_ERR_OUT_OF_MEMORY, changing nothing, if the
- * device cannot make room. */
+ * HOST chunks that have no shadow (those are read on DEVICE already), after
+ * making room on DEVICE (moves of other sessions' chunks come first in the
+ * plan). PV_ERR_OUT_OF_MEMORY, changing nothing, if the device cannot make
+ * room. */
 pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *plan);
 
 /* The engine's copy of two-phase moves landed: the chunks now live in their
- * destination and their source slots are free. */
+ * destination. A HOST -> DEVICE source slot is free; a DEVICE -> HOST
+ * source slot stays held as the chunk's shadow (Pensieve §4.3.2). */
 pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t n_moves);
 /* The copies were abandoned: the chunks stay where they were and the
  * destination slots are free. */
@@ -229,7 +245,7 @@ typedef struct pv_cache_admission {
 
 /* Admission with the reserve: a request needing need_slots new DEVICE slots
  * is admitted only if, after it, `reserve` of the device slots can still be
- * free (counting unpinned chunks as reclaimable). */
+ * free (counting unpinned chunks and shadows as reclaimable). */
 pv_status pv_cache_admit(pv_cache *cache, uint64_t need_slots, pv_cache_admission *out);
 
 /* When decode runs out of DEVICE slots: the newest pinned session (the most
@@ -241,6 +257,7 @@ pv_status pv_cache_choose_suspend(const pv_cache *cache, const char **id);
 
 typedef struct pv_cache_stats {
     uint64_t hits[3];              /* lookups found in DEVICE, HOST, DROPPED */
+    uint64_t shadow_hits;          /* of hits[DEVICE]: read from a shadow */
     uint64_t misses;               /* lookups of chunks never stored */
     uint64_t swap_out_chunks, swap_out_bytes; /* DEVICE -> HOST, landed */
     uint64_t swap_in_chunks, swap_in_bytes;   /* HOST -> DEVICE, landed */
@@ -248,7 +265,9 @@ typedef struct pv_cache_stats {
     uint64_t recomputed_chunks;    /* DROPPED records stored again */
     uint64_t recomputed_tokens;    /* tokens of chunk indices fully recovered */
     uint64_t swap_out_delayed;     /* swap-out plans deferred by a swap-in */
-    uint64_t used_bytes[PV_SLOT_TIERS];
+    uint64_t shadow_reclaimed;     /* shadows freed for room (no copy) */
+    uint64_t used_bytes[PV_SLOT_TIERS]; /* DEVICE includes shadow slots */
+    uint64_t shadow_chunks, shadow_bytes; /* shadows held now */
     uint64_t capacity_bytes[PV_SLOT_TIERS];
     uint64_t records[3];           /* (chunk, layer) records per tier */
     uint32_t sessions;
@@ -256,11 +275,13 @@ typedef struct pv_cache_stats {
 
 void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
 
-/* Verifies the invariants: no chunk in two tiers; used bytes equal the sum
- * of slot sizes per tier; every indexed chunk lives in one tier and every
- * slot in use belongs to an indexed chunk; ended sessions leave nothing;
- * free lists are consistent; eviction frontiers match the chunks. Returns
- * PV_ERR_STATE with the first violation in pv_last_error(). */
+/* Verifies the invariants: no chunk in two tiers (its authoritative copy),
+ * and a shadow belongs to exactly one HOST chunk of the same key; used bytes
+ * equal the sum of slot sizes per tier, shadows included; every indexed
+ * chunk lives in one tier and every slot in use belongs to an indexed
+ * chunk; ended sessions leave nothing, no shadow either; free lists are
+ * consistent; eviction frontiers match the chunks. Returns PV_ERR_STATE
+ * with the first violation in pv_last_error(). */
 pv_status pv_cache_check(const pv_cache *cache);
 
 #ifdef __cplusplus
