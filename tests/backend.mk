@@ -17,3 +17,12 @@ tests_test_attention_ref_LDADD = $(PV_LINK)
 tests_test_backend_errors_SOURCES = tests/test-backend-errors.c
 tests_test_backend_errors_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_errors_LDADD = $(PV_LINK)
+
+# Queued ops with reused host index arrays, on every built backend: the
+# check of the CUDA backend's staging ring (skips without a GPU), and of the
+# same contract elsewhere.
+check_PROGRAMS += tests/test-backend-async
+TESTS += tests/test-backend-async
+tests_test_backend_async_SOURCES = tests/test-backend-async.c
+tests_test_backend_async_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_async_LDADD = $(PV_LINK)

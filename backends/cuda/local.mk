@@ -9,15 +9,6 @@ EXTRA_DIST += \
 	backends/cuda/README.md
 noinst_HEADERS += backends/cuda/cuda_kernels.h
 
-# Queued ops with reused host index arrays, on every built backend: the
-# check of the CUDA backend's staging ring (skips without a GPU), and of the
-# same contract elsewhere.
-check_PROGRAMS += backends/cuda/test-backend-async
-TESTS += backends/cuda/test-backend-async
-backends_cuda_test_backend_async_SOURCES = backends/cuda/test-backend-async.c
-backends_cuda_test_backend_async_CPPFLAGS = $(PV_TEST_INCLUDES)
-backends_cuda_test_backend_async_LDADD = $(PV_LINK)
-
 if HAVE_CUDA
 libpensieve_la_SOURCES += backends/cuda/cuda_backend.c
 libpensieve_la_CPPFLAGS += $(CUDA_CFLAGS)
