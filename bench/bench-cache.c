@@ -5,6 +5,8 @@
  *
  * Usage: bench-cache [--json] [--sessions N]... [--repeats R]
  * Each phase runs R batches (default 5); the table gives the median batch. */
+#include "bench-util.h"
+
 #include <pensieve/cache.h>
 
 #include <inttypes.h>
@@ -12,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 enum { LAYERS = 30, CHUNKS = 64, MAX_SIZES = 8 };
 
@@ -25,13 +26,6 @@ static double bench_clock_read(void *ctx)
     return ((bench_clock *)ctx)->now;
 }
 
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t rng_state = 88172645463325252ull;
 
 static uint64_t rng(void)
@@ -40,18 +34,6 @@ static uint64_t rng(void)
     rng_state ^= rng_state >> 7;
     rng_state ^= rng_state << 17;
     return rng_state;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 typedef struct result {
@@ -72,9 +54,39 @@ static int fail(const char *what)
     return 1;
 }
 
+/* n calls of evict_to_free(DEVICE), each asking for one more free slot,
+ * with the clock moving and one session in 16 touched between calls so the
+ * order across sessions keeps changing. *busy gets the seconds spent in the
+ * calls; with shadows_only, each call must reclaim exactly one shadow. */
+static int timed_evictions(pv_cache *cache, bench_clock *clk, char (*ids)[16], uint32_t n_sessions,
+                           const pv_cache_config *cfg, uint64_t n, int shadows_only,
+                           pv_cache_plan *plan, double *busy)
+{
+    pv_cache_stats st;
+    pv_cache_stats_get(cache, &st);
+    uint64_t free_slots = (cfg->device_bytes - st.used_bytes[PV_TIER_DEVICE]) / cfg->slot_bytes;
+    *busy = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        clk->now += 1e-4;
+        if (i % 16 == 0 && pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
+            return fail("touch");
+        pv_cache_plan_clear(plan);
+        free_slots++;
+        double t0 = bench_now_s();
+        if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_slots * cfg->slot_bytes, plan) != PV_OK)
+            return fail(shadows_only ? "reclaim" : "evict");
+        *busy += bench_now_s() - t0;
+        if (shadows_only && (plan->n_moves != 1 || plan->moves[0].to != PV_TIER_NONE)) {
+            fprintf(stderr, "bench-cache: device pressure did not reclaim a shadow alone\n");
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static int run_size(uint32_t n_sessions, int repeats, result *res)
 {
-    double t_start = wall_seconds();
+    double t_start = bench_now_s();
     uint64_t records = (uint64_t)n_sessions * CHUNKS * LAYERS;
     bench_clock clk = {0};
     pv_cache_config cfg;
@@ -111,7 +123,7 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     int batches = 0;
     for (uint32_t first = 0; first < n_sessions; first += per_batch) {
         uint32_t last = first + per_batch < n_sessions ? first + per_batch : n_sessions;
-        double t0 = wall_seconds();
+        double t0 = bench_now_s();
         for (uint32_t s = first; s < last; s++) {
             for (uint32_t c = 0; c < CHUNKS; c++)
                 for (uint32_t l = 0; l < LAYERS; l++)
@@ -121,14 +133,14 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
             if (pv_cache_touch(cache, ids[s]) != PV_OK)
                 return fail("touch");
         }
-        rates[batches++] = (double)(last - first) * CHUNKS * LAYERS / (wall_seconds() - t0);
+        rates[batches++] = (double)(last - first) * CHUNKS * LAYERS / (bench_now_s() - t0);
     }
-    res->store_ops = median(rates, batches);
+    res->store_ops = bench_median(rates, batches);
 
     /* lookup: random (session, chunk, layer) */
     const uint64_t n_lookup = 1000000;
     for (int r = 0; r < repeats; r++) {
-        double t0 = wall_seconds();
+        double t0 = bench_now_s();
         for (uint64_t i = 0; i < n_lookup; i++) {
             uint64_t x = rng();
             pv_tier tier;
@@ -137,22 +149,22 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
                                 (uint32_t)(x >> 48) % LAYERS, &tier, &slot) != PV_OK)
                 return fail("lookup");
         }
-        rates[r] = (double)n_lookup / (wall_seconds() - t0);
+        rates[r] = (double)n_lookup / (bench_now_s() - t0);
     }
-    res->lookup_ops = median(rates, repeats);
+    res->lookup_ops = bench_median(rates, repeats);
 
     /* touch: random sessions become active as time passes */
     const uint64_t n_touch = 200000;
     for (int r = 0; r < repeats; r++) {
-        double t0 = wall_seconds();
+        double t0 = bench_now_s();
         for (uint64_t i = 0; i < n_touch; i++) {
             clk.now += 1e-4;
             if (pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
                 return fail("touch");
         }
-        rates[r] = (double)n_touch / (wall_seconds() - t0);
+        rates[r] = (double)n_touch / (bench_now_s() - t0);
     }
-    res->touch_ops = median(rates, repeats);
+    res->touch_ops = bench_median(rates, repeats);
 
     /* shadow reclaim: ahead-of-time copies of the coldest chunks complete,
      * leaving their device slots as shadows; device pressure then reclaims
@@ -175,29 +187,13 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     uint64_t per_repeat = n_copied / (uint64_t)repeats;
     res->reclaims = 0;
     for (int r = 0; r < repeats && per_repeat > 0; r++) {
-        pv_cache_stats st;
-        pv_cache_stats_get(cache, &st);
-        uint64_t free_slots = (cfg.device_bytes - st.used_bytes[PV_TIER_DEVICE]) / cfg.slot_bytes;
-        double busy = 0;
-        for (uint64_t i = 0; i < per_repeat; i++) {
-            clk.now += 1e-4;
-            if (i % 16 == 0 && pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
-                return fail("touch");
-            pv_cache_plan_clear(&plan);
-            free_slots++;
-            double t0 = wall_seconds();
-            if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_slots * cfg.slot_bytes, &plan) != PV_OK)
-                return fail("reclaim");
-            busy += wall_seconds() - t0;
-            if (plan.n_moves != 1 || plan.moves[0].to != PV_TIER_NONE) {
-                fprintf(stderr, "bench-cache: device pressure did not reclaim a shadow alone\n");
-                return 1;
-            }
-        }
+        double busy;
+        if (timed_evictions(cache, &clk, ids, n_sessions, &cfg, per_repeat, 1, &plan, &busy))
+            return 1;
         res->reclaims += per_repeat;
         per[r] = 1e6 * busy / (double)per_repeat;
     }
-    res->reclaim_us = per_repeat > 0 ? median(per, repeats) : 0;
+    res->reclaim_us = per_repeat > 0 ? bench_median(per, repeats) : 0;
     pv_cache_plan_clear(&plan);
     /* Whatever is still shadowed goes for free too, then all return. */
     if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, cfg.device_bytes - before.used_bytes[PV_TIER_DEVICE] +
@@ -217,26 +213,13 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     /* Every eviction empties one device slot: small sizes run fewer. */
     const uint64_t n_evict = records / (uint64_t)(repeats + 1) < 200000 ? records / (uint64_t)(repeats + 1)
                                                                          : 200000;
-    uint64_t slot_bytes = cfg.slot_bytes;
     res->evictions = 0;
     res->evict_us_min = 1e30;
     res->evict_us_max = 0;
     for (int r = 0; r < repeats; r++) {
-        pv_cache_stats st;
-        pv_cache_stats_get(cache, &st);
-        uint64_t free_slots = (cfg.device_bytes - st.used_bytes[PV_TIER_DEVICE]) / slot_bytes;
-        double busy = 0;
-        for (uint64_t i = 0; i < n_evict; i++) {
-            clk.now += 1e-4;
-            if (i % 16 == 0 && pv_cache_touch(cache, ids[rng() % n_sessions]) != PV_OK)
-                return fail("touch");
-            pv_cache_plan_clear(&plan);
-            free_slots++;
-            double t0 = wall_seconds();
-            if (pv_cache_evict_to_free(cache, PV_TIER_DEVICE, free_slots * slot_bytes, &plan) != PV_OK)
-                return fail("evict");
-            busy += wall_seconds() - t0;
-        }
+        double busy;
+        if (timed_evictions(cache, &clk, ids, n_sessions, &cfg, n_evict, 0, &plan, &busy))
+            return 1;
         res->evictions += n_evict;
         per[r] = 1e6 * busy / (double)n_evict;
         rates[r] = (double)n_evict / busy;
@@ -245,8 +228,8 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
         if (per[r] > res->evict_us_max)
             res->evict_us_max = per[r];
     }
-    res->evict_ops = median(rates, repeats);
-    res->evict_us = median(per, repeats);
+    res->evict_ops = bench_median(rates, repeats);
+    res->evict_us = bench_median(per, repeats);
     pv_cache_stats st;
     pv_cache_stats_get(cache, &st);
     res->to_host = st.swap_out_chunks - before.swap_out_chunks - n_copied;
@@ -263,7 +246,7 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     free(ids);
     free(rates);
     free(per);
-    res->seconds_total = wall_seconds() - t_start;
+    res->seconds_total = bench_now_s() - t_start;
     return 0;
 }
 

@@ -551,6 +551,21 @@ static pv_status check_copies(pv_cache *cache, const char *fn, const pv_cache_mo
     return st;
 }
 
+/* A checked two-phase copy is over (completed or abandoned): the chunk is
+ * no longer under copy and the pending count of its direction drops. */
+static pv_chunk_rec *end_copy(pv_cache *cache, const pv_cache_move *m)
+{
+    pv_session *s = &cache->sessions[m->session];
+    pv_chunk_rec *r = pv_rec(cache, s, m->chunk, m->layer);
+    r->copying = 0;
+    s->copy_src[m->from]--;
+    if (m->from == PV_TIER_DEVICE)
+        cache->pending_out--;
+    else
+        cache->pending_in--;
+    return r;
+}
+
 pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t n_moves)
 {
     pv_status st = check_copies(cache, "pv_cache_complete", moves, n_moves);
@@ -559,15 +574,11 @@ pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t 
     for (size_t i = 0; i < n_moves; i++) {
         const pv_cache_move *m = &moves[i];
         pv_session *s = &cache->sessions[m->session];
-        pv_chunk_rec *r = pv_rec(cache, s, m->chunk, m->layer);
-        r->copying = 0;
-        s->copy_src[m->from]--;
+        pv_chunk_rec *r = end_copy(cache, m);
         if (m->from == PV_TIER_DEVICE) {
-            cache->pending_out--;
             cache->stats.swap_out_chunks++;
             cache->stats.swap_out_bytes += cache->cfg.slot_bytes;
         } else {
-            cache->pending_in--;
             cache->stats.swap_in_chunks++;
             cache->stats.swap_in_bytes += cache->cfg.slot_bytes;
         }
@@ -603,13 +614,7 @@ pv_status pv_cache_abort(pv_cache *cache, const pv_cache_move *moves, size_t n_m
     for (size_t i = 0; i < n_moves; i++) {
         const pv_cache_move *m = &moves[i];
         pv_session *s = &cache->sessions[m->session];
-        pv_chunk_rec *r = pv_rec(cache, s, m->chunk, m->layer);
-        r->copying = 0;
-        s->copy_src[m->from]--;
-        if (m->from == PV_TIER_DEVICE)
-            cache->pending_out--;
-        else
-            cache->pending_in--;
+        end_copy(cache, m);
         pv_slot_give(cache, s, m->to, m->to_slot);
         pv_lead_add(cache, s, m->from, m->chunk, m->layer);
         pv_session_refresh(cache, s);
