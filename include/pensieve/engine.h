@@ -1,0 +1,201 @@
+/* The stateful serving engine: the one place that knows the tiered cache
+ * (pvcore), the model and the backend. Each conversation (session) keeps its
+ * KV between turns in the cache's tiers; a returning session's context is
+ * [dropped | host | device | new prompt]: host chunks are swapped in layer by
+ * layer while earlier layers compute, dropped chunks are recomputed by
+ * prepending their tokens to the new prompt in the same batch.
+ *
+ * The scheduler works in iterations: each pv_engine_step() runs one forward
+ * pass over a unified batch of decode tokens (one per running request) and
+ * prefill pieces (recovered and new prompt tokens) under a token budget,
+ * admits waiting turns first come first served while the cache's device
+ * reserve allows, samples, streams tokens through callbacks, and plans
+ * ahead-of-time swap-outs between iterations.
+ *
+ * Threading: an engine is driven by one thread; callbacks run on that thread
+ * inside pv_engine_step(). No call blocks forever or exits. */
+#ifndef PENSIEVE_ENGINE_H
+#define PENSIEVE_ENGINE_H
+
+#include <pensieve/backend.h>
+#include <pensieve/cache.h>
+#include <pensieve/llama.h>
+#include <pensieve/status.h>
+#include <pensieve/tokenizer.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pv_engine_mode {
+    PV_MODE_PENSIEVE = 0,  /* device + host tiers, dropped chunks recovered */
+    PV_MODE_GPU_ONLY = 1,  /* no host tier: evicted chunks are dropped and recomputed */
+    PV_MODE_STATELESS = 2  /* every turn recomputes the whole history; KV freed after the turn */
+} pv_engine_mode;
+
+const char *pv_engine_mode_name(pv_engine_mode mode);
+/* "pensieve", "gpu-only" or "stateless"; PV_ERR_INVALID_ARG otherwise. */
+pv_status pv_engine_mode_parse(const char *name, pv_engine_mode *mode);
+
+typedef struct pv_engine_config {
+    pv_engine_mode mode;
+    int32_t token_budget;     /* tokens per iteration, prefill and decode together;
+                               * at most the model's max_batch_tokens (0 = that) */
+    int32_t max_running;      /* requests in one batch; at most the model's
+                               * max_logit_rows (0 = that) */
+    uint32_t swap_out_chunks; /* chunks per ahead-of-time swap-out batch (staging size) */
+    double idle_timeout_s;    /* sessions idle this long are ended; 0 = never */
+    pv_clock_fn clock;        /* seconds, for idle times and eviction; NULL = monotonic */
+    void *clock_ctx;
+} pv_engine_config;
+
+/* pensieve mode, budget and running limit from the model, 256 swap-out
+ * chunks per batch, no idle timeout. */
+void pv_engine_config_defaults(pv_engine_config *cfg);
+
+/* How one turn samples and stops. */
+typedef struct pv_sampling {
+    float temperature;          /* 0: greedy (argmax, lowest id on ties) */
+    float top_p;                /* nucleus mass in (0, 1] when sampling */
+    uint64_t seed;              /* per request: the same seed gives the same draws */
+    int32_t max_tokens;         /* tokens to generate; 0 = up to the context limit */
+    const char *const *stop;    /* stop strings (copied at submit); NULL if none */
+    size_t n_stop;
+    int ignore_eos;             /* 1: keep going past the model's end tokens */
+} pv_sampling;
+
+void pv_sampling_defaults(pv_sampling *s); /* greedy, top_p 1, seed 1, no limit */
+
+typedef enum pv_finish_reason {
+    PV_FINISH_NONE = 0,
+    PV_FINISH_STOP,    /* an end token of the model or a stop string */
+    PV_FINISH_LENGTH,  /* max_tokens, or the model's context is full */
+    PV_FINISH_ERROR    /* see the status handed to on_done */
+} pv_finish_reason;
+
+const char *pv_finish_reason_name(pv_finish_reason r);
+
+/* Where one turn's context came from, and what it cost. Token counts are
+ * averaged over layers (a chunk whose layers sit in different tiers counts
+ * fractionally in each), rounded to whole tokens. */
+typedef struct pv_turn_result {
+    uint64_t request_id;
+    pv_finish_reason finish;
+    uint32_t context_tokens;   /* history before the turn */
+    uint32_t reused_device;    /* history tokens read from DEVICE as they were */
+    uint32_t reused_host;      /* history tokens swapped in from HOST */
+    uint32_t recomputed;       /* history tokens recomputed (dropped, or stateless) */
+    uint32_t new_tokens;       /* prompt tokens of this turn */
+    uint32_t generated;        /* tokens generated */
+    uint32_t suspensions;      /* times the request was suspended for room */
+    double queue_ms;           /* submit -> admission */
+    double ttft_ms;            /* submit -> first generated token */
+    double prefill_ms;         /* admission -> first generated token */
+    double decode_ms;          /* first -> last generated token */
+} pv_turn_result;
+
+typedef struct pv_turn_callbacks {
+    /* One generated token and its text (bytes; may end inside a UTF-8
+     * character). Text that could begin a stop string is held back until it
+     * cannot; the stop string itself is never delivered. */
+    void (*on_token)(void *user, int32_t token, const char *text, size_t len);
+    /* The turn ended: PV_OK, or the error (pv_last_error() on this thread
+     * says why). Called exactly once per accepted submit. */
+    void (*on_done)(void *user, pv_status status, const pv_turn_result *result);
+    void *user;
+} pv_turn_callbacks;
+
+/* A turn: either token ids (appended to the session's history as they are)
+ * or chat messages (rendered with the model's chat template as the
+ * continuation of the session's conversation: the first turn gets the
+ * template's default system turn, later turns close the previous answer). */
+typedef struct pv_turn {
+    const int32_t *tokens;
+    size_t n_tokens;
+    const pv_chat_message *messages;
+    size_t n_messages;
+    pv_sampling sampling;
+} pv_turn;
+
+typedef struct pv_engine pv_engine;
+
+/* The engine over an initialised backend, model and tokenizer (it borrows
+ * them; they must outlive it). cache_cfg gives the policy, cost constants
+ * and tier budgets; its chunk_tokens, n_layers and slot_bytes are taken from
+ * the model. The DEVICE tier is a pool on the backend (on the CPU backend, a
+ * memory budget of its own); HOST is pinned host memory (absent in gpu-only
+ * mode). A device budget smaller than one
+ * chunk of every layer (n_layers slots) fails with PV_ERR_INVALID_ARG; a
+ * turn whose context cannot fit the device fails alone, with
+ * PV_ERR_OUT_OF_MEMORY through on_done. */
+pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const pv_tokenizer *tok,
+                         const pv_cache_config *cache_cfg, const pv_engine_config *cfg);
+void pv_engine_free(pv_engine *e);
+
+/* Queue a turn for a session (created on first use). Fails at once, with no
+ * callback, for: an empty turn, a session with a turn still running
+ * (PV_ERR_BUSY), a turn that would not fit the model's context
+ * (PV_ERR_INVALID_ARG naming the lengths and the limit), bad sampling.
+ * *request_id (may be NULL) identifies the turn in its result. */
+pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *turn,
+                           const pv_turn_callbacks *cb, uint64_t *request_id);
+
+/* One iteration: admit, run one forward pass, sample, stream, swap out
+ * ahead of time. *worked (may be NULL) is 0 when there was nothing to do. An
+ * error here is the engine's (a backend failure); turns that fail for their
+ * own reasons end through on_done and the step still succeeds. */
+pv_status pv_engine_step(pv_engine *e, int *worked);
+
+/* Steps until no turn is queued or running. */
+pv_status pv_engine_run(pv_engine *e);
+
+/* Turns queued or running. */
+size_t pv_engine_pending(const pv_engine *e);
+
+/* Ends a session: frees its KV in every tier and its history.
+ * PV_ERR_NOT_FOUND for an unknown session, PV_ERR_BUSY while a turn of it is
+ * queued or running. */
+pv_status pv_engine_end_session(pv_engine *e, const char *session);
+
+/* Tokens of a session's history (KV computed or recomputable), or
+ * PV_ERR_NOT_FOUND. */
+pv_status pv_engine_session_tokens(const pv_engine *e, const char *session, size_t *n_tokens);
+
+typedef struct pv_engine_stats {
+    uint64_t iterations;
+    uint64_t turns_done, turns_failed;
+    uint64_t prefill_tokens;      /* tokens forwarded as prompt (new + recomputed) */
+    uint64_t recomputed_tokens;   /* of which history recomputed */
+    uint64_t decode_tokens;       /* tokens forwarded as decode steps */
+    uint64_t reused_device_tokens, reused_host_tokens; /* history tokens reused */
+    uint64_t swap_in_chunks, swap_out_chunks, dropped_chunks; /* (chunk, layer) records */
+    uint64_t suspensions;
+    uint64_t sessions_timed_out;
+    double forward_s;             /* time inside the model's forward pass and sampling */
+    double schedule_s;            /* time in the engine around it: scheduling, cache
+                                   * bookkeeping, swap planning and issue */
+    uint32_t sessions, running, waiting;
+} pv_engine_stats;
+
+pv_status pv_engine_stats_get(const pv_engine *e, pv_engine_stats *stats);
+
+/* The cache, for read-only views (pv_cache_stats_get, pv_cache_check,
+ * pv_cache_lookup for a picture of the tiers). */
+pv_cache *pv_engine_cache(pv_engine *e);
+
+/* Checks the cache's invariants and the engine's own (every running
+ * request's slots are DEVICE slots of its session). PV_ERR_STATE naming the
+ * first violation. */
+pv_status pv_engine_check(pv_engine *e);
+
+/* Session names, for listings: calls fn for each session the engine knows. */
+void pv_engine_foreach_session(const pv_engine *e, void (*fn)(void *user, const char *session),
+                               void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
