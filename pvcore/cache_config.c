@@ -32,8 +32,10 @@ pv_status pv_policy_parse(const char *name, pv_policy *policy)
                     "unknown eviction policy \"%s\" (expected pensieve, weighted or lru)", name);
 }
 
-void pv_cache_config_defaults(pv_cache_config *cfg)
+pv_status pv_cache_config_defaults(pv_cache_config *cfg)
 {
+    if (!cfg)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_config_defaults: cfg is NULL");
     /* alpha, beta, c: the shape of the paper's Fig. 4 (attention of a chunk
      * at 1K context ~ 0.1 of a layer's other work), in seconds; the tuner
      * replaces them per device. */
@@ -48,6 +50,7 @@ void pv_cache_config_defaults(pv_cache_config *cfg)
     cfg->host_bytes = 4ull << 30;
     cfg->high_water = 0.75;
     cfg->reserve = 0.10;
+    return PV_OK;
 }
 
 pv_status pv_cache_config_validate(const pv_cache_config *cfg)

@@ -170,8 +170,108 @@ static void ini_files(void)
        "a missing file: %s", pv_last_error());
 }
 
+/* Every public entry point with NULL for each pointer that is not optional:
+ * a status, never a crash; the *_free calls take NULL as a no-op. */
+static void null_arguments(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 2, 4, 4, &clk);
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    pv_cache_session_open(cache, "s");
+    pv_cache_stats stats;
+    pv_session_view view;
+    pv_cache_admission adm;
+    pv_tier tier;
+    double v;
+    const char *id;
+    pv_policy policy;
+    pv_cache *none = (pv_cache *)&clk; /* must be set to NULL on failure */
+    pv_cache_move move = {0, 0, 0, PV_TIER_DEVICE, PV_TIER_HOST, 0, 0, 1};
+    int32_t token = 1;
+    const pv_status E = PV_ERR_INVALID_ARG;
+    int n = 0, good = 0;
+#define NULL_CASE(call)                                                  \
+    do {                                                                 \
+        n++;                                                             \
+        pv_status st_ = (call);                                          \
+        if (st_ == E && strstr(pv_last_error(), "NULL"))                 \
+            good++;                                                      \
+        else                                                             \
+            tap_diag("%s gave %s: %s", #call, pv_status_str(st_), pv_last_error()); \
+    } while (0)
+    NULL_CASE(pv_policy_parse(NULL, &policy));
+    NULL_CASE(pv_policy_parse("lru", NULL));
+    NULL_CASE(pv_cache_config_defaults(NULL));
+    NULL_CASE(pv_cache_config_load(NULL, "x.ini"));
+    NULL_CASE(pv_cache_config_load(&cfg, NULL));
+    NULL_CASE(pv_cache_config_validate(NULL));
+    NULL_CASE(pv_cache_init(NULL, &cfg, NULL, NULL));
+    NULL_CASE(pv_cache_init(&none, NULL, NULL, NULL));
+    NULL_CASE(pv_cache_session_open(NULL, "s"));
+    NULL_CASE(pv_cache_session_open(cache, NULL));
+    NULL_CASE(pv_cache_end_session(NULL, "s", NULL));
+    NULL_CASE(pv_cache_end_session(cache, NULL, NULL));
+    NULL_CASE(pv_cache_append_tokens(NULL, "s", &token, 1));
+    NULL_CASE(pv_cache_append_tokens(cache, NULL, &token, 1));
+    NULL_CASE(pv_cache_append_tokens(cache, "s", NULL, 1));
+    NULL_CASE(pv_cache_touch(NULL, "s"));
+    NULL_CASE(pv_cache_touch(cache, NULL));
+    NULL_CASE(pv_cache_pin(NULL, "s"));
+    NULL_CASE(pv_cache_pin(cache, NULL));
+    NULL_CASE(pv_cache_unpin(NULL, "s"));
+    NULL_CASE(pv_cache_unpin(cache, NULL));
+    NULL_CASE(pv_cache_session_save(NULL, "s", 0));
+    NULL_CASE(pv_cache_session_save(cache, NULL, 0));
+    NULL_CASE(pv_cache_session_restore(NULL, "s", &view));
+    NULL_CASE(pv_cache_session_restore(cache, NULL, &view));
+    NULL_CASE(pv_cache_session_restore(cache, "s", NULL));
+    NULL_CASE(pv_cache_held_bytes(NULL, "s", NULL, NULL));
+    NULL_CASE(pv_cache_store_chunk(NULL, "s", 0, 0, PV_TIER_DEVICE, NULL));
+    NULL_CASE(pv_cache_store_chunk(cache, NULL, 0, 0, PV_TIER_DEVICE, NULL));
+    NULL_CASE(pv_cache_lookup(NULL, "s", 0, 0, &tier, NULL));
+    NULL_CASE(pv_cache_lookup(cache, NULL, 0, 0, &tier, NULL));
+    NULL_CASE(pv_cache_lookup(cache, "s", 0, 0, NULL, NULL));
+    NULL_CASE(pv_cache_retention_value(NULL, "s", 0, 0, &v));
+    NULL_CASE(pv_cache_retention_value(cache, NULL, 0, 0, &v));
+    NULL_CASE(pv_cache_retention_value(cache, "s", 0, 0, NULL));
+    NULL_CASE(pv_cache_plan_init(NULL));
+    NULL_CASE(pv_cache_plan_clear(NULL));
+    NULL_CASE(pv_cache_evict_to_free(NULL, PV_TIER_DEVICE, 1, &plan));
+    NULL_CASE(pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 1, NULL));
+    NULL_CASE(pv_cache_plan_swap_out(NULL, 1, &plan));
+    NULL_CASE(pv_cache_plan_swap_out(cache, 1, NULL));
+    NULL_CASE(pv_cache_plan_swap_in(NULL, "s", &plan));
+    NULL_CASE(pv_cache_plan_swap_in(cache, NULL, &plan));
+    NULL_CASE(pv_cache_plan_swap_in(cache, "s", NULL));
+    NULL_CASE(pv_cache_complete(NULL, &move, 1));
+    NULL_CASE(pv_cache_complete(cache, NULL, 1));
+    NULL_CASE(pv_cache_abort(NULL, &move, 1));
+    NULL_CASE(pv_cache_abort(cache, NULL, 1));
+    NULL_CASE(pv_cache_admit(NULL, 1, &adm));
+    NULL_CASE(pv_cache_admit(cache, 1, NULL));
+    NULL_CASE(pv_cache_choose_suspend(NULL, &id));
+    NULL_CASE(pv_cache_choose_suspend(cache, NULL));
+    NULL_CASE(pv_cache_stats_get(NULL, &stats));
+    NULL_CASE(pv_cache_stats_get(cache, NULL));
+    NULL_CASE(pv_cache_check(NULL));
+#undef NULL_CASE
+    ok(good == n, "%d of %d calls with a NULL argument return invalid argument naming NULL", good, n);
+    ok(none == NULL, "pv_cache_init with a NULL config sets *cache to NULL");
+    ok(pv_cache_session_name(NULL, 0) == NULL, "pv_cache_session_name(NULL) is NULL");
+    pv_cache_free(NULL);
+    pv_cache_plan_free(NULL);
+    ok(1, "pv_cache_free(NULL) and pv_cache_plan_free(NULL) are no-ops");
+    check_ok(cache, "after calls with NULL arguments");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
+    null_arguments();
     sessions_and_chunks();
     budgets();
     ini_files();

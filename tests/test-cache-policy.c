@@ -181,8 +181,16 @@ static int oracle_round(pv_policy policy, unsigned seed)
                 }
         pv_cache_plan_clear(&plan);
         uint64_t used = stats.used_bytes[PV_TIER_DEVICE];
-        pv_cache_evict_to_free(cache, PV_TIER_DEVICE,
-                               cfg.device_bytes - used + TEST_SLOT_BYTES, &plan);
+        pv_status st = pv_cache_evict_to_free(cache, PV_TIER_DEVICE,
+                                              cfg.device_bytes - used + TEST_SLOT_BYTES, &plan);
+        /* A failed call plans nothing: there is no victim to read. */
+        if (st != PV_OK || plan.n_moves == 0) {
+            if (bad++ < 5)
+                tap_diag("%s round %d: evict_to_free gave %s with %zu moves (%s)",
+                         pv_policy_name(policy), round, pv_status_str(st), plan.n_moves,
+                         pv_last_error());
+            break;
+        }
         const pv_cache_move *m = &plan.moves[plan.n_moves - 1];
         double v;
         pv_cache_retention_value(cache, pv_cache_session_name(cache, m->session), m->chunk, m->layer, &v);

@@ -18,8 +18,10 @@
  * Ties: lower cost, then lower chunk index, then higher layer (later layers
  * are swapped in last under the layer pipeline); between sessions by id.
  *
- * Every fallible call returns a pv_status; pv_last_error() names the
- * argument, the value and the limit at fault. Nothing here exits or aborts.
+ * Every call but the *_free ones (NULL: no-op) and the name lookups returns
+ * a pv_status: a NULL pointer argument that is not documented as optional
+ * is PV_ERR_INVALID_ARG. pv_last_error() names the argument, the value and
+ * the limit at fault. Nothing here exits or aborts.
  * Not thread-safe: one engine thread owns a cache. */
 #ifndef PENSIEVE_CACHE_H
 #define PENSIEVE_CACHE_H
@@ -71,7 +73,7 @@ typedef struct pv_cache_config {
 
 /* Defaults: pensieve, alpha 1e-6, beta 1e-4, c 1e-3, 32 tokens, 32 layers,
  * 64 KiB slots, 1 GiB device, 4 GiB host, high water 0.75, reserve 0.10. */
-void pv_cache_config_defaults(pv_cache_config *cfg);
+pv_status pv_cache_config_defaults(pv_cache_config *cfg);
 
 /* Overrides cfg with the keys present in section [cache] of an INI file:
  * policy, alpha, beta, c, chunk_tokens, device_bytes, host_bytes (integers
@@ -196,9 +198,9 @@ typedef struct pv_cache_plan {
     size_t capacity;
 } pv_cache_plan;
 
-void pv_cache_plan_init(pv_cache_plan *plan);
-void pv_cache_plan_clear(pv_cache_plan *plan);
-void pv_cache_plan_free(pv_cache_plan *plan);
+pv_status pv_cache_plan_init(pv_cache_plan *plan);
+pv_status pv_cache_plan_clear(pv_cache_plan *plan); /* keeps the capacity */
+void pv_cache_plan_free(pv_cache_plan *plan);         /* NULL: no-op */
 
 /* The id of a session handle found in a move; NULL for a handle not in use. */
 const char *pv_cache_session_name(const pv_cache *cache, uint32_t session);
@@ -273,7 +275,7 @@ typedef struct pv_cache_stats {
     uint32_t sessions;
 } pv_cache_stats;
 
-void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
+pv_status pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
 
 /* Verifies the invariants: no chunk in two tiers (its authoritative copy),
  * and a shadow belongs to exactly one HOST chunk of the same key; used bytes
@@ -281,7 +283,11 @@ void pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
  * chunk lives in one tier and every slot in use belongs to an indexed
  * chunk; ended sessions leave nothing, no shadow either; free lists are
  * consistent; eviction frontiers match the chunks. Returns PV_ERR_STATE
- * with the first violation in pv_last_error(). */
+ * with the first violation in pv_last_error(), as
+ *   pv_cache_check: invariant "<name>" violated: <details>
+ * where <name> is one of: one tier, byte counters, record counters, session
+ * index, ended session, free list, shadow, copies, frontier, eviction tree,
+ * pin list, session table. */
 pv_status pv_cache_check(const pv_cache *cache);
 
 #ifdef __cplusplus
