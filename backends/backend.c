@@ -220,22 +220,54 @@ static pv_status need_extent(const pv_backend *be, pv_op op, const char *arg, co
     return PV_OK;
 }
 
-/* a * b without overflow past INT64_MAX, or -1. */
-static int64_t mul64(int64_t a, int64_t b)
-{
-    if (a < 0 || b < 0)
-        return -1;
-    if (a != 0 && b > INT64_MAX / a)
-        return -1;
-    return a * b;
-}
-
 #define TRY(expr)                                                                                  \
     do {                                                                                           \
         pv_status st_ = (expr);                                                                    \
         if (st_ != PV_OK)                                                                          \
             return st_;                                                                            \
     } while (0)
+
+/* The element count of argument `arg`: the product of its n factors (named
+ * in `formula`, e.g. "n_tokens x n_heads x head_dim"), each >= 0. A product
+ * past 64 bits is an error naming the factors: wrapped, it could pass the
+ * buffer size check and send a kernel far outside the buffer. */
+static pv_status need_product(pv_op op, const char *arg, const char *formula, const int64_t *factors, int n,
+                              uint64_t *out)
+{
+    uint64_t product = 1;
+    int overflow = 0;
+    for (int i = 0; i < n; i++)
+        overflow |= factors[i] < 0 || __builtin_mul_overflow(product, (uint64_t)factors[i], &product);
+    if (!overflow) {
+        *out = product;
+        return PV_OK;
+    }
+    char values[160] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(values + strlen(values), sizeof values - strlen(values), "%s%" PRId64, i ? " x " : "",
+                 factors[i]);
+    return pv_error(PV_ERR_INVALID_ARG, "%s: %s needs %s = %s elements, more than the limit %" PRIu64,
+                    pv_op_name(op), arg, formula, values, UINT64_MAX);
+}
+
+/* Elements spanned by `rows` rows of `cols` at leading dimension ld:
+ * (rows - 1) x ld + cols, with rows >= 1, checked like need_product. */
+static pv_status need_span(pv_op op, const char *arg, int64_t rows, int64_t ld, int64_t cols, uint64_t *out)
+{
+    uint64_t span = 0;
+    if (rows < 1 || ld < 0 || cols < 0 || __builtin_mul_overflow((uint64_t)(rows - 1), (uint64_t)ld, &span) ||
+        __builtin_add_overflow(span, (uint64_t)cols, &span))
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "%s: %s spans (rows - 1) x ld + cols = (%" PRId64 " - 1) x %" PRId64 " + %" PRId64
+                        " elements, more than the limit %" PRIu64,
+                        pv_op_name(op), arg, rows, ld, cols, UINT64_MAX);
+    *out = span;
+    return PV_OK;
+}
+
+#define PRODUCT(op, arg, formula, out, ...)                                                        \
+    need_product(op, arg, formula, (const int64_t[]){__VA_ARGS__},                                   \
+                 (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), out)
 
 /* Validates the paged-KV addressing shared by attention and kv_write:
  * sequence ids, positions and the slot of every chunk a token touches.
@@ -253,7 +285,7 @@ static pv_status check_paging(pv_op op, int32_t n_tokens, const int32_t *token_s
     TRY(need_host_array(op, "token_seq", token_seq));
     TRY(need_host_array(op, "token_pos", token_pos));
     TRY(need_host_array(op, "slot_table", slot_table));
-    int64_t max_pos = mul64(max_chunks, chunk_tokens);
+    int64_t max_pos = (int64_t)max_chunks * chunk_tokens; /* both positive int32: fits */
     for (int32_t i = 0; i < n_tokens; i++) {
         int32_t s = token_seq[i], p = token_pos[i];
         if (s < 0 || s >= n_seqs)
@@ -274,6 +306,56 @@ static pv_status check_paging(pv_op op, int32_t n_tokens, const int32_t *token_s
                                 pv_op_name(op), s, c, slot, n_slots, i, p);
         }
     }
+    return PV_OK;
+}
+
+/* A host index value and the array position it came from: sorting these
+ * finds repeated values in O(n log n). */
+typedef struct keyed {
+    int64_t key;
+    int32_t index;
+} keyed;
+
+static int keyed_cmp(const void *pa, const void *pb)
+{
+    const keyed *a = pa, *b = pb;
+    if (a->key != b->key)
+        return a->key < b->key ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+/* Sorts keys[n]; 1 with the positions of two equal keys (first < second)
+ * when some key repeats, else 0. */
+static int find_repeat(keyed *keys, int32_t n, int32_t *first, int32_t *second)
+{
+    qsort(keys, (size_t)n, sizeof *keys, keyed_cmp);
+    for (int32_t i = 1; i < n; i++)
+        if (keys[i].key == keys[i - 1].key) {
+            *first = keys[i - 1].index;
+            *second = keys[i].index;
+            return 1;
+        }
+    return 0;
+}
+
+/* kv_write: two rows for one (sequence, position) would race inside the
+ * kernel, and which one lands would differ between backends. */
+static pv_status need_unique_rows(const pv_kv_write_args *a)
+{
+    keyed *keys = malloc((size_t)a->n_tokens * sizeof *keys);
+    if (!keys)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "kv_write: cannot allocate %d keys to check for repeated rows",
+                        a->n_tokens);
+    for (int32_t i = 0; i < a->n_tokens; i++)
+        keys[i] = (keyed){(int64_t)a->token_seq[i] << 32 | (uint32_t)a->token_pos[i], i};
+    int32_t i = 0, j = 0;
+    int repeated = find_repeat(keys, a->n_tokens, &i, &j);
+    free(keys);
+    if (repeated)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "kv_write: rows %d and %d both write sequence %d position %d (token_seq[%d] = %d, "
+                        "token_pos[%d] = %d): at most one row per position",
+                        i, j, a->token_seq[i], a->token_pos[i], j, a->token_seq[j], j, a->token_pos[j]);
     return PV_OK;
 }
 
@@ -443,11 +525,15 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
         return PV_OK;
     size_t es = pv_dtype_size(a->dtype);
     /* With k = 0 nothing of A or B is read, but they must still be real buffers. */
-    uint64_t a_extent = a->k > 0 ? (uint64_t)((a_rows - 1) * a->lda + a_cols) : 0;
-    uint64_t b_extent = a->k > 0 ? (uint64_t)((b_rows - 1) * a->ldb + b_cols) : 0;
+    uint64_t a_extent = 0, b_extent = 0, c_extent = 0;
+    if (a->k > 0) {
+        TRY(need_span(op, "a", a_rows, a->lda, a_cols, &a_extent));
+        TRY(need_span(op, "b", b_rows, a->ldb, b_cols, &b_extent));
+    }
+    TRY(need_span(op, "c", a->m, a->ldc, a->n, &c_extent));
     TRY(need_extent(be, op, "a", a->a, a->a_off, a_extent, es));
     TRY(need_extent(be, op, "b", a->b, a->b_off, b_extent, es));
-    TRY(need_extent(be, op, "c", a->c, a->c_off, (uint64_t)((a->m - 1) * a->ldc + a->n), es));
+    TRY(need_extent(be, op, "c", a->c, a->c_off, c_extent, es));
     return be->ops->gemm(be, a);
 }
 
@@ -474,12 +560,13 @@ pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
         return PV_OK;
     TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                      a->max_chunks, a->chunk_tokens, a->n_slots, 1));
-    uint64_t q_elems = (uint64_t)a->n_tokens * a->n_heads * a->head_dim;
-    uint64_t slot_elems = 2ull * a->chunk_tokens * a->n_kv_heads * a->head_dim;
+    uint64_t q_elems = 0, pool_elems = 0;
+    TRY(PRODUCT(op, "q", "n_tokens x n_heads x head_dim", &q_elems, a->n_tokens, a->n_heads, a->head_dim));
+    TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
+                a->chunk_tokens, a->n_kv_heads, a->head_dim));
     TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
     TRY(need_extent(be, op, "out", a->out, a->out_off, q_elems, 4));
-    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, (uint64_t)a->n_slots * slot_elems,
-                    pv_dtype_size(a->kv_dtype)));
+    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
     return be->ops->attention(be, a);
 }
 
@@ -497,12 +584,15 @@ pv_status pv_kv_write(pv_backend *be, const pv_kv_write_args *a)
         return PV_OK;
     TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                      a->max_chunks, a->chunk_tokens, a->n_slots, 0));
-    uint64_t row_elems = (uint64_t)a->n_tokens * a->n_kv_heads * a->head_dim;
-    uint64_t slot_elems = 2ull * a->chunk_tokens * a->n_kv_heads * a->head_dim;
+    uint64_t row_elems = 0, pool_elems = 0;
+    TRY(PRODUCT(op, "k and v", "n_tokens x n_kv_heads x head_dim", &row_elems, a->n_tokens, a->n_kv_heads,
+                a->head_dim));
+    TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
+                a->chunk_tokens, a->n_kv_heads, a->head_dim));
     TRY(need_extent(be, op, "k", a->k, a->k_off, row_elems, 4));
     TRY(need_extent(be, op, "v", a->v, a->v_off, row_elems, 4));
-    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, (uint64_t)a->n_slots * slot_elems,
-                    pv_dtype_size(a->kv_dtype)));
+    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
+    TRY(need_unique_rows(a));
     return be->ops->kv_write(be, a);
 }
 
@@ -524,12 +614,11 @@ static pv_status check_slot_copy(pv_backend *be, pv_op op, const pv_slot_copy_ar
             return pv_error(PV_ERR_INVALID_ARG, "%s: slots[%d] = %d out of range [0, %" PRId64 ")",
                             pv_op_name(op), i, a->slots[i], a->n_slots);
     size_t es = pv_dtype_size(a->dtype);
-    int64_t pool_elems = mul64(a->n_slots, a->slot_elems);
-    int64_t moved_elems = mul64(a->n_slots_moved, a->slot_elems);
-    if (pool_elems < 0 || moved_elems < 0)
-        return pv_error(PV_ERR_INVALID_ARG, "%s: n_slots x slot_elems overflows", pv_op_name(op));
-    TRY(need_extent(be, op, "pool", a->pool, 0, (uint64_t)pool_elems, es));
-    TRY(need_extent(be, op, "staging", a->staging, a->staging_off, (uint64_t)moved_elems, es));
+    uint64_t pool_elems = 0, moved_elems = 0;
+    TRY(PRODUCT(op, "pool", "n_slots x slot_elems", &pool_elems, a->n_slots, a->slot_elems));
+    TRY(PRODUCT(op, "staging", "n_slots_moved x slot_elems", &moved_elems, a->n_slots_moved, a->slot_elems));
+    TRY(need_extent(be, op, "pool", a->pool, 0, pool_elems, es));
+    TRY(need_extent(be, op, "staging", a->staging, a->staging_off, moved_elems, es));
     if (a->pool == a->staging)
         return pv_error(PV_ERR_INVALID_ARG, "%s: pool and staging are the same buffer", pv_op_name(op));
     return PV_OK;
@@ -547,25 +636,19 @@ pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     if (a->n_slots_moved == 0)
         return PV_OK;
     /* Two staging rows into one slot would race: the result would depend on order. */
-    int32_t *seen = calloc((size_t)a->n_slots_moved, sizeof *seen);
-    if (!seen)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "slot_scatter: cannot allocate %d ints",
+    keyed *keys = malloc((size_t)a->n_slots_moved * sizeof *keys);
+    if (!keys)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "slot_scatter: cannot allocate %d keys to check for repeated slots",
                         a->n_slots_moved);
-    memcpy(seen, a->slots, (size_t)a->n_slots_moved * sizeof *seen);
-    for (int32_t i = 1; i < a->n_slots_moved; i++) { /* insertion sort is enough: lists are short */
-        int32_t x = seen[i], j = i - 1;
-        while (j >= 0 && seen[j] > x) {
-            seen[j + 1] = seen[j];
-            j--;
-        }
-        seen[j + 1] = x;
-    }
-    pv_status st = PV_OK;
-    for (int32_t i = 1; i < a->n_slots_moved && st == PV_OK; i++)
-        if (seen[i] == seen[i - 1])
-            st = pv_error(PV_ERR_INVALID_ARG, "slot_scatter: slot %d appears twice in slots", seen[i]);
-    free(seen);
-    return st == PV_OK ? be->ops->slot_scatter(be, a) : st;
+    for (int32_t i = 0; i < a->n_slots_moved; i++)
+        keys[i] = (keyed){a->slots[i], i};
+    int32_t i = 0, j = 0;
+    int repeated = find_repeat(keys, a->n_slots_moved, &i, &j);
+    free(keys);
+    if (repeated)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_scatter: slots[%d] = slots[%d] = %d: slot %d appears twice in slots",
+                        i, j, a->slots[i], a->slots[i]);
+    return be->ops->slot_scatter(be, a);
 }
 
 pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
@@ -585,9 +668,11 @@ pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
         if (a->ids[i] < 0 || a->ids[i] >= a->n_rows)
             return pv_error(PV_ERR_INVALID_ARG, "embed_gather: ids[%d] = %d out of range [0, %" PRId64 ")",
                             i, a->ids[i], a->n_rows);
-    TRY(need_extent(be, op, "table", a->table, a->table_off, (uint64_t)mul64(a->n_rows, a->dim),
-                    pv_dtype_size(a->table_dtype)));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, (uint64_t)a->n_ids * (uint64_t)a->dim, 4));
+    uint64_t table_elems = 0, out_elems = 0;
+    TRY(PRODUCT(op, "table", "n_rows x dim", &table_elems, a->n_rows, a->dim));
+    TRY(PRODUCT(op, "out", "n_ids x dim", &out_elems, a->n_ids, a->dim));
+    TRY(need_extent(be, op, "table", a->table, a->table_off, table_elems, pv_dtype_size(a->table_dtype)));
+    TRY(need_extent(be, op, "out", a->out, a->out_off, out_elems, 4));
     return be->ops->embed_gather(be, a);
 }
 
@@ -601,7 +686,8 @@ pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
     TRY(need_positive(op, "dim", a->dim));
     if (!(a->eps >= 0.0f))
         return pv_error(PV_ERR_INVALID_ARG, "rmsnorm: eps = %g must be >= 0", (double)a->eps);
-    uint64_t n = (uint64_t)mul64(a->rows, a->dim);
+    uint64_t n = 0;
+    TRY(PRODUCT(op, "x and out", "rows x dim", &n, a->rows, a->dim));
     TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     TRY(need_extent(be, op, "weight", a->weight, a->weight_off, (uint64_t)a->dim, 4));
     TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
@@ -628,7 +714,9 @@ pv_status pv_rope(pv_backend *be, const pv_rope_args *a)
     for (int32_t i = 0; i < a->n_tokens; i++)
         if (a->pos[i] < 0)
             return pv_error(PV_ERR_INVALID_ARG, "rope: pos[%d] = %d must be >= 0", i, a->pos[i]);
-    TRY(need_extent(be, op, "x", a->x, a->x_off, (uint64_t)a->n_tokens * a->n_heads * a->head_dim, 4));
+    uint64_t n = 0;
+    TRY(PRODUCT(op, "x", "n_tokens x n_heads x head_dim", &n, a->n_tokens, a->n_heads, a->head_dim));
+    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     return be->ops->rope(be, a);
 }
 
@@ -674,7 +762,8 @@ pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)
     TRY(need_supported(be, op, PV_F32));
     TRY(need_positive(op, "rows", a->rows));
     TRY(need_positive(op, "cols", a->cols));
-    uint64_t n = (uint64_t)mul64(a->rows, a->cols);
+    uint64_t n = 0;
+    TRY(PRODUCT(op, "x and out", "rows x cols", &n, a->rows, a->cols));
     TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
     return be->ops->softmax(be, a);
@@ -691,7 +780,9 @@ pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a)
     if (a->cols > INT32_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "argmax: cols = %" PRId64 " exceeds %d", a->cols, INT32_MAX);
     TRY(need_host_array(op, "out", a->out));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, (uint64_t)mul64(a->rows, a->cols), 4));
+    uint64_t n = 0;
+    TRY(PRODUCT(op, "x", "rows x cols", &n, a->rows, a->cols));
+    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     return be->ops->argmax(be, a);
 }
 
@@ -718,6 +809,8 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
         if (!(a->u[r] >= 0.0f && a->u[r] < 1.0f))
             return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: u[%" PRId64 "] = %g must be in [0, 1)",
                             r, (double)a->u[r]);
-    TRY(need_extent(be, op, "logits", a->logits, a->logits_off, (uint64_t)mul64(a->rows, a->cols), 4));
+    uint64_t n = 0;
+    TRY(PRODUCT(op, "logits", "rows x cols", &n, a->rows, a->cols));
+    TRY(need_extent(be, op, "logits", a->logits, a->logits_off, n, 4));
     return be->ops->sample_top_p(be, a);
 }

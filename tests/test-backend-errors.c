@@ -167,6 +167,14 @@ static void attention_cases(const char *name, pv_backend *be)
     a.out = NULL;
     expect(name, "attention out NULL", pv_attention(be, &a), PV_ERR_INVALID_ARG, NAMES("buffer out"), &f.out);
 
+    /* Absurd shapes whose element counts pass 2^64: a wrapped product
+     * would pass the size check and send the kernel outside the pool. The
+     * slot indices stay small, so a backend that accepted them would run. */
+    a = f.args;
+    a.n_slots = (int64_t)1 << 51; /* x 8192 elements per slot = 2^64 */
+    expect(name, "attention n_slots 2^51 (pool elements past 2^64)", pv_attention(be, &a), PV_ERR_INVALID_ARG,
+           NAMES("kv_pool", "n_slots x 2 x chunk_tokens", "2251799813685248"), &f.out);
+
     /* The unbroken fixture runs: the cases above failed for their reason. */
     ok(pv_attention(be, &f.args) == PV_OK && !output_untouched(&f.out), "%s: the valid fixture runs and writes out",
        name);
@@ -192,7 +200,58 @@ static void attention_cases(const char *name, pv_backend *be)
     f.slot_table[1] = 9;
     expect(name, "kv_write slot 9 of 4", pv_kv_write(be, &w), PV_ERR_INVALID_ARG, NAMES("slot_table", "9"), NULL);
     f.slot_table[1] = 0;
+
+    /* Two rows for one (sequence, position): which lands would be a race. */
+    w.n_tokens = 2;
+    f.token_seq[1] = 0;
+    f.token_pos[1] = 39;
+    expect(name, "kv_write two rows for sequence 0 position 39", pv_kv_write(be, &w), PV_ERR_INVALID_ARG,
+           NAMES("rows 0 and 1", "sequence 0", "position 39"), NULL);
+    f.token_pos[1] = 38;
+    ok(pv_kv_write(be, &w) == PV_OK, "%s: kv_write of two positions of one sequence runs", name);
+
+    /* The pool of the absurd shape above. */
+    w.n_slots = (int64_t)1 << 51;
+    expect(name, "kv_write n_slots 2^51 (pool elements past 2^64)", pv_kv_write(be, &w), PV_ERR_INVALID_ARG,
+           NAMES("kv_pool", "n_slots x 2 x chunk_tokens", "2251799813685248"), NULL);
     fixture_free(&f);
+}
+
+/* kv_write of many rows with one repeat at the end: found by a sort, not
+ * by comparing every pair (2^34 pairs would take minutes). */
+static void many_rows_case(const char *name, pv_backend *be)
+{
+    enum { ROWS = 1 << 18, CHUNK_T = 32, CHUNKS = ROWS / CHUNK_T };
+    int32_t *seq = xmalloc(ROWS * sizeof *seq), *pos = xmalloc(ROWS * sizeof *pos);
+    int32_t *table = xmalloc(CHUNKS * sizeof *table);
+    for (int32_t i = 0; i < ROWS; i++) {
+        seq[i] = 0;
+        pos[i] = ROWS - 1 - i;
+    }
+    for (int32_t c = 0; c < CHUNKS; c++)
+        table[c] = c;
+    pv_buffer *rows = NULL, *pool = NULL;
+    pv_status st = pv_buffer_init(&rows, be, PV_MEM_DEVICE, (uint64_t)ROWS * sizeof(float));
+    if (st == PV_OK)
+        st = pv_buffer_init(&pool, be, PV_MEM_DEVICE, (uint64_t)2 * ROWS * sizeof(float));
+    if (!ok(st == PV_OK, "%s: buffers for %d rows allocate", name, ROWS)) {
+        tap_diag("%s", pv_last_error());
+    } else {
+        pv_kv_write_args w = {
+            .kv_dtype = PV_F32, .n_tokens = ROWS, .n_kv_heads = 1, .head_dim = 1, .chunk_tokens = CHUNK_T,
+            .k = rows, .v = rows, .kv_pool = pool, .n_slots = CHUNKS, .token_seq = seq, .token_pos = pos,
+            .slot_table = table, .n_seqs = 1, .max_chunks = CHUNKS,
+        };
+        ok(pv_kv_write(be, &w) == PV_OK, "%s: kv_write of %d distinct rows runs", name, ROWS);
+        pos[ROWS - 1] = 12345; /* row ROWS - 1 - 12345 already writes position 12345 */
+        expect(name, "kv_write of 2^18 rows, the last repeating position 12345", pv_kv_write(be, &w),
+               PV_ERR_INVALID_ARG, NAMES("position 12345", "rows 249798 and 262143"), NULL);
+    }
+    pv_buffer_free(rows);
+    pv_buffer_free(pool);
+    free(seq);
+    free(pos);
+    free(table);
 }
 
 static void other_op_cases(const char *name, pv_backend *be)
@@ -266,6 +325,36 @@ static void other_op_cases(const char *name, pv_backend *be)
     expect(name, "sample_top_p u[1] = 1", pv_sample_top_p(be, &sa), PV_ERR_INVALID_ARG, NAMES("u[1]"), NULL);
     ok(picked[0] == -1 && picked[1] == -1, "%s: rejected sampling wrote no token", name);
 
+    /* Absurd shapes: every element count past 2^64 is named, never wrapped. */
+    int32_t zeros[16] = {0};
+    pv_rope_args huge_rope = {.n_tokens = 16, .n_heads = 1 << 30, .head_dim = 1 << 30, .base = 10000.0f,
+                              .x = out.buf, .x_off = out.off, .pos = zeros}; /* 2^4 x 2^30 x 2^30 = 2^64 */
+    expect(name, "rope 16 tokens x 2^30 heads x head_dim 2^30", pv_rope(be, &huge_rope), PV_ERR_INVALID_ARG,
+           NAMES("n_tokens x n_heads x head_dim", "1073741824"), &out);
+    pv_embed_gather_args huge_embed = {.table_dtype = PV_F32, .n_rows = 1, .dim = (int64_t)1 << 62,
+                                       .table = x.buf, .table_off = x.off, .ids = zeros, .n_ids = 4,
+                                       .out = out.buf, .out_off = out.off};
+    expect(name, "embed_gather 4 ids x dim 2^62", pv_embed_gather(be, &huge_embed), PV_ERR_INVALID_ARG,
+           NAMES("n_ids x dim", "4611686018427387904"), &out);
+    pv_softmax_args huge_softmax = {.rows = (int64_t)1 << 33, .cols = (int64_t)1 << 31, .scale = 1.0f,
+                                    .x = x.buf, .x_off = x.off, .out = out.buf, .out_off = out.off};
+    expect(name, "softmax 2^33 rows x 2^31 cols", pv_softmax(be, &huge_softmax), PV_ERR_INVALID_ARG,
+           NAMES("rows x cols", "8589934592"), &out);
+    pv_rmsnorm_args huge_norm = rn;
+    huge_norm.rows = (int64_t)1 << 40;
+    huge_norm.dim = (int64_t)1 << 24;
+    expect(name, "rmsnorm 2^40 rows x dim 2^24", pv_rmsnorm(be, &huge_norm), PV_ERR_INVALID_ARG,
+           NAMES("rows x dim", "1099511627776"), &out);
+    pv_argmax_args huge_argmax = {.rows = (int64_t)1 << 40, .cols = 1 << 24, .x = x.buf, .x_off = x.off,
+                                  .out = picked};
+    expect(name, "argmax 2^40 rows x 2^24 cols", pv_argmax(be, &huge_argmax), PV_ERR_INVALID_ARG,
+           NAMES("rows x cols", "1099511627776"), NULL);
+    sc.n_slots = (int64_t)1 << 40;
+    sc.slot_elems = (int64_t)1 << 24;
+    slots[1] = 2;
+    expect(name, "slot_gather 2^40 slots x 2^24 elements", pv_slot_gather(be, &sc), PV_ERR_INVALID_ARG,
+           NAMES("n_slots x slot_elems", "1099511627776"), &out);
+
     unsigned char bytes[16];
     expect(name, "buffer_read past the end", pv_buffer_read(x.buf, x.buf->bytes - 8, bytes, 16), PV_ERR_INVALID_ARG,
            NAMES("src"), NULL);
@@ -311,6 +400,7 @@ int main(int argc, char **argv)
         }
         attention_cases(*name, be);
         other_op_cases(*name, be);
+        many_rows_case(*name, be);
         pv_backend_free(be);
     }
     return tap_done();
