@@ -4,3 +4,4 @@ include tests/backend.mk
 include tests/cache.mk
 include tests/models.mk
 include tests/integration.mk
+include tests/fuzz/local.mk
