@@ -276,6 +276,8 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
     if ((st = pv_rope(m->be, &rq)) != PV_OK || (st = pv_rope(m->be, &rk)) != PV_OK)
         return st;
 
+    if (b->before_layer && (st = b->before_layer(b->before_layer_ctx, l)) != PV_OK)
+        return st;
     /* This batch's K/V go into the pool first, so its tokens see each other. */
     pv_kv_write_args w = {
         .kv_dtype = m->opt.kv_dtype, .n_tokens = T, .n_kv_heads = (int32_t)hp->n_kv_heads,

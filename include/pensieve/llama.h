@@ -56,6 +56,11 @@ typedef struct pv_llama_batch {
     int32_t n_logits;          /* rows of the batch that want logits */
     const int32_t *logit_rows; /* [n_logits] indices into the batch */
     float *logits;             /* host [n_logits][n_vocab], or NULL */
+    /* Called before layer l writes or reads the pool (NULL: none): the
+     * engine makes layer l's work wait there for that layer's swapped-in
+     * chunks, so later layers' copies overlap earlier layers' compute. */
+    pv_status (*before_layer)(void *ctx, uint32_t layer);
+    void *before_layer_ctx;
 } pv_llama_batch;
 
 pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b);
