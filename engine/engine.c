@@ -1,0 +1,629 @@
+/* The engine's life cycle, sessions and the submit / end API. The scheduler
+ * is in engine_sched.c, the swap executor in engine_swap.c, chat rendering
+ * and stop strings in engine_text.c. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "engine/engine_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const mode_names[] = {"pensieve", "gpu-only", "stateless"};
+
+const char *pv_engine_mode_name(pv_engine_mode mode)
+{
+    return (unsigned)mode < 3 ? mode_names[mode] : "unknown";
+}
+
+pv_status pv_engine_mode_parse(const char *name, pv_engine_mode *mode)
+{
+    if (!name || !mode)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_mode_parse: NULL argument");
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, mode_names[i]) == 0) {
+            *mode = (pv_engine_mode)i;
+            return PV_OK;
+        }
+    return pv_error(PV_ERR_INVALID_ARG,
+                    "mode \"%.64s\" is not one of pensieve, gpu-only, stateless", name);
+}
+
+const char *pv_finish_reason_name(pv_finish_reason r)
+{
+    switch (r) {
+    case PV_FINISH_STOP: return "stop";
+    case PV_FINISH_LENGTH: return "length";
+    case PV_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+void pv_engine_config_defaults(pv_engine_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->mode = PV_MODE_PENSIEVE;
+    cfg->swap_out_chunks = 256;
+}
+
+void pv_sampling_defaults(pv_sampling *s)
+{
+    memset(s, 0, sizeof *s);
+    s->top_p = 1.0f;
+    s->seed = 1;
+}
+
+/* ---- small vectors ---------------------------------------------------------- */
+
+pv_status pv_ivec_reserve(pv_ivec *a, size_t cap)
+{
+    if (cap <= a->cap)
+        return PV_OK;
+    size_t n = a->cap ? a->cap : 64;
+    while (n < cap)
+        n *= 2;
+    int32_t *v = realloc(a->v, n * sizeof *v);
+    if (!v)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: cannot grow a token list to %zu entries", n);
+    a->v = v;
+    a->cap = n;
+    return PV_OK;
+}
+
+pv_status pv_ivec_push(pv_ivec *a, int32_t x)
+{
+    pv_status st = pv_ivec_reserve(a, a->n + 1);
+    if (st == PV_OK)
+        a->v[a->n++] = x;
+    return st;
+}
+
+pv_status pv_ivec_append(pv_ivec *a, const int32_t *x, size_t n)
+{
+    pv_status st = pv_ivec_reserve(a, a->n + n);
+    if (st == PV_OK && n) {
+        memcpy(a->v + a->n, x, n * sizeof *x);
+        a->n += n;
+    }
+    return st;
+}
+
+void pv_ivec_free(pv_ivec *a)
+{
+    free(a->v);
+    *a = (pv_ivec){0};
+}
+
+/* ---- time ------------------------------------------------------------------- */
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double engine_clock(void *ctx)
+{
+    pv_engine *e = ctx;
+    return e->cfg.clock ? e->cfg.clock(e->cfg.clock_ctx) : monotonic_s();
+}
+
+double pv_engine_now(pv_engine *e)
+{
+    return engine_clock(e);
+}
+
+/* ---- sessions ---------------------------------------------------------------- */
+
+static size_t hash_id(const char *id)
+{
+    size_t h = 1469598103934665603ull;
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 1099511628211ull;
+    return h;
+}
+
+pv_esession *pv_engine_find_session(const pv_engine *e, const char *id)
+{
+    for (pv_esession *s = e->buckets[hash_id(id) & (e->n_buckets - 1)]; s; s = s->next_in_bucket)
+        if (strcmp(s->id, id) == 0)
+            return s;
+    return NULL;
+}
+
+static pv_status grow_buckets(pv_engine *e)
+{
+    size_t n = e->n_buckets * 2;
+    pv_esession **b = calloc(n, sizeof *b);
+    if (!b)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: cannot grow the session table to %zu", n);
+    for (size_t i = 0; i < e->n_buckets; i++)
+        for (pv_esession *s = e->buckets[i], *next; s; s = next) {
+            next = s->next_in_bucket;
+            size_t k = hash_id(s->id) & (n - 1);
+            s->next_in_bucket = b[k];
+            b[k] = s;
+        }
+    free(e->buckets);
+    e->buckets = b;
+    e->n_buckets = n;
+    return PV_OK;
+}
+
+static pv_status session_get(pv_engine *e, const char *id, pv_esession **out)
+{
+    pv_esession *s = pv_engine_find_session(e, id);
+    if (s) {
+        *out = s;
+        return PV_OK;
+    }
+    if (e->n_sessions + 1 > e->n_buckets && grow_buckets(e) != PV_OK)
+        return PV_ERR_OUT_OF_MEMORY;
+    s = calloc(1, sizeof *s);
+    if (!s || !(s->id = strdup(id))) {
+        free(s);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: cannot allocate session \"%.64s\"", id);
+    }
+    s->last_active = pv_engine_now(e);
+    size_t k = hash_id(id) & (e->n_buckets - 1);
+    s->next_in_bucket = e->buckets[k];
+    e->buckets[k] = s;
+    e->n_sessions++;
+    *out = s;
+    return PV_OK;
+}
+
+static void session_destroy(pv_engine *e, pv_esession *s)
+{
+    pv_esession **p = &e->buckets[hash_id(s->id) & (e->n_buckets - 1)];
+    while (*p != s)
+        p = &(*p)->next_in_bucket;
+    *p = s->next_in_bucket;
+    e->n_sessions--;
+    pv_ivec_free(&s->history);
+    pv_ivec_free(&s->pending);
+    free(s->id);
+    free(s);
+}
+
+static pv_status session_close_cache(pv_engine *e, pv_esession *s)
+{
+    if (!s->opened)
+        return PV_OK;
+    pv_status st = pv_cache_end_session(e->cache, s->id, NULL);
+    if (st == PV_OK)
+        s->opened = 0;
+    return st;
+}
+
+pv_status pv_engine_end_session(pv_engine *e, const char *session)
+{
+    if (!e || !session)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_end_session: engine and session must not be NULL");
+    pv_esession *s = pv_engine_find_session(e, session);
+    if (!s)
+        return pv_error(PV_ERR_NOT_FOUND, "pv_engine_end_session: unknown session \"%.64s\"", session);
+    if (s->request)
+        return pv_error(PV_ERR_BUSY, "pv_engine_end_session: session \"%.64s\" has a turn queued or running",
+                        session);
+    pv_status st = session_close_cache(e, s);
+    if (st != PV_OK)
+        return st;
+    session_destroy(e, s);
+    return PV_OK;
+}
+
+pv_status pv_engine_session_tokens(const pv_engine *e, const char *session, size_t *n_tokens)
+{
+    if (!e || !session || !n_tokens)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_session_tokens: NULL argument");
+    const pv_esession *s = pv_engine_find_session(e, session);
+    if (!s)
+        return pv_error(PV_ERR_NOT_FOUND, "pv_engine_session_tokens: unknown session \"%.64s\"", session);
+    *n_tokens = s->history.n + s->pending.n;
+    return PV_OK;
+}
+
+void pv_engine_foreach_session(const pv_engine *e, void (*fn)(void *user, const char *session),
+                               void *user)
+{
+    if (!e || !fn)
+        return;
+    for (size_t i = 0; i < e->n_buckets; i++)
+        for (const pv_esession *s = e->buckets[i]; s; s = s->next_in_bucket)
+            fn(user, s->id);
+}
+
+/* Sessions idle past the timeout end, at most once a second of clock. */
+pv_status pv_engine_expire_idle(pv_engine *e)
+{
+    if (e->cfg.idle_timeout_s <= 0)
+        return PV_OK;
+    double now = pv_engine_now(e);
+    if (now - e->last_idle_scan < 1.0 && e->last_idle_scan != 0)
+        return PV_OK;
+    e->last_idle_scan = now;
+    for (size_t i = 0; i < e->n_buckets; i++)
+        for (pv_esession *s = e->buckets[i], *next; s; s = next) {
+            next = s->next_in_bucket;
+            if (s->request || now - s->last_active < e->cfg.idle_timeout_s)
+                continue;
+            pv_status st = session_close_cache(e, s);
+            if (st != PV_OK)
+                return st;
+            session_destroy(e, s);
+            e->stats.sessions_timed_out++;
+        }
+    return PV_OK;
+}
+
+/* ---- init and free ------------------------------------------------------------ */
+
+static pv_status check_config(pv_engine *e, const pv_llama_options *lo)
+{
+    pv_engine_config *c = &e->cfg;
+    if ((unsigned)c->mode > PV_MODE_STATELESS)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: mode %d is not a pv_engine_mode", (int)c->mode);
+    if (c->token_budget == 0)
+        c->token_budget = lo->max_batch_tokens;
+    if (c->max_running == 0)
+        c->max_running = lo->max_logit_rows;
+    if (c->token_budget < 1 || c->token_budget > lo->max_batch_tokens)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_init: token_budget %d out of range [1, %d] (the model's max_batch_tokens)",
+                        c->token_budget, lo->max_batch_tokens);
+    if (c->max_running < 1 || c->max_running > lo->max_logit_rows)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_init: max_running %d out of range [1, %d] (the model's max_logit_rows)",
+                        c->max_running, lo->max_logit_rows);
+    if (c->swap_out_chunks < 1 || c->swap_out_chunks > (1u << 20))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: swap_out_chunks %u out of range [1, %u]",
+                        c->swap_out_chunks, 1u << 20);
+    if (!(c->idle_timeout_s >= 0) || isinf(c->idle_timeout_s))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: idle_timeout_s %g must be finite and >= 0",
+                        c->idle_timeout_s);
+    return PV_OK;
+}
+
+static pv_status alloc_batch(pv_engine *e)
+{
+    size_t T = (size_t)e->cfg.token_budget, R = (size_t)e->cfg.max_running;
+    e->b_tokens = malloc(T * sizeof *e->b_tokens);
+    e->b_seq = malloc(T * sizeof *e->b_seq);
+    e->b_pos = malloc(T * sizeof *e->b_pos);
+    e->b_logit_rows = malloc(R * sizeof *e->b_logit_rows);
+    e->b_sampled = malloc(R * sizeof *e->b_sampled);
+    e->b_take = malloc(R * sizeof *e->b_take);
+    e->b_reqs = malloc(R * sizeof *e->b_reqs);
+    e->b_logit_req = malloc(R * sizeof *e->b_logit_req);
+    e->u = malloc(R * sizeof *e->u);
+    e->running = malloc(R * sizeof *e->running);
+    if (!e->b_tokens || !e->b_seq || !e->b_pos || !e->b_logit_rows || !e->b_sampled || !e->b_take || !e->b_reqs ||
+        !e->b_logit_req || !e->u || !e->running)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: batch arrays for %zu tokens", T);
+    return PV_OK;
+}
+
+pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const pv_tokenizer *tok,
+                         const pv_cache_config *cache_cfg, const pv_engine_config *cfg)
+{
+    if (!out || !be || !model || !tok || !cache_cfg)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_init: out, backend, model, tokenizer and cache config must not be NULL");
+    *out = NULL;
+    pv_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: cannot allocate the engine");
+    e->be = be;
+    e->model = model;
+    e->tok = tok;
+    if (cfg)
+        e->cfg = *cfg;
+    else
+        pv_engine_config_defaults(&e->cfg);
+    const pv_llama_hparams *hp = pv_llama_hparams_of(model);
+    const pv_llama_options *lo = pv_llama_options_of(model);
+    e->n_layers = hp->n_layers;
+    e->chunk_tokens = (uint32_t)lo->chunk_tokens;
+    e->n_ctx = hp->n_ctx_train;
+    e->n_vocab = hp->n_vocab;
+    e->slot_bytes = pv_llama_slot_bytes(model);
+    e->slot_elems = pv_llama_slot_elems(model);
+    e->kv_dtype = lo->kv_dtype;
+    pv_status st = check_config(e, lo);
+    if (st != PV_OK)
+        goto fail;
+
+    /* The cache's geometry is the model's. */
+    e->cache_cfg = *cache_cfg;
+    e->cache_cfg.chunk_tokens = e->chunk_tokens;
+    e->cache_cfg.n_layers = e->n_layers;
+    e->cache_cfg.slot_bytes = e->slot_bytes;
+    if (e->cfg.mode == PV_MODE_GPU_ONLY)
+        e->cache_cfg.host_bytes = 0;
+    e->n_device_slots = (int64_t)(e->cache_cfg.device_bytes / e->slot_bytes);
+    e->n_host_slots = (int64_t)(e->cache_cfg.host_bytes / e->slot_bytes);
+    if (e->n_device_slots < (int64_t)e->n_layers) {
+        st = pv_error(PV_ERR_INVALID_ARG,
+                      "pv_engine_init: device budget %" PRIu64 " bytes holds %" PRId64
+                      " slots of %" PRIu64 " bytes, fewer than one chunk of each of the %u layers",
+                      e->cache_cfg.device_bytes, e->n_device_slots, e->slot_bytes, e->n_layers);
+        goto fail;
+    }
+    if ((st = pv_cache_init(&e->cache, &e->cache_cfg, engine_clock, e)) != PV_OK)
+        goto fail;
+    if ((st = pv_buffer_init(&e->device_pool, be, PV_MEM_DEVICE,
+                             (uint64_t)e->n_device_slots * e->slot_bytes)) != PV_OK)
+        goto fail;
+    if (e->n_host_slots > 0 &&
+        (st = pv_buffer_init(&e->host_pool, be, PV_MEM_HOST,
+                             (uint64_t)e->n_host_slots * e->slot_bytes)) != PV_OK)
+        goto fail;
+    if ((st = pv_engine_swap_init(e)) != PV_OK || (st = alloc_batch(e)) != PV_OK)
+        goto fail;
+    e->n_buckets = 64;
+    if (!(e->buckets = calloc(e->n_buckets, sizeof *e->buckets))) {
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: session table");
+        goto fail;
+    }
+    pv_cache_plan_init(&e->scratch);
+    e->next_request_id = 1;
+    *out = e;
+    return PV_OK;
+fail:
+    pv_engine_free(e);
+    return st;
+}
+
+void pv_engine_free(pv_engine *e)
+{
+    if (!e)
+        return;
+    /* Requests still queued or running are abandoned without callbacks. */
+    for (size_t i = 0; i < e->n_running; i++)
+        pv_engine_request_free(e->running[i]);
+    for (pv_request *r = e->wait_head, *next; r; r = next) {
+        next = r->next;
+        pv_engine_request_free(r);
+    }
+    if (e->buckets) {
+        for (size_t i = 0; i < e->n_buckets; i++)
+            for (pv_esession *s = e->buckets[i], *next; s; s = next) {
+                next = s->next_in_bucket;
+                pv_ivec_free(&s->history);
+                pv_ivec_free(&s->pending);
+                free(s->id);
+                free(s);
+            }
+        free(e->buckets);
+    }
+    pv_engine_swap_free(e);
+    pv_cache_plan_free(&e->scratch);
+    pv_buffer_free(e->device_pool);
+    pv_buffer_free(e->host_pool);
+    pv_cache_free(e->cache);
+    free(e->b_tokens);
+    free(e->b_seq);
+    free(e->b_pos);
+    free(e->b_logit_rows);
+    free(e->b_sampled);
+    free(e->b_take);
+    free(e->b_reqs);
+    free(e->b_logit_req);
+    free(e->b_tables);
+    free(e->u);
+    free(e->running);
+    free(e);
+}
+
+/* ---- submit ---------------------------------------------------------------- */
+
+static pv_status check_sampling(const pv_sampling *s)
+{
+    if (!(s->temperature >= 0.0f) || s->temperature > 100.0f)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: temperature %g out of range [0, 100]",
+                        (double)s->temperature);
+    if (s->temperature > 0.0f && !(s->top_p > 0.0f && s->top_p <= 1.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: top_p %g out of range (0, 1]",
+                        (double)s->top_p);
+    if (s->max_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: max_tokens %d is negative", s->max_tokens);
+    if (s->n_stop && !s->stop)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: %zu stop strings but stop is NULL", s->n_stop);
+    for (size_t i = 0; i < s->n_stop; i++)
+        if (!s->stop[i] || !s->stop[i][0])
+            return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: stop string %zu is NULL or empty", i);
+    return PV_OK;
+}
+
+void pv_engine_request_free(pv_request *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->sampling.n_stop; i++)
+        free(r->stop[i]);
+    free(r->stop);
+    pv_ivec_free(&r->todo);
+    free(r->slots);
+    free(r->layer_ready);
+    free(r->swap_in);
+    free(r->held.s);
+    free(r);
+}
+
+pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *turn,
+                           const pv_turn_callbacks *cb, uint64_t *request_id)
+{
+    if (!e || !session || !turn)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: engine, session and turn must not be NULL");
+    size_t id_len = strlen(session);
+    if (id_len == 0 || id_len > PV_SESSION_ID_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: session id of %zu bytes (1 to %d allowed)",
+                        id_len, PV_SESSION_ID_MAX);
+    if ((turn->n_tokens == 0) == (turn->n_messages == 0))
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_submit: a turn needs tokens or messages, not %s (%zu tokens, %zu messages)",
+                        turn->n_tokens ? "both" : "neither", turn->n_tokens, turn->n_messages);
+    if ((turn->n_tokens && !turn->tokens) || (turn->n_messages && !turn->messages))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: tokens or messages is NULL");
+    for (size_t i = 0; i < turn->n_tokens; i++)
+        if (turn->tokens[i] < 0 || (uint32_t)turn->tokens[i] >= e->n_vocab)
+            return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: token %zu = %d out of range [0, %u)", i,
+                            turn->tokens[i], e->n_vocab);
+    pv_status st = check_sampling(&turn->sampling);
+    if (st != PV_OK)
+        return st;
+    pv_esession *existing = pv_engine_find_session(e, session);
+    if (existing && existing->request)
+        return pv_error(PV_ERR_BUSY, "pv_engine_submit: session \"%.64s\" has a turn queued or running",
+                        session);
+
+    pv_esession *s = NULL;
+    if ((st = session_get(e, session, &s)) != PV_OK)
+        return st;
+    pv_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: request");
+        goto fail;
+    }
+    r->sampling = turn->sampling;
+    r->sampling.stop = NULL;
+    r->sampling.n_stop = 0;
+    if (turn->sampling.n_stop) {
+        if (!(r->stop = calloc(turn->sampling.n_stop, sizeof *r->stop))) {
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: stop strings");
+            goto fail;
+        }
+        for (size_t i = 0; i < turn->sampling.n_stop; i++, r->sampling.n_stop++)
+            if (!(r->stop[i] = strdup(turn->sampling.stop[i]))) {
+                st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: stop strings");
+                goto fail;
+            }
+    }
+    /* The turn's input: tokens decided earlier but not yet run, then the
+     * new prompt. */
+    if ((st = pv_ivec_append(&r->todo, s->pending.v, s->pending.n)) != PV_OK)
+        goto fail;
+    if (turn->n_tokens)
+        st = pv_ivec_append(&r->todo, turn->tokens, turn->n_tokens);
+    else
+        st = pv_engine_render_turn(e, s, turn, &r->todo);
+    if (st != PV_OK)
+        goto fail;
+    /* One token at least must fit after the prompt. */
+    uint64_t total = (uint64_t)s->history.n + r->todo.n;
+    if (total + 1 > e->n_ctx) {
+        st = pv_error(PV_ERR_INVALID_ARG,
+                      "pv_engine_submit: session \"%.64s\": %zu tokens of history + %zu of this turn "
+                      "leave no room to generate within the model's context of %u tokens",
+                      session, s->history.n, r->todo.n, e->n_ctx);
+        goto fail;
+    }
+    if (cb)
+        r->cb = *cb;
+    r->id = e->next_request_id++;
+    r->session = s;
+    r->rng = r->sampling.seed * 0x9e3779b97f4a7c15ull + 1;
+    r->t_submit = pv_engine_now(e);
+    r->result.request_id = r->id;
+    r->result.context_tokens = (uint32_t)s->history.n;
+    r->result.new_tokens = (uint32_t)r->todo.n;
+    s->request = r;
+    s->last_active = r->t_submit;
+    if (e->wait_tail)
+        e->wait_tail->next = r;
+    else
+        e->wait_head = r;
+    e->wait_tail = r;
+    e->n_waiting++;
+    if (request_id)
+        *request_id = r->id;
+    return PV_OK;
+fail:
+    pv_engine_request_free(r);
+    if (!existing && s)
+        session_destroy(e, s);
+    return st;
+}
+
+size_t pv_engine_pending(const pv_engine *e)
+{
+    return e ? e->n_running + e->n_waiting : 0;
+}
+
+pv_status pv_engine_run(pv_engine *e)
+{
+    if (!e)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_run: engine is NULL");
+    while (pv_engine_pending(e) > 0) {
+        int worked = 0;
+        pv_status st = pv_engine_step(e, &worked);
+        if (st != PV_OK)
+            return st;
+        if (!worked)
+            return pv_error(PV_ERR_STATE, "pv_engine_run: %zu turns pending but no progress possible",
+                            pv_engine_pending(e));
+    }
+    return PV_OK;
+}
+
+pv_status pv_engine_stats_get(const pv_engine *e, pv_engine_stats *stats)
+{
+    if (!e || !stats)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_stats_get: NULL argument");
+    *stats = e->stats;
+    pv_cache_stats cs;
+    pv_cache_stats_get(e->cache, &cs);
+    stats->swap_in_chunks = cs.swap_in_chunks;
+    stats->swap_out_chunks = cs.swap_out_chunks;
+    stats->dropped_chunks = cs.dropped_chunks;
+    stats->sessions = (uint32_t)e->n_sessions;
+    stats->running = (uint32_t)e->n_running;
+    stats->waiting = (uint32_t)e->n_waiting;
+    return PV_OK;
+}
+
+pv_cache *pv_engine_cache(pv_engine *e)
+{
+    return e ? e->cache : NULL;
+}
+
+pv_status pv_engine_check(pv_engine *e)
+{
+    if (!e)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_check: engine is NULL");
+    pv_status st = pv_cache_check(e->cache);
+    if (st != PV_OK)
+        return st;
+    /* No DEVICE slot is read by two running requests, and every slot in a
+     * running request's table is in the pool. */
+    uint8_t *owner = calloc((size_t)e->n_device_slots, 1);
+    if (!owner)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_check: %" PRId64 " bytes", e->n_device_slots);
+    for (size_t i = 0; i < e->n_running && st == PV_OK; i++) {
+        const pv_request *r = e->running[i];
+        for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++)
+            for (uint32_t c = 0; c < r->n_chunks && st == PV_OK; c++) {
+                int32_t slot = r->slots[(size_t)l * r->cap_chunks + c];
+                if (slot < 0)
+                    continue;
+                if (slot >= e->n_device_slots)
+                    st = pv_error(PV_ERR_STATE,
+                                  "engine: request %" PRIu64 " chunk %u layer %u: slot %d outside the "
+                                  "%" PRId64 "-slot device pool",
+                                  r->id, c, l, slot, e->n_device_slots);
+                else if (owner[slot]++)
+                    st = pv_error(PV_ERR_STATE,
+                                  "engine: device slot %d is in two running contexts (request %" PRIu64
+                                  " chunk %u layer %u)",
+                                  slot, r->id, c, l);
+            }
+    }
+    free(owner);
+    return st;
+}

@@ -1,0 +1,688 @@
+/* The iteration scheduler: admission, unified batches, sampling, the end of
+ * a turn, suspension.
+ *
+ * A running request's work is a list of tokens to run at explicit
+ * positions: first the history it must recompute (positions 0..R-1, the
+ * session's dropped leading chunks), then its todo list (the new prompt,
+ * then each sampled token) from the history's end on. One iteration takes
+ * one token from every request with a single token left (decode), then
+ * prefill pieces first come first served until the token budget is spent,
+ * and runs them all in one forward pass. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "engine/engine_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t div_up(uint64_t a, uint32_t b)
+{
+    return (uint32_t)((a + b - 1) / b);
+}
+
+/* ---- the waiting queue and the running set ------------------------------------ */
+
+static pv_request *queue_pop(pv_engine *e)
+{
+    pv_request *r = e->wait_head;
+    e->wait_head = r->next;
+    if (!e->wait_head)
+        e->wait_tail = NULL;
+    r->next = NULL;
+    e->n_waiting--;
+    return r;
+}
+
+static void queue_push_front(pv_engine *e, pv_request *r)
+{
+    r->next = e->wait_head;
+    e->wait_head = r;
+    if (!e->wait_tail)
+        e->wait_tail = r;
+    e->n_waiting++;
+}
+
+static void running_remove(pv_engine *e, pv_request *r)
+{
+    for (size_t i = 0; i < e->n_running; i++)
+        if (e->running[i] == r) {
+            memmove(e->running + i, e->running + i + 1, (e->n_running - i - 1) * sizeof *e->running);
+            e->n_running--;
+            return;
+        }
+}
+
+/* ---- slot tables ------------------------------------------------------------------ */
+
+static int32_t *slot_ref(pv_request *r, uint32_t layer, uint32_t chunk)
+{
+    return &r->slots[(size_t)layer * r->cap_chunks + chunk];
+}
+
+/* Room for `chunks` chunks in r's table, growing by doubling. */
+static pv_status table_reserve(pv_engine *e, pv_request *r, uint32_t chunks)
+{
+    if (chunks <= r->cap_chunks)
+        return PV_OK;
+    uint32_t cap = r->cap_chunks ? r->cap_chunks : 8;
+    while (cap < chunks)
+        cap *= 2;
+    int32_t *t = malloc((size_t)e->n_layers * cap * sizeof *t);
+    if (!t)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: slot table of %u layers x %u chunks", e->n_layers, cap);
+    for (uint32_t l = 0; l < e->n_layers; l++)
+        for (uint32_t c = 0; c < cap; c++)
+            t[(size_t)l * cap + c] = c < r->cap_chunks ? r->slots[(size_t)l * r->cap_chunks + c] : -1;
+    free(r->slots);
+    r->slots = t;
+    r->cap_chunks = cap;
+    return PV_OK;
+}
+
+/* Stores (chunk, layer) on DEVICE, making room once by eviction. */
+static pv_status store_device(pv_engine *e, pv_request *r, uint32_t chunk, uint32_t layer, uint32_t *slot)
+{
+    pv_status st = pv_cache_store_chunk(e->cache, r->session->id, chunk, layer, PV_TIER_DEVICE, slot);
+    if (st == PV_ERR_OUT_OF_MEMORY && (st = pv_engine_make_room(e, 1)) == PV_OK)
+        st = pv_cache_store_chunk(e->cache, r->session->id, chunk, layer, PV_TIER_DEVICE, slot);
+    return st;
+}
+
+/* Every layer of chunk `chunk` has a DEVICE slot in r's table. */
+static pv_status ensure_chunk(pv_engine *e, pv_request *r, uint32_t chunk)
+{
+    pv_status st = table_reserve(e, r, chunk + 1);
+    if (st != PV_OK)
+        return st;
+    if (*slot_ref(r, e->n_layers - 1, chunk) >= 0)
+        return PV_OK;
+    /* Room for the whole chunk at once, so eviction plans batch. */
+    uint32_t missing = 0;
+    for (uint32_t l = 0; l < e->n_layers; l++)
+        missing += *slot_ref(r, l, chunk) < 0;
+    pv_cache_stats cs;
+    pv_cache_stats_get(e->cache, &cs);
+    uint64_t free_slots = (cs.capacity_bytes[PV_TIER_DEVICE] - cs.used_bytes[PV_TIER_DEVICE]) / e->slot_bytes;
+    if (free_slots < missing && (st = pv_engine_make_room(e, missing)) != PV_OK)
+        return st;
+    for (uint32_t l = 0; l < e->n_layers; l++) {
+        int32_t *ref = slot_ref(r, l, chunk);
+        if (*ref >= 0)
+            continue;
+        uint32_t slot;
+        if ((st = store_device(e, r, chunk, l, &slot)) != PV_OK)
+            return st;
+        *ref = (int32_t)slot;
+    }
+    if (chunk + 1 > r->n_chunks)
+        r->n_chunks = chunk + 1;
+    return PV_OK;
+}
+
+/* ---- admission ---------------------------------------------------------------------- */
+
+/* Tokens of chunk c in a history of h tokens. */
+static uint32_t chunk_fill(const pv_engine *e, uint32_t c, uint64_t h)
+{
+    uint64_t start = (uint64_t)c * e->chunk_tokens;
+    return start >= h ? 0 : (uint32_t)(h - start < e->chunk_tokens ? h - start : e->chunk_tokens);
+}
+
+static pv_status fail_request(pv_engine *e, pv_request *r, pv_status st);
+
+pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
+{
+    *admitted = 0;
+    pv_esession *s = r->session;
+    const char *id = s->id;
+    int touched = 0;
+    /* Chunks under a background copy can be neither read for writing nor
+     * replaced: let it land first. */
+    pv_status st = pv_engine_swap_out_reap(e);
+    if (st != PV_OK)
+        return st;
+    if (!s->opened) {
+        if ((st = pv_cache_session_open(e->cache, id)) != PV_OK)
+            return st;
+        s->opened = 1;
+    }
+    if ((st = pv_cache_pin(e->cache, id)) != PV_OK)
+        return st;
+    pv_session_view view;
+    if ((st = pv_cache_session_restore(e->cache, id, &view)) != PV_OK)
+        goto unpin;
+    const uint64_t H = s->history.n;
+    /* A cache history shorter than ours (a fresh cache session: stateless
+     * mode, or after a suspension mid-recovery) means recompute it all. */
+    uint64_t R = view.n_tokens < H ? H : view.recompute_tokens;
+    if (R > H)
+        R = H;
+    const uint32_t L = e->n_layers, Rc = div_up(R, e->chunk_tokens), Hc = div_up(H, e->chunk_tokens);
+    const uint32_t end_chunks = div_up(H + (r->todo.n - r->todo_done), e->chunk_tokens);
+    uint64_t need = (uint64_t)Rc * L + view.records[PV_TIER_HOST] +
+                    (uint64_t)(end_chunks > Hc ? end_chunks - Hc : 0) * L;
+    pv_cache_admission adm;
+    if ((st = pv_cache_admit(e->cache, need, &adm)) != PV_OK) {
+        pv_cache_unpin(e->cache, id);
+        /* Never admissible: the turn fails alone. */
+        *admitted = 1;
+        return fail_request(e, r, pv_error(PV_ERR_OUT_OF_MEMORY,
+                                           "session \"%.64s\": this turn's context needs %" PRIu64
+                                           " device slots; the device pool has %" PRId64,
+                                           id, need, e->n_device_slots));
+    }
+    if (!adm.admit) {
+        st = PV_OK;
+        goto unpin;
+    }
+    if (adm.free_bytes && (st = pv_engine_make_room(e, adm.free_bytes / e->slot_bytes)) != PV_OK)
+        goto unpin;
+    if ((st = table_reserve(e, r, end_chunks > Hc ? end_chunks : Hc)) != PV_OK)
+        goto unpin;
+    touched = 1;
+    for (size_t i = 0; i < (size_t)L * r->cap_chunks; i++)
+        r->slots[i] = -1;
+    r->n_chunks = Hc;
+
+    /* Where the kept history is. A chunk's layers may sit in different
+     * tiers; reuse is counted per layer and averaged. */
+    uint64_t dev_tok_layers = 0, host_tok_layers = 0;
+    const uint32_t partial = H % e->chunk_tokens ? Hc - 1 : UINT32_MAX;
+    for (uint32_t c = Rc; c < Hc; c++)
+        for (uint32_t l = 0; l < L; l++) {
+            pv_tier tier;
+            uint32_t slot;
+            if ((st = pv_cache_lookup(e->cache, id, c, l, &tier, &slot)) != PV_OK)
+                goto unpin;
+            uint32_t fill = chunk_fill(e, c, H);
+            if (tier == PV_TIER_DEVICE) {
+                dev_tok_layers += fill;
+            } else if (tier == PV_TIER_HOST) {
+                host_tok_layers += fill;
+            } else {
+                st = pv_error(PV_ERR_STATE,
+                              "engine: session \"%.64s\" chunk %u layer %u is %s outside the %" PRIu64
+                              " tokens to recompute",
+                              id, c, l, pv_tier_name(tier), R);
+                goto unpin;
+            }
+            if (c == partial) {
+                /* The last, partly filled chunk gets this turn's first
+                 * tokens: give it a DEVICE slot of its own (not a shadow
+                 * whose host copy would go stale), with its rows. */
+                uint32_t fresh;
+                if ((st = store_device(e, r, c, l, &fresh)) != PV_OK ||
+                    (st = pv_engine_copy_slot(e, tier, slot, fresh)) != PV_OK)
+                    goto unpin;
+                slot = fresh;
+                tier = PV_TIER_DEVICE;
+            }
+            if (tier == PV_TIER_DEVICE)
+                *slot_ref(r, l, c) = (int32_t)slot;
+        }
+    /* Dropped leading chunks: fresh slots, filled by the recomputation. */
+    for (uint32_t c = 0; c < Rc; c++)
+        for (uint32_t l = 0; l < L; l++) {
+            uint32_t slot;
+            if ((st = store_device(e, r, c, l, &slot)) != PV_OK)
+                goto unpin;
+            *slot_ref(r, l, c) = (int32_t)slot;
+        }
+    /* Host chunks: layer-pipelined swap-in, after room for them. */
+    if (e->host_pool) {
+        pv_cache_plan_clear(&e->scratch);
+        if ((st = pv_cache_plan_swap_in(e->cache, id, &e->scratch)) != PV_OK ||
+            (st = pv_engine_swap_in_issue(e, r, &e->scratch)) != PV_OK)
+            goto unpin;
+        for (size_t i = 0; i < r->n_swap_in; i++)
+            *slot_ref(r, r->swap_in[i].layer, r->swap_in[i].chunk) = (int32_t)r->swap_in[i].to_slot;
+    }
+    r->recompute = (uint32_t)R;
+    r->recompute_done = 0;
+    r->result.reused_device += (uint32_t)((dev_tok_layers + L / 2) / L);
+    r->result.reused_host += (uint32_t)((host_tok_layers + L / 2) / L);
+    r->result.recomputed += (uint32_t)R;
+    e->stats.reused_device_tokens += (dev_tok_layers + L / 2) / L;
+    e->stats.reused_host_tokens += (host_tok_layers + L / 2) / L;
+    r->state = PV_REQ_RUNNING;
+    if (r->t_admit == 0)
+        r->t_admit = pv_engine_now(e);
+    if (!r->result.queue_ms)
+        r->result.queue_ms = (r->t_admit - r->t_submit) * 1e3;
+    e->running[e->n_running++] = r;
+    *admitted = 1;
+    return PV_OK;
+unpin:
+    if (r->layer_ready || r->n_swap_in)
+        pv_engine_swap_in_finish(e, r);
+    pv_cache_unpin(e->cache, id);
+    if (touched) {
+        /* Slots stored for recomputation hold no KV yet: the cache's copy
+         * of this session cannot be trusted; it is recomputed whole. */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", pv_last_error());
+        if (pv_cache_end_session(e->cache, id, NULL) == PV_OK)
+            s->opened = 0;
+        pv_error(st, "%s", msg);
+    }
+    return st;
+}
+
+/* ---- the end of a turn ---------------------------------------------------------------- */
+
+static void end_turn(pv_engine *e, pv_request *r, pv_status status)
+{
+    pv_esession *s = r->session;
+    /* Tokens decided but not run stay for the next turn. */
+    s->pending.n = 0;
+    pv_status st = pv_ivec_append(&s->pending, r->todo.v + r->todo_done, r->todo.n - r->todo_done);
+    if (status == PV_OK && st != PV_OK)
+        status = st;
+    s->request = NULL;
+    s->turns++;
+    s->last_active = pv_engine_now(e);
+    r->result.generated = (uint32_t)r->generated;
+    if (r->t_first > 0) {
+        r->result.ttft_ms = (r->t_first - r->t_submit) * 1e3;
+        r->result.prefill_ms = (r->t_first - r->t_admit) * 1e3;
+        r->result.decode_ms = (r->t_last - r->t_first) * 1e3;
+    }
+    if (status != PV_OK) {
+        r->result.finish = PV_FINISH_ERROR;
+        e->stats.turns_failed++;
+    } else {
+        e->stats.turns_done++;
+    }
+    if (r->cb.on_done)
+        r->cb.on_done(r->cb.user, status, &r->result);
+    pv_engine_request_free(r);
+}
+
+/* Unpins (and in stateless mode closes) the cache session of a request
+ * leaving the running set. */
+static pv_status release_session(pv_engine *e, pv_request *r, int save)
+{
+    pv_esession *s = r->session;
+    pv_status st = PV_OK;
+    if (r->layer_ready || r->n_swap_in)
+        st = pv_engine_swap_in_finish(e, r);
+    if (save && st == PV_OK && s->opened)
+        st = pv_cache_session_save(e->cache, s->id, (uint32_t)s->history.n);
+    if (s->opened) {
+        pv_status st2 = pv_cache_unpin(e->cache, s->id);
+        if (st == PV_OK)
+            st = st2;
+    }
+    if (e->cfg.mode == PV_MODE_STATELESS && s->opened && st == PV_OK) {
+        if ((st = pv_cache_end_session(e->cache, s->id, NULL)) == PV_OK)
+            s->opened = 0;
+    }
+    return st;
+}
+
+static pv_status finish_request(pv_engine *e, pv_request *r)
+{
+    pv_engine_flush(r);
+    running_remove(e, r);
+    pv_status st = release_session(e, r, 1);
+    end_turn(e, r, PV_OK);
+    return st;
+}
+
+/* A turn that fails for its own reasons ends through on_done; the engine
+ * goes on. */
+static pv_status fail_request(pv_engine *e, pv_request *r, pv_status status)
+{
+    /* Keep the message: releasing may overwrite it. */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", pv_last_error());
+    if (r->state == PV_REQ_RUNNING) {
+        running_remove(e, r);
+        pv_status st = release_session(e, r, 1);
+        if (st != PV_OK)
+            return st;
+    } else if (e->wait_head == r) {
+        queue_pop(e);
+    }
+    pv_error(status, "%s", msg);
+    end_turn(e, r, status);
+    return PV_OK;
+}
+
+/* Decode ran out of device slots: the newest running request gives its
+ * slots back (unpinned, its chunks evictable) and waits at the queue's
+ * head; its tokens so far are history, recovered when it is readmitted. */
+static pv_status suspend(pv_engine *e, pv_request *r)
+{
+    pv_esession *s = r->session;
+    running_remove(e, r);
+    int mid_recovery = r->recompute_done < r->recompute;
+    pv_status st = release_session(e, r, 0);
+    /* Slots stored for recomputation that has not run hold no KV: forget
+     * the cache's copy of this session, so readmission recomputes it all. */
+    if (st == PV_OK && mid_recovery && s->opened) {
+        if ((st = pv_cache_end_session(e->cache, s->id, NULL)) == PV_OK)
+            s->opened = 0;
+    }
+    r->state = PV_REQ_WAITING;
+    r->recompute = r->recompute_done = 0;
+    r->n_chunks = 0;
+    r->result.suspensions++;
+    e->stats.suspensions++;
+    queue_push_front(e, r);
+    return st;
+}
+
+/* ---- one iteration ----------------------------------------------------------------------- */
+
+typedef struct layer_gate {
+    pv_engine *e;
+    size_t n_seqs;
+} layer_gate;
+
+/* Before layer l touches the pool: its swapped-in chunks have landed. */
+static pv_status wait_layer(void *ctx, uint32_t layer)
+{
+    layer_gate *g = ctx;
+    pv_engine *e = g->e;
+    for (size_t i = 0; i < g->n_seqs; i++) {
+        pv_request *r = e->b_reqs[i];
+        if (r->layer_ready && r->layer_ready[layer]) {
+            pv_status st = pv_queue_wait(e->be, PV_QUEUE_COMPUTE, r->layer_ready[layer]);
+            if (st != PV_OK)
+                return st;
+        }
+    }
+    return PV_OK;
+}
+
+static uint64_t work_left(const pv_request *r)
+{
+    return (uint64_t)(r->recompute - r->recompute_done) + (r->todo.n - r->todo_done);
+}
+
+/* Appends `take` tokens of r to the batch, with DEVICE slots for them. */
+static pv_status add_piece(pv_engine *e, pv_request *r, uint32_t take, size_t *n_tok)
+{
+    const pv_esession *s = r->session;
+    uint32_t rec = r->recompute_done, todo = (uint32_t)r->todo_done;
+    for (uint32_t k = 0; k < take; k++) {
+        uint64_t pos;
+        int32_t token;
+        if (rec < r->recompute) {
+            pos = rec;
+            token = s->history.v[rec++];
+        } else {
+            pos = s->history.n + (todo - r->todo_done);
+            token = r->todo.v[todo++];
+        }
+        /* Recomputed chunks have their slots from admission. */
+        if (pos >= r->recompute) {
+            pv_status st = ensure_chunk(e, r, (uint32_t)(pos / e->chunk_tokens));
+            if (st != PV_OK)
+                return st;
+        }
+        e->b_tokens[*n_tok] = token;
+        e->b_pos[*n_tok] = (int32_t)pos;
+        e->b_seq[*n_tok] = r->in_batch - 1;
+        (*n_tok)++;
+    }
+    return PV_OK;
+}
+
+/* Fills the batch; PV_ERR_OUT_OF_MEMORY when a request's next chunk found
+ * no room (nothing evictable). */
+static pv_status build_batch(pv_engine *e, size_t *n_tok, size_t *n_seqs, size_t *n_logits, uint32_t *take_of)
+{
+    *n_tok = *n_seqs = *n_logits = 0;
+    size_t budget = (size_t)e->cfg.token_budget;
+    for (size_t i = 0; i < e->n_running; i++)
+        e->running[i]->in_batch = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < e->n_running && *n_tok < budget; i++) {
+            pv_request *r = e->running[i];
+            uint64_t left = work_left(r);
+            if ((pass == 0) != (left == 1) || left == 0)
+                continue;
+            uint32_t take = (uint32_t)(left < budget - *n_tok ? left : budget - *n_tok);
+            r->in_batch = (int)*n_seqs + 1;
+            e->b_reqs[*n_seqs] = r;
+            take_of[*n_seqs] = take;
+            (*n_seqs)++;
+            pv_status st = add_piece(e, r, take, n_tok);
+            if (st != PV_OK)
+                return st;
+            if (take == left) {
+                e->b_logit_rows[*n_logits] = (int32_t)(*n_tok - 1);
+                e->b_logit_req[*n_logits] = r;
+                (*n_logits)++;
+            }
+        }
+    return PV_OK;
+}
+
+/* The slot tables of the batch: [n_layers][n_seqs][max_chunks]. */
+static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
+{
+    uint32_t mc = 1;
+    for (size_t i = 0; i < n_seqs; i++)
+        if (e->b_reqs[i]->n_chunks > mc)
+            mc = e->b_reqs[i]->n_chunks;
+    size_t need = (size_t)e->n_layers * n_seqs * mc;
+    if (need > e->b_tables_cap) {
+        int32_t *t = realloc(e->b_tables, need * sizeof *t);
+        if (!t)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: batch slot tables of %zu entries", need);
+        e->b_tables = t;
+        e->b_tables_cap = need;
+    }
+    for (uint32_t l = 0; l < e->n_layers; l++)
+        for (size_t i = 0; i < n_seqs; i++) {
+            const pv_request *r = e->b_reqs[i];
+            int32_t *row = e->b_tables + ((size_t)l * n_seqs + i) * mc;
+            memcpy(row, r->slots + (size_t)l * r->cap_chunks, r->n_chunks * sizeof *row);
+            for (uint32_t c = r->n_chunks; c < mc; c++)
+                row[c] = -1;
+        }
+    *max_chunks = (int32_t)mc;
+    return PV_OK;
+}
+
+static pv_status sample(pv_engine *e, size_t n_logits)
+{
+    pv_buffer *logits = pv_llama_logits_buffer(e->model);
+    int any_greedy = 0;
+    for (size_t i = 0; i < n_logits; i++)
+        any_greedy |= e->b_logit_req[i]->sampling.temperature <= 0.0f;
+    pv_status st = PV_OK;
+    if (any_greedy) {
+        pv_argmax_args a = {.rows = (int64_t)n_logits, .cols = e->n_vocab, .x = logits, .out = e->b_sampled};
+        st = pv_argmax(e->be, &a);
+    }
+    for (size_t i = 0; i < n_logits && st == PV_OK; i++) {
+        pv_request *r = e->b_logit_req[i];
+        if (r->sampling.temperature <= 0.0f)
+            continue;
+        e->u[i] = pv_engine_uniform(&r->rng);
+        pv_sample_args s = {.rows = 1, .cols = e->n_vocab, .temperature = r->sampling.temperature,
+                            .top_p = r->sampling.top_p, .logits = logits,
+                            .logits_off = (uint64_t)i * e->n_vocab, .u = &e->u[i], .out = &e->b_sampled[i]};
+        st = pv_sample_top_p(e->be, &s);
+    }
+    return st;
+}
+
+/* The batch ran: histories grow, the cache learns the new tokens. */
+static pv_status advance(pv_engine *e, size_t n_seqs, const uint32_t *take_of)
+{
+    for (size_t i = 0; i < n_seqs; i++) {
+        pv_request *r = e->b_reqs[i];
+        pv_esession *s = r->session;
+        uint32_t take = take_of[i];
+        uint32_t rec = r->recompute - r->recompute_done;
+        if (rec > take)
+            rec = take;
+        r->recompute_done += rec;
+        e->stats.recomputed_tokens += rec;
+        size_t from = r->todo_done, n = take - rec;
+        pv_status st = pv_ivec_append(&s->history, r->todo.v + from, n);
+        if (st != PV_OK)
+            return st;
+        r->todo_done += n;
+        if (take == 1 && rec == 0 && r->generated > 0)
+            e->stats.decode_tokens++;
+        else
+            e->stats.prefill_tokens += take;
+        /* The cache keeps the history too (its source for recomputation). */
+        pv_session_view view;
+        if ((st = pv_cache_session_restore(e->cache, s->id, &view)) != PV_OK)
+            return st;
+        uint64_t known = view.n_tokens, have = r->recompute_done < r->recompute ? r->recompute_done
+                                                                                : s->history.n;
+        if (have > known &&
+            (st = pv_cache_append_tokens(e->cache, s->id, s->history.v + known, have - known)) != PV_OK)
+            return st;
+    }
+    return PV_OK;
+}
+
+/* A sampled token for r: stream it, decide whether the turn ends. */
+static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
+{
+    double now = pv_engine_now(e);
+    if (r->t_first == 0)
+        r->t_first = now;
+    r->t_last = now;
+    r->generated++;
+    pv_status st = pv_ivec_push(&r->todo, token); /* run next, or pending */
+    if (st != PV_OK)
+        return st;
+    int stopped = 0;
+    if (!r->sampling.ignore_eos && pv_tokenizer_is_end(e->tok, token))
+        stopped = 1;
+    else if ((st = pv_engine_emit(e, r, token, &stopped)) != PV_OK)
+        return st;
+    if (stopped)
+        r->result.finish = PV_FINISH_STOP;
+    else if ((r->sampling.max_tokens && r->generated >= r->sampling.max_tokens) ||
+             r->session->history.n + 1 >= e->n_ctx)
+        r->result.finish = PV_FINISH_LENGTH;
+    return r->result.finish ? finish_request(e, r) : PV_OK;
+}
+
+/* Suspends the request the cache names (the newest running one); if it is
+ * the only one running, its turn cannot fit and fails. */
+static pv_status relieve_pressure(pv_engine *e, pv_request *stuck)
+{
+    const char *id;
+    pv_status st = pv_cache_choose_suspend(e->cache, &id);
+    if (st != PV_OK)
+        return st;
+    pv_esession *s = pv_engine_find_session(e, id);
+    if (!s || !s->request || s->request->state != PV_REQ_RUNNING)
+        return pv_error(PV_ERR_STATE, "engine: the cache names \"%.64s\" to suspend; it is not running", id);
+    if (e->n_running == 1)
+        return fail_request(e, stuck,
+                            pv_error(PV_ERR_OUT_OF_MEMORY,
+                                     "session \"%.64s\": its context (%zu tokens) outgrew the device "
+                                     "pool of %" PRId64 " slots",
+                                     stuck->session->id, stuck->session->history.n, e->n_device_slots));
+    return suspend(e, s->request);
+}
+
+pv_status pv_engine_step(pv_engine *e, int *worked)
+{
+    if (worked)
+        *worked = 0;
+    if (!e)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_step: engine is NULL");
+    double t0 = pv_engine_now(e);
+    pv_status st = pv_engine_expire_idle(e);
+    if (st != PV_OK)
+        return st;
+    int progress = 0;
+    /* First come, first served: a head that cannot be admitted blocks
+     * those behind it. */
+    while (e->wait_head && e->n_running < (size_t)e->cfg.max_running) {
+        int admitted;
+        pv_request *r = e->wait_head;
+        if ((st = pv_engine_admit(e, r, &admitted)) != PV_OK)
+            return st;
+        if (!admitted)
+            break;
+        if (e->wait_head == r)
+            queue_pop(e);
+        progress = 1;
+    }
+    if (e->n_running == 0) {
+        e->stats.schedule_s += pv_engine_now(e) - t0;
+        if (worked)
+            *worked = progress;
+        return PV_OK;
+    }
+
+    size_t n_tok, n_seqs, n_logits;
+    uint32_t *take_of = e->b_take;
+    for (;;) {
+        st = build_batch(e, &n_tok, &n_seqs, &n_logits, take_of);
+        if (st != PV_ERR_OUT_OF_MEMORY)
+            break;
+        pv_request *stuck = NULL;
+        for (size_t i = 0; i < e->n_running; i++)
+            if (e->running[i]->in_batch)
+                stuck = e->running[i];
+        if ((st = relieve_pressure(e, stuck ? stuck : e->running[e->n_running - 1])) != PV_OK)
+            return st;
+        progress = 1;
+        if (e->n_running == 0)
+            break;
+    }
+    if (st != PV_OK)
+        return st;
+    if (n_tok == 0) {
+        e->stats.schedule_s += pv_engine_now(e) - t0;
+        if (worked)
+            *worked = progress;
+        return PV_OK;
+    }
+    int32_t max_chunks = 0;
+    if ((st = build_tables(e, n_seqs, &max_chunks)) != PV_OK)
+        return st;
+    layer_gate gate = {e, n_seqs};
+    pv_llama_batch b = {
+        .n_tokens = (int32_t)n_tok, .tokens = e->b_tokens, .token_seq = e->b_seq, .token_pos = e->b_pos,
+        .n_seqs = (int32_t)n_seqs, .max_chunks = max_chunks, .slot_tables = e->b_tables,
+        .kv_pool = e->device_pool, .n_slots = e->n_device_slots,
+        .n_logits = (int32_t)n_logits, .logit_rows = e->b_logit_rows,
+        .before_layer = wait_layer, .before_layer_ctx = &gate,
+    };
+    double t1 = pv_engine_now(e);
+    st = pv_llama_forward(e->model, &b);
+    if (st == PV_OK && n_logits)
+        st = sample(e, n_logits);
+    double t2 = pv_engine_now(e);
+    e->stats.forward_s += t2 - t1;
+    e->stats.iterations++;
+    if (st != PV_OK)
+        return st;
+    /* The copies the forward pass waited for have landed. */
+    for (size_t i = 0; i < n_seqs; i++)
+        if (e->b_reqs[i]->layer_ready && (st = pv_engine_swap_in_finish(e, e->b_reqs[i])) != PV_OK)
+            return st;
+    if ((st = advance(e, n_seqs, take_of)) != PV_OK)
+        return st;
+    for (size_t i = 0; i < n_logits; i++)
+        if ((st = take_token(e, e->b_logit_req[i], e->b_sampled[i])) != PV_OK)
+            return st;
+    /* Ahead-of-time swap-out overlaps the next iteration. */
+    if ((st = pv_engine_swap_out_issue(e)) != PV_OK)
+        return st;
+    e->stats.schedule_s += (pv_engine_now(e) - t0) - (t2 - t1);
+    if (worked)
+        *worked = 1;
+    return PV_OK;
+}
