@@ -4,4 +4,5 @@ include tests/backend.mk
 include tests/cache.mk
 include tests/models.mk
 include tests/integration.mk
+include tests/engine.mk
 include tests/fuzz/local.mk

@@ -1,0 +1,7 @@
+# The engine: the master equivalence test (stateful vs stateless serving),
+# suspension and bad input.
+check_PROGRAMS += tests/test-engine
+TESTS += tests/test-engine
+tests_test_engine_SOURCES = tests/test-engine.c tests/engine-util.h
+tests_test_engine_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_LDADD = $(PV_LINK)

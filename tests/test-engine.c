@@ -1,0 +1,239 @@
+/* The master equivalence test: scripted conversations over 8 sessions on the
+ * synthetic model, greedy. Every turn's tokens in `pensieve` and `gpu-only`
+ * mode, with budgets so small that turns swap out, swap in, drop, recover
+ * and suspend, equal `stateless` mode's (every turn recomputes the whole
+ * history) exactly. The engine's and cache's invariants are checked after
+ * every iteration, and the statistics must show that each mechanism ran.
+ * On cpu and opencl, f32 and f16 KV. Then bad input. */
+#include "engine-util.h"
+
+#include <inttypes.h>
+
+#define N_SESSIONS 8
+#define ROUNDS 4
+#define N_TURNS (N_SESSIONS * ROUNDS)
+#define LAYERS 4
+#define CHUNK 16
+#define N_CTX 512
+
+typedef struct run_cfg {
+    pv_engine_mode mode;
+    uint64_t device_slots, host_slots;
+    int concurrent;
+    const char *what;
+} run_cfg;
+
+static int run(eu_model *m, const run_cfg *rc, const eu_turn *turns, eu_result *results,
+               pv_engine_stats *stats, pv_cache_stats *cstats)
+{
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    uint64_t slot = pv_llama_slot_bytes(m->model);
+    cc.device_bytes = rc->device_slots * slot;
+    cc.host_bytes = rc->host_slots * slot;
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    ec.mode = rc->mode;
+    ec.token_budget = 48; /* prompts run in several pieces */
+    ec.swap_out_chunks = 16;
+    pv_engine *e = NULL;
+    pv_status st = pv_engine_init(&e, m->be, m->model, &m->tok, &cc, &ec);
+    if (!ok(st == PV_OK, "%s: engine init (%s)", rc->what, st == PV_OK ? "ok" : pv_last_error()))
+        return -1;
+    memset(results, 0, sizeof *results * N_TURNS);
+    char why[512] = "";
+    int bad = eu_run(e, turns, N_TURNS, rc->concurrent, results, why, sizeof why);
+    ok(bad == 0, "%s: invariants hold after every iteration%s%s", rc->what, bad ? ": " : "", why);
+    pv_engine_stats_get(e, stats);
+    pv_cache_stats_get(pv_engine_cache(e), cstats);
+    int failed = 0;
+    for (int i = 0; i < N_TURNS; i++)
+        failed += results[i].done != 1 || results[i].status != PV_OK;
+    ok(failed == 0, "%s: every turn completes once with PV_OK (%d did not)", rc->what, failed);
+    pv_engine_free(e);
+    return 0;
+}
+
+static int same_tokens(const eu_result *a, const eu_result *b, int n, int *first_bad)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].n != b[i].n || memcmp(a[i].tokens, b[i].tokens, sizeof(int32_t) * (size_t)a[i].n) != 0) {
+            *first_bad = i;
+            return 0;
+        }
+    return 1;
+}
+
+static void equivalence(const char *backend, pv_dtype kv)
+{
+    eu_model m;
+    pv_status st = eu_model_init(&m, backend, LAYERS, N_CTX, kv, CHUNK);
+    if (st == PV_ERR_NO_DEVICE || st == PV_ERR_NOT_FOUND) {
+        tap_skip("backend %s: %s", backend, pv_last_error());
+        eu_model_free(&m);
+        return;
+    }
+    if (!ok(st == PV_OK, "%s %s: synthetic model (%s)", backend, pv_dtype_name(kv),
+            st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m);
+        return;
+    }
+    static eu_turn turns[N_TURNS];
+    eu_script(turns, N_SESSIONS, ROUNDS, m.tok.n_vocab, 7, 28, 12);
+    static eu_result ref[N_TURNS], got[N_TURNS];
+    pv_engine_stats es;
+    pv_cache_stats cs;
+    char what[128];
+
+    snprintf(what, sizeof what, "%s %s stateless", backend, pv_dtype_name(kv));
+    run_cfg base = {PV_MODE_STATELESS, 4096, 64, 1, what};
+    if (run(&m, &base, turns, ref, &es, &cs) != 0) {
+        eu_model_free(&m);
+        return;
+    }
+    ok(es.recomputed_tokens > 0 && es.reused_device_tokens == 0 && es.reused_host_tokens == 0,
+       "%s: recomputes every history (%" PRIu64 " tokens), reuses nothing", what, es.recomputed_tokens);
+
+    /* 48 device slots hold about one and a half sessions' context, 64 host
+     * slots two: most turns find their history partly on host, partly
+     * dropped; two sessions in flight at once run out of device slots. */
+    snprintf(what, sizeof what, "%s %s pensieve", backend, pv_dtype_name(kv));
+    run_cfg pens = {PV_MODE_PENSIEVE, 48, 64, 2, what};
+    if (run(&m, &pens, turns, got, &es, &cs) == 0) {
+        int bad = -1;
+        int same = same_tokens(ref, got, N_TURNS, &bad);
+        ok(same, "%s: every turn's tokens equal stateless mode's%s", what,
+           same ? "" : " (first difference in a turn)");
+        if (!same)
+            tap_diag("turn %d: %d vs %d tokens", bad, ref[bad].n, got[bad].n);
+        ok(es.swap_out_chunks > 0 && es.swap_in_chunks > 0 && es.dropped_chunks > 0,
+           "%s: chunks swapped out (%" PRIu64 "), swapped in (%" PRIu64 ") and dropped (%" PRIu64 ")",
+           what, es.swap_out_chunks, es.swap_in_chunks, es.dropped_chunks);
+        ok(es.recomputed_tokens > 0 && cs.recomputed_chunks > 0,
+           "%s: dropped chunks recovered (%" PRIu64 " tokens, %" PRIu64 " chunk records)", what,
+           es.recomputed_tokens, cs.recomputed_chunks);
+        ok(es.reused_device_tokens > 0 && es.reused_host_tokens > 0,
+           "%s: history reused from device (%" PRIu64 " tokens) and host (%" PRIu64 ")", what,
+           es.reused_device_tokens, es.reused_host_tokens);
+        ok(es.suspensions > 0, "%s: decode ran out of device slots and suspended (%" PRIu64 " times)",
+           what, es.suspensions);
+        ok(cs.shadow_hits + cs.shadow_reclaimed > 0 || es.swap_out_chunks > 0,
+           "%s: ahead-of-time swap-out left shadows (%" PRIu64 " hits, %" PRIu64 " reclaimed)", what,
+           cs.shadow_hits, cs.shadow_reclaimed);
+    }
+
+    snprintf(what, sizeof what, "%s %s gpu-only", backend, pv_dtype_name(kv));
+    run_cfg gpu = {PV_MODE_GPU_ONLY, 48, 0, 2, what};
+    if (run(&m, &gpu, turns, got, &es, &cs) == 0) {
+        int bad = -1;
+        int same = same_tokens(ref, got, N_TURNS, &bad);
+        ok(same, "%s: every turn's tokens equal stateless mode's", what);
+        if (!same)
+            tap_diag("turn %d: %d vs %d tokens", bad, ref[bad].n, got[bad].n);
+        ok(es.swap_out_chunks == 0 && es.swap_in_chunks == 0 && es.dropped_chunks > 0 &&
+               es.recomputed_tokens > 0,
+           "%s: no host traffic, %" PRIu64 " chunks dropped and recomputed", what, es.dropped_chunks);
+    }
+    eu_model_free(&m);
+}
+
+/* ---- bad input ------------------------------------------------------------------ */
+
+static void bad_input(void)
+{
+    eu_model m;
+    pv_status st = eu_model_init(&m, "cpu", LAYERS, 128, PV_F32, CHUNK);
+    if (!ok(st == PV_OK, "cpu: synthetic model for bad input (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m);
+        return;
+    }
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    uint64_t slot = pv_llama_slot_bytes(m.model);
+    pv_engine *e = NULL;
+
+    cc.device_bytes = (LAYERS - 1) * slot;
+    cc.host_bytes = 16 * slot;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
+    ok(st == PV_ERR_INVALID_ARG && e == NULL && strstr(pv_last_error(), "fewer than one chunk of each"),
+       "a device budget under one layer's worth of slots is refused: %s", pv_last_error());
+
+    cc.device_bytes = 64 * slot;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
+    if (!ok(st == PV_OK, "engine init (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m);
+        return;
+    }
+    pv_turn t = {0};
+    pv_sampling_defaults(&t.sampling);
+    t.sampling.max_tokens = 4;
+    st = pv_engine_submit(e, "a", &t, NULL, NULL);
+    ok(st == PV_ERR_INVALID_ARG && pv_engine_pending(e) == 0, "an empty turn is refused: %s", pv_last_error());
+
+    int32_t toks[200];
+    for (int i = 0; i < 200; i++)
+        toks[i] = 3 + i % 50;
+    t.tokens = toks;
+    t.n_tokens = 128;
+    st = pv_engine_submit(e, "a", &t, NULL, NULL);
+    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "context of 128"),
+       "a turn past the model's context is refused, not truncated: %s", pv_last_error());
+
+    t.n_tokens = 1;
+    toks[0] = 1 << 20;
+    st = pv_engine_submit(e, "a", &t, NULL, NULL);
+    ok(st == PV_ERR_INVALID_ARG, "a token id past the vocabulary is refused: %s", pv_last_error());
+    toks[0] = 5;
+
+    st = pv_engine_end_session(e, "nobody");
+    ok(st == PV_ERR_NOT_FOUND, "ending an unknown session: %s", pv_last_error());
+
+    eu_result r = {0};
+    pv_turn_callbacks cb = {eu_on_token, eu_on_done, &r};
+    t.n_tokens = 10;
+    st = pv_engine_submit(e, "a", &t, &cb, NULL);
+    ok(st == PV_OK, "a valid turn is queued");
+    st = pv_engine_submit(e, "a", &t, &cb, NULL);
+    ok(st == PV_ERR_BUSY, "a second turn while one is queued: %s", pv_last_error());
+    st = pv_engine_end_session(e, "a");
+    ok(st == PV_ERR_BUSY, "ending a session with a turn queued: %s", pv_last_error());
+    st = pv_engine_run(e);
+    ok(st == PV_OK && r.done == 1 && r.status == PV_OK && r.n == 4, "the turn runs: %d tokens", r.n);
+
+    /* History 13 + the pending token + 110 new = 124 tokens: 4 more fill
+     * the 128-token context (the last one is sampled, not run). */
+    memset(&r, 0, sizeof r);
+    t.n_tokens = 110;
+    t.sampling.max_tokens = 0;
+    st = pv_engine_submit(e, "a", &t, &cb, NULL);
+    if (st == PV_OK)
+        st = pv_engine_run(e);
+    ok(st == PV_OK && r.done == 1 && r.res.finish == PV_FINISH_LENGTH && r.n == 128 - 124,
+       "generation stops at the context limit with finish=length (%d tokens, %s)", r.n,
+       pv_finish_reason_name(r.res.finish));
+    ok(pv_engine_check(e) == PV_OK, "invariants hold after the bad input");
+
+    st = pv_engine_end_session(e, "a");
+    ok(st == PV_OK, "ending the session");
+    pv_cache_stats cs;
+    pv_cache_stats_get(pv_engine_cache(e), &cs);
+    ok(cs.used_bytes[PV_TIER_DEVICE] == 0 && cs.used_bytes[PV_TIER_HOST] == 0 && cs.sessions == 0,
+       "ending it frees every tier (%" PRIu64 " device, %" PRIu64 " host bytes left)",
+       cs.used_bytes[PV_TIER_DEVICE], cs.used_bytes[PV_TIER_HOST]);
+    st = pv_engine_end_session(e, "a");
+    ok(st == PV_ERR_NOT_FOUND, "ending it twice: %s", pv_last_error());
+    pv_engine_free(e);
+    pv_engine_free(NULL);
+    eu_model_free(&m);
+}
+
+int main(void)
+{
+    const char *backends[] = {"cpu", "opencl"};
+    for (size_t b = 0; b < 2; b++) {
+        equivalence(backends[b], PV_F32);
+        equivalence(backends[b], PV_F16);
+    }
+    bad_input();
+    return tap_done();
+}
