@@ -1,6 +1,7 @@
 # Tests print TAP; Automake's tap-driver reads it. One fragment per area.
 noinst_HEADERS += tests/tap.h
 include tests/backend.mk
+include tests/delay.mk
 include tests/cache.mk
 include tests/models.mk
 include tests/integration.mk
