@@ -453,11 +453,30 @@ void pv_tokenizer_free(pv_tokenizer *tok)
 
 /* ---- encode ----------------------------------------------------------------- */
 
+/* A candidate merge of two adjacent symbols, valid while both still hold
+ * the ids it was made for. Symbols are nodes of a list over the piece's
+ * byte positions, so `left` also orders candidates left to right. */
+typedef struct pair_entry {
+    int32_t rank;
+    uint32_t left;
+    int32_t left_id, right_id;
+} pair_entry;
+
+typedef struct pair_list {
+    pair_entry *v;
+    size_t n, cap;
+} pair_list;
+
 typedef struct encoder {
     const struct pv_tokenizer_impl *im;
     int32_t *ids;
     size_t cap, n;
-    int32_t *sym;                 /* scratch for one piece's symbols */
+    /* scratch for one piece, sized for the whole text: symbol ids (-1 once
+     * merged into the symbol on its left) and list links */
+    int32_t *sym;
+    uint32_t *next, *prev;
+    pair_list heap;               /* min-heap by (rank, left) */
+    pair_list pending;            /* pairs made by the merges of the current rank */
     pcre2_match_data *split_md;
     pcre2_match_data *digit_md;
 } encoder;
@@ -471,46 +490,149 @@ static pv_status push(encoder *e, int32_t id)
     return PV_OK;
 }
 
+static pv_status list_add(pair_list *l, pair_entry p)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        pair_entry *v = realloc(l->v, cap * sizeof *v);
+        if (!v)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "encode: %zu merge candidates", cap);
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = p;
+    return PV_OK;
+}
+
+static int pair_less(const pair_entry *a, const pair_entry *b)
+{
+    return a->rank != b->rank ? a->rank < b->rank : a->left < b->left;
+}
+
+static pv_status heap_push(pair_list *h, pair_entry p)
+{
+    pv_status st = list_add(h, p);
+    if (st != PV_OK)
+        return st;
+    for (size_t i = h->n - 1; i > 0;) {
+        size_t up = (i - 1) / 2;
+        if (!pair_less(&h->v[i], &h->v[up]))
+            break;
+        pair_entry t = h->v[i];
+        h->v[i] = h->v[up];
+        h->v[up] = t;
+        i = up;
+    }
+    return PV_OK;
+}
+
+static void sift_down(pair_list *h, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && pair_less(&h->v[l], &h->v[m]))
+            m = l;
+        if (r < h->n && pair_less(&h->v[r], &h->v[m]))
+            m = r;
+        if (m == i)
+            return;
+        pair_entry t = h->v[i];
+        h->v[i] = h->v[m];
+        h->v[m] = t;
+        i = m;
+    }
+}
+
+static pair_entry heap_pop(pair_list *h)
+{
+    pair_entry top = h->v[0];
+    h->v[0] = h->v[--h->n];
+    sift_down(h, 0);
+    return top;
+}
+
+/* Add `more` to the heap: one by one when they are few, else appended and
+ * the whole heap rebuilt in linear time (a long run of one repeated pair,
+ * like a megabyte of spaces, makes half a million at once). */
+static pv_status heap_add_all(pair_list *h, const pair_list *more)
+{
+    pv_status st = PV_OK;
+    if (more->n < h->n / 8 + 16) {
+        for (size_t i = 0; i < more->n && st == PV_OK; i++)
+            st = heap_push(h, more->v[i]);
+        return st;
+    }
+    for (size_t i = 0; i < more->n && st == PV_OK; i++)
+        st = list_add(h, more->v[i]);
+    for (size_t i = h->n / 2; i-- > 0;)
+        sift_down(h, i);
+    return st;
+}
+
+/* Queue the pair starting at node `left` (which has a right neighbour) in
+ * `pending` if the merge table has it. */
+static pv_status add_pair(encoder *e, uint32_t left)
+{
+    int32_t a = e->sym[left], b = e->sym[e->next[left]];
+    const hash_entry *m = find_merge(e->im, a, b);
+    return m ? list_add(&e->pending, (pair_entry){m->value, left, a, b}) : PV_OK;
+}
+
 /* BPE over one pre-token: start from byte tokens, apply the lowest-ranked
  * merge (all its non-overlapping occurrences, left to right) until none
  * applies. A byte the vocabulary has no token for is dropped, as the
  * reference tokenizers do (SmolLM2 lacks 21 bytes that valid UTF-8 text
  * rarely or never holds: 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d, 0xc0, 0xc1,
- * 0xf1, 0xf2, 0xf5-0xff). */
+ * 0xf1, 0xf2, 0xf5-0xff).
+ *
+ * Rescanning the piece for the best pair after every merge is quadratic in
+ * a long word, so candidates sit in a heap keyed by (rank, position) over a
+ * linked list of symbols: O(n log n). The pairs a rank's merges create wait
+ * in `pending` until every occurrence of that rank is merged, so that even a
+ * merge table that ranks a longer token's merge before its parts' (a
+ * well-formed one never does) is applied in the same order as by passes. */
 static pv_status bpe_piece(encoder *e, const uint8_t *s, size_t n)
 {
     int32_t *sym = e->sym;
-    size_t count = 0;
+    uint32_t count = 0;
     for (size_t i = 0; i < n; i++)
         if (e->im->byte_token[s[i]] >= 0)
             sym[count++] = e->im->byte_token[s[i]];
-    while (count > 1) {
-        int32_t best = INT32_MAX;
-        for (size_t i = 0; i + 1 < count; i++) {
-            const hash_entry *m = find_merge(e->im, sym[i], sym[i + 1]);
-            if (m && m->value < best)
-                best = m->value;
-        }
-        if (best == INT32_MAX)
-            break;
-        size_t out = 0;
-        for (size_t i = 0; i < count;) {
-            const hash_entry *m = i + 1 < count ? find_merge(e->im, sym[i], sym[i + 1]) : NULL;
-            if (m && m->value == best) {
-                sym[out++] = m->extra;
-                i += 2;
-            } else {
-                sym[out++] = sym[i++];
-            }
-        }
-        count = out;
+    const uint32_t end = count, none = UINT32_MAX;
+    pv_status st = PV_OK;
+    e->heap.n = e->pending.n = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        e->next[i] = i + 1;
+        e->prev[i] = i ? i - 1 : none;
     }
-    for (size_t i = 0; i < count; i++) {
-        pv_status st = push(e, sym[i]);
-        if (st != PV_OK)
-            return st;
+    for (uint32_t i = 0; i + 1 < count && st == PV_OK; i++)
+        st = add_pair(e, i);
+    if (st == PV_OK)
+        st = heap_add_all(&e->heap, &e->pending);
+    e->pending.n = 0;
+    while (st == PV_OK && e->heap.n > 0) {
+        pair_entry p = heap_pop(&e->heap);
+        uint32_t left = p.left, right = e->next[left];
+        /* Stale when either side has merged since the pair was queued. */
+        if (sym[left] == p.left_id && right != end && sym[right] == p.right_id) {
+            sym[left] = find_merge(e->im, p.left_id, p.right_id)->extra;
+            sym[right] = -1;
+            e->next[left] = e->next[right];
+            if (e->next[right] != end)
+                e->prev[e->next[right]] = left;
+            if (e->prev[left] != none)
+                st = add_pair(e, e->prev[left]);
+            if (st == PV_OK && e->next[left] != end)
+                st = add_pair(e, left);
+        }
+        if (st == PV_OK && (e->heap.n == 0 || e->heap.v[0].rank != p.rank)) {
+            st = heap_add_all(&e->heap, &e->pending);
+            e->pending.n = 0;
+        }
     }
-    return PV_OK;
+    for (uint32_t i = 0; i < count && st == PV_OK; i = e->next[i])
+        st = push(e, sym[i]);
+    return st;
 }
 
 /* Split valid UTF-8 text with `re`; unmatched stretches are pieces too. */
@@ -588,8 +710,11 @@ pv_status pv_tokenizer_encode(const pv_tokenizer *tok, const char *text, size_t 
     if (!tok || !tok->impl || (!text && len) || !n_ids || (!ids && cap))
         return pv_error(PV_ERR_INVALID_ARG, "pv_tokenizer_encode: NULL argument");
     *n_ids = 0;
+    if (len > PV_TOKENIZE_MAX_BYTES)
+        return pv_error(PV_ERR_INVALID_ARG, "encode: text of %zu bytes is over the limit of %u "
+                        "bytes per call", len, PV_TOKENIZE_MAX_BYTES);
     const struct pv_tokenizer_impl *im = tok->impl;
-    encoder e = {im, ids, cap, 0, NULL, NULL, NULL};
+    encoder e = {.im = im, .ids = ids, .cap = cap};
     pv_status st = PV_OK;
     if (flags & PV_TOKENIZE_ADD_BOS) {
         if (tok->bos_id < 0)
@@ -598,10 +723,13 @@ pv_status pv_tokenizer_encode(const pv_tokenizer *tok, const char *text, size_t 
         if ((st = push(&e, tok->bos_id)) != PV_OK)
             return st;
     }
-    e.sym = malloc((len ? len : 1) * sizeof *e.sym);
+    size_t scratch = len ? len : 1;
+    e.sym = malloc(scratch * sizeof *e.sym);
+    e.next = malloc(scratch * sizeof *e.next);
+    e.prev = malloc(scratch * sizeof *e.prev);
     e.split_md = pcre2_match_data_create_from_pattern(im->split, NULL);
     e.digit_md = im->digits ? pcre2_match_data_create_from_pattern(im->digits, NULL) : NULL;
-    if (!e.sym || !e.split_md || (im->digits && !e.digit_md)) {
+    if (!e.sym || !e.next || !e.prev || !e.split_md || (im->digits && !e.digit_md)) {
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "encode: scratch for %zu bytes", len);
         goto done;
     }
@@ -629,6 +757,10 @@ pv_status pv_tokenizer_encode(const pv_tokenizer *tok, const char *text, size_t 
     st = encode_plain(&e, s + plain, len - plain);
 done:
     free(e.sym);
+    free(e.next);
+    free(e.prev);
+    free(e.heap.v);
+    free(e.pending.v);
     pcre2_match_data_free(e.split_md);
     pcre2_match_data_free(e.digit_md);
     if (st == PV_OK)

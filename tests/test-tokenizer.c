@@ -2,8 +2,11 @@
  * merges worked by hand, the SmolLM2 pre-tokenizer rules (digits alone,
  * GPT-2 split), special tokens, byte-exact round trips of random and
  * invalid UTF-8, output capacity, ChatML rendering and refusal of other
- * templates; on the real model (skipped when absent), ids recorded from the
- * Hugging Face reference (scripts/compare-tokenizer.py). */
+ * templates; BPE against its definition (merge the lowest-ranked pair
+ * everywhere, repeat) on a vocabulary with shuffled merge ranks, and the
+ * time of a 1 MiB word (quadratic merging took minutes); on the real model
+ * (skipped when absent), ids recorded from the Hugging Face reference
+ * (scripts/compare-tokenizer.py) and the same 1 MiB timing. */
 #include <pensieve/gguf.h>
 #include <pensieve/tokenizer.h>
 
@@ -12,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static uint64_t rng_state = 777;
@@ -311,6 +315,203 @@ static void test_unsupported(void)
        "no vocabulary: %s", pv_last_error());
 }
 
+/* CPU seconds, so that other jobs on a shared machine do not count. */
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A megabyte of random letters is one pre-token. Rescanning it for the best
+ * pair after each merge took 86-145 s on SmolLM2 (quadratic); the heap
+ * takes about 0.5 s. The bound leaves room for sanitizer builds. */
+#define LONG_WORD_BYTES (1u << 20)
+#define LONG_WORD_MAX_S 5.0
+
+static int encode_long_word(const pv_tokenizer *tok, const char *what)
+{
+    char *text = malloc(LONG_WORD_BYTES);
+    int32_t *ids = malloc((LONG_WORD_BYTES + 1) * sizeof *ids);
+    size_t n = 0;
+    double t = 0;
+    pv_status st = PV_ERR_OUT_OF_MEMORY;
+    if (text && ids) {
+        for (size_t i = 0; i < LONG_WORD_BYTES; i++)
+            text[i] = (char)('a' + rnd() % 26);
+        t = cpu_seconds();
+        st = pv_tokenizer_encode(tok, text, LONG_WORD_BYTES, 0, ids, LONG_WORD_BYTES + 1, &n);
+        t = cpu_seconds() - t;
+    }
+    free(text);
+    free(ids);
+    return ok(st == PV_OK && t < LONG_WORD_MAX_S, "%s: 1 MiB of random letters (one word) "
+              "encodes to %zu ids in %.3f s of CPU (bound %.0f s)", what, n, t, LONG_WORD_MAX_S);
+}
+
+/* A vocabulary of letters, all 676 letter pairs and 1500 random triples,
+ * with the merges in random rank order: often a triple's merge ranks before
+ * the merge of the pair inside it, which a well-formed table never does. */
+enum { MM_PAIRS = 26 * 26, MM_TRIPLES = 1500, MM_VOCAB = 26 + MM_PAIRS + MM_TRIPLES };
+
+typedef struct mm_merge {
+    int32_t left, right, rank, merged;
+} mm_merge;
+
+typedef struct many_merges {
+    char tokens[MM_VOCAB][4];
+    char merges[MM_PAIRS + MM_TRIPLES][6]; /* "left right", by rank */
+    mm_merge by_pair[MM_PAIRS + MM_TRIPLES]; /* sorted by (left, right) */
+    int n_tokens, n_merges;
+} many_merges;
+
+static int mm_find(const many_merges *m, const char *s)
+{
+    for (int i = 0; i < m->n_tokens; i++)
+        if (strcmp(m->tokens[i], s) == 0)
+            return i;
+    return -1;
+}
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const mm_merge *x = a, *y = b;
+    if (x->left != y->left)
+        return x->left < y->left ? -1 : 1;
+    return x->right < y->right ? -1 : x->right > y->right;
+}
+
+static void mm_build(many_merges *m)
+{
+    m->n_tokens = m->n_merges = 0;
+    for (int a = 0; a < 26; a++) /* letter ids are 0..25 */
+        snprintf(m->tokens[m->n_tokens++], 4, "%c", 'a' + a);
+    for (int a = 0; a < 26; a++)
+        for (int b = 0; b < 26; b++) {
+            snprintf(m->tokens[m->n_tokens++], 4, "%c%c", 'a' + a, 'a' + b);
+            snprintf(m->merges[m->n_merges++], 6, "%c %c", 'a' + a, 'a' + b);
+        }
+    while (m->n_tokens < MM_VOCAB) {
+        char t[4] = {(char)('a' + rnd() % 26), (char)('a' + rnd() % 26), (char)('a' + rnd() % 26), 0};
+        if (mm_find(m, t) >= 0)
+            continue;
+        memcpy(m->tokens[m->n_tokens++], t, 4);
+        if (rnd() % 2)
+            snprintf(m->merges[m->n_merges++], 6, "%c%c %c", t[0], t[1], t[2]);
+        else
+            snprintf(m->merges[m->n_merges++], 6, "%c %c%c", t[0], t[1], t[2]);
+    }
+    for (int i = m->n_merges - 1; i > 0; i--) {
+        int j = (int)(rnd() % (uint32_t)(i + 1));
+        char t[6];
+        memcpy(t, m->merges[i], 6);
+        memcpy(m->merges[i], m->merges[j], 6);
+        memcpy(m->merges[j], t, 6);
+    }
+    for (int r = 0; r < m->n_merges; r++) {
+        char left[6], joined[6];
+        const char *sp = strchr(m->merges[r], ' ');
+        snprintf(left, sizeof left, "%.*s", (int)(sp - m->merges[r]), m->merges[r]);
+        snprintf(joined, sizeof joined, "%s%s", left, sp + 1);
+        m->by_pair[r] = (mm_merge){mm_find(m, left), mm_find(m, sp + 1), r, mm_find(m, joined)};
+    }
+    qsort(m->by_pair, (size_t)m->n_merges, sizeof m->by_pair[0], cmp_pair);
+}
+
+static const mm_merge *mm_lookup(const many_merges *m, int32_t left, int32_t right)
+{
+    mm_merge key = {left, right, 0, 0};
+    return bsearch(&key, m->by_pair, (size_t)m->n_merges, sizeof key, cmp_pair);
+}
+
+/* The definition, slowly: find the lowest-ranked adjacent pair, merge all
+ * its non-overlapping occurrences left to right, repeat. */
+static size_t mm_reference(const many_merges *m, const char *text, size_t len, int32_t *ids)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++)
+        ids[n++] = text[i] - 'a';
+    for (;;) {
+        int32_t best = INT32_MAX;
+        for (size_t i = 0; i + 1 < n; i++) {
+            const mm_merge *p = mm_lookup(m, ids[i], ids[i + 1]);
+            if (p && p->rank < best)
+                best = p->rank;
+        }
+        if (best == INT32_MAX)
+            return n;
+        size_t out = 0;
+        for (size_t i = 0; i < n;) {
+            const mm_merge *p = i + 1 < n ? mm_lookup(m, ids[i], ids[i + 1]) : NULL;
+            if (p && p->rank == best) {
+                ids[out++] = p->merged;
+                i += 2;
+            } else {
+                ids[out++] = ids[i++];
+            }
+        }
+        n = out;
+    }
+}
+
+static void test_many_merges(void)
+{
+    static many_merges m;
+    mm_build(&m);
+    const char *tokens[MM_VOCAB], *merges[MM_PAIRS + MM_TRIPLES];
+    for (int i = 0; i < m.n_tokens; i++)
+        tokens[i] = m.tokens[i];
+    for (int i = 0; i < m.n_merges; i++)
+        merges[i] = m.merges[i];
+    pv_gguf_writer w;
+    uint8_t *img = NULL;
+    uint64_t size;
+    pv_gguf g;
+    pv_tokenizer tok;
+    pv_status st = pv_gguf_writer_init(&w, 3, 0);
+    if (st == PV_OK)
+        st = pv_gguf_writer_add_string(&w, "tokenizer.ggml.model", "gpt2");
+    if (st == PV_OK)
+        st = pv_gguf_writer_add_strings(&w, "tokenizer.ggml.tokens", tokens, (uint64_t)m.n_tokens);
+    if (st == PV_OK)
+        st = pv_gguf_writer_add_strings(&w, "tokenizer.ggml.merges", merges, (uint64_t)m.n_merges);
+    if (st == PV_OK)
+        st = pv_gguf_writer_to_memory(&w, &img, &size);
+    pv_gguf_writer_free(&w);
+    if (st == PV_OK && (st = pv_gguf_init_memory(&g, img, size)) == PV_OK) {
+        st = pv_tokenizer_init(&tok, &g);
+        pv_gguf_free(&g);
+    }
+    free(img);
+    if (!ok(st == PV_OK, "vocabulary of %d letter tokens and %d shuffled merges%s%s", m.n_tokens,
+            m.n_merges, st ? ": " : "", st ? pv_last_error() : ""))
+        return;
+    enum { LEN = 40 };
+    char text[LEN];
+    int32_t got[LEN + 1], want[LEN];
+    int same = 1, round;
+    for (round = 0; round < 2000 && same; round++) {
+        size_t len = 1 + rnd() % LEN, n;
+        uint32_t letters = 2 + rnd() % 25; /* few letters repeat pairs more */
+        for (size_t i = 0; i < len; i++)
+            text[i] = (char)('a' + rnd() % letters);
+        size_t n_want = mm_reference(&m, text, len, want);
+        same = pv_tokenizer_encode(&tok, text, len, 0, got, len + 1, &n) == PV_OK && n == n_want &&
+               memcmp(got, want, n * sizeof *got) == 0;
+        if (!same)
+            tap_diag("'%.*s': %zu ids, the definition gives %zu", (int)len, text, n, n_want);
+    }
+    ok(same, "%d random words: the ids of the merge-by-rank definition", round);
+    encode_long_word(&tok, "shuffled merges");
+    static const char dummy[1];
+    size_t n;
+    ok(pv_tokenizer_encode(&tok, dummy, (size_t)PV_TOKENIZE_MAX_BYTES + 1, 0, NULL, 0, &n) ==
+           PV_ERR_INVALID_ARG && strstr(pv_last_error(), "67108865") &&
+           strstr(pv_last_error(), "67108864"),
+       "a text over PV_TOKENIZE_MAX_BYTES is refused: %s", pv_last_error());
+    pv_tokenizer_free(&tok);
+}
+
 static void test_real_model(void)
 {
     char path[4096];
@@ -364,6 +565,7 @@ static void test_real_model(void)
                    PV_OK && len <= jl;
     }
     ok(good, "200 random byte strings encode and decode on the real vocabulary");
+    encode_long_word(&tok, "SmolLM2");
     pv_tokenizer_free(&tok);
 }
 
@@ -388,6 +590,7 @@ int main(void)
     test_template_fuzz();
     pv_tokenizer_free(&tok);
     test_unsupported();
+    test_many_merges();
     test_real_model();
     return tap_done();
 }

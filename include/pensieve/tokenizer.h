@@ -91,8 +91,14 @@ typedef struct pv_tokenizer {
 pv_status pv_tokenizer_init(pv_tokenizer *tok, const pv_gguf *g);
 void pv_tokenizer_free(pv_tokenizer *tok);
 
+/* The longest text one encode call takes. Encoding is O(n log n) in the
+ * length of each pre-token (a whitespace-free word may be the whole text), so
+ * this bounds one request's work: about a second per 4 MiB here. */
+#define PV_TOKENIZE_MAX_BYTES (64u << 20)
+
 /* Encode len bytes of text into ids (cap entries). At most len + 1 ids are
- * ever produced, so cap = len + 1 always suffices. */
+ * ever produced, so cap = len + 1 always suffices. A text over
+ * PV_TOKENIZE_MAX_BYTES is PV_ERR_INVALID_ARG. */
 pv_status pv_tokenizer_encode(const pv_tokenizer *tok, const char *text, size_t len,
                               unsigned flags, int32_t *ids, size_t cap, size_t *n_ids);
 
