@@ -3,19 +3,25 @@
  *   1. attention over paged KV (shuffled slots) vs the same data laid out
  *      contiguously, batch 32 sequences, 8 and 1 query tokens each, context
  *      256..4096;
- *   2. decode attention bandwidth (KV bytes read / time) against a
- *      device-to-device memcpy of the same bytes timed in the same run;
- *   3. swap gather (shuffled slots -> staging, one call) against a memcpy of
- *      the same bytes;
+ *   2. decode attention bandwidth (KV bytes read / time) against the host's
+ *      all-core STREAM-style read bandwidth, and against the backend's own
+ *      device-to-device copy of the same bytes (one thread on the CPU
+ *      backend; the reference for a GPU's device memory);
+ *   3. swap gather (shuffled slots -> staging, one call) against the host's
+ *      all-core STREAM-style copy, and the backend's copy;
  *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
- *      directly (same shape; 2048^3 is the library's peak here).
+ *      directly (same shape), and against the GEMM peak: the best
+ *      cblas_sgemm rate over square sizes 512..3072, beside the cores'
+ *      nominal FMA rate (bench-util.h says how it is computed).
+ * The references (STREAM read, copy, triad; GEMM peak) are measured per
+ * backend, just before its kernels, in the same run.
  * Every figure is a median of at least --reps timed runs after one warm-up
  * (more for short runs); compared pairs run alternately so machine load
  * hits both alike.
- * Bandwidth is payload over time: the KV bytes a decode step reads, the
- * bytes a gather moves, the bytes a memcpy copies, all as bytes / time (a
- * memcpy or gather also writes each byte, so its memory traffic is twice
- * that).
+ * Bandwidth of a kernel is payload over time: the KV bytes a decode step
+ * reads, the bytes a gather or copy moves. A gather or copy also writes each
+ * byte, so it is compared with STREAM copy as traffic (2 x payload), the
+ * way STREAM counts its copy.
  *
  * "Contiguous" is, on the CPU, K[seq][pos][head][dim] and V likewise, run by
  * pv_cpu_attention_contiguous (the paged kernel's inner loop on plain
@@ -45,6 +51,7 @@
 #define CHUNK 32
 #define MAX_REPS 64
 #define GATHER_SLOTS 1024
+#define PEAK_SIZES 5
 
 typedef struct options {
     const char *backend;
@@ -82,7 +89,11 @@ typedef struct report {
     double gather_bytes, gather_ms, gather_memcpy_ms;
     gemm_row gemm[4];
     int n_gemm;
-    double blas_peak_ms; /* cblas_sgemm at 2048^3 */
+    bench_stream mem;                  /* host memory references */
+    bench_cpu cpu;
+    int64_t peak_n[PEAK_SIZES];        /* square sizes tried for the GEMM peak */
+    double peak_size_gflops[PEAK_SIZES];
+    double blas_peak_gflops;           /* the best of them */
 } report;
 
 /* A timed action: returns a status; the backend is finished inside. */
@@ -432,8 +443,46 @@ static pv_status run_blas(void *state)
     return PV_OK;
 }
 
+/* The GEMM peak: cblas_sgemm at square sizes, median of reps after a
+ * warm-up each, and the best size's rate. One size alone under-states the
+ * peak when its blocking or thread split fits the cores badly. */
+static pv_status bench_gemm_peak(const options *opt, report *rep)
+{
+    static const int64_t sizes[PEAK_SIZES] = {512, 1024, 1536, 2048, 3072};
+    pv_status st = PV_OK;
+    for (int i = 0; i < PEAK_SIZES && st == PV_OK; i++) {
+        int64_t n = sizes[i];
+        blas_run r = {.m = n, .n = n, .k = n};
+        r.a = malloc((size_t)(n * n) * sizeof(float));
+        r.b = malloc((size_t)(n * n) * sizeof(float));
+        r.c = malloc((size_t)(n * n) * sizeof(float));
+        if (!r.a || !r.b || !r.c) {
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate GEMM peak inputs of %lld^2", (long long)n);
+        } else {
+            uint64_t state = 5;
+            fill_values(r.a, (size_t)(n * n), PV_F32, &state);
+            fill_values(r.b, (size_t)(n * n), PV_F32, &state);
+            double t[MAX_REPS];
+            run_blas(&r);
+            for (int k = 0; k < opt->reps; k++) {
+                double t0 = bench_now_s();
+                run_blas(&r);
+                t[k] = bench_now_s() - t0;
+            }
+            rep->peak_n[i] = n;
+            rep->peak_size_gflops[i] = 2.0 * (double)n * (double)n * (double)n / bench_median(t, opt->reps) / 1e9;
+            if (rep->peak_size_gflops[i] > rep->blas_peak_gflops)
+                rep->blas_peak_gflops = rep->peak_size_gflops[i];
+        }
+        free(r.a);
+        free(r.b);
+        free(r.c);
+    }
+    return st;
+}
+
 /* Each shape through the vtable, timed alternately with cblas_sgemm of the
- * same shape; the 2048^3 direct call is the library's peak. */
+ * same shape. */
 static pv_status bench_gemm(pv_backend *be, const options *opt, report *rep)
 {
     /* A large square one, a layer's projection for a 256-token batch, and a
@@ -473,8 +522,6 @@ static pv_status bench_gemm(pv_backend *be, const options *opt, report *rep)
             row->n = n;
             row->k = k;
             st = time_pair(run_gemm, &r, run_blas, &direct, opt->reps, &row->ms, &row->blas_ms);
-            if (i == 0)
-                rep->blas_peak_ms = row->blas_ms;
         }
         pv_buffer_free(a);
         pv_buffer_free(b);
@@ -502,6 +549,8 @@ static void print_table(const report *rep, const options *opt)
 {
     printf("\n== backend %s: %s (%s), %u compute units ==\n", rep->backend, rep->info.name, rep->info.vendor,
            rep->info.compute_units);
+    bench_cpu_print(&rep->cpu);
+    bench_stream_print(&rep->mem);
     printf("shape: batch %d, heads %d, kv heads %d, head_dim %d, chunk %d, KV %s, median of %d runs\n", BATCH,
            opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
     printf("\nattention: paged (shuffled slots) vs contiguous (%s)\n", rep->contiguous_kind);
@@ -511,29 +560,42 @@ static void print_table(const report *rep, const options *opt)
         printf("%8d %6d %12.3f %14.3f %12.3f\n", r->context, r->query, r->paged_ms, r->contiguous_ms,
                r->paged_ms / r->contiguous_ms);
     }
-    printf("\ndecode attention bandwidth (KV bytes read / time) vs memcpy of the same bytes (bytes / time)\n");
-    printf("%8s %10s %12s %12s %12s %8s\n", "context", "MiB", "attn ms", "attn GB/s", "memcpy GB/s", "ratio");
+    const bench_stream *mem = &rep->mem;
+    printf("\ndecode attention bandwidth (KV bytes read / time) vs the host's all-core STREAM read (best, %.2f GB/s)\n"
+           "and vs the backend's copy of the same bytes (bytes / time; one thread on the CPU backend)\n",
+           mem->read.best);
+    printf("%8s %10s %12s %12s %10s %12s %8s\n", "context", "MiB", "attn ms", "attn GB/s", "of read", "copy GB/s",
+           "of copy");
     for (int i = 0; i < rep->n_decode; i++) {
         const bandwidth_row *r = &rep->decode[i];
         double attn = gbps(r->bytes, r->attention_ms), copy = gbps(r->bytes, r->memcpy_ms);
-        printf("%8d %10.1f %12.3f %12.2f %12.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->attention_ms, attn,
-               copy, attn / copy);
+        printf("%8d %10.1f %12.3f %12.2f %10.2f %12.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->attention_ms,
+               attn, attn / mem->read.best, copy, attn / copy);
     }
     double gather = gbps(rep->gather_bytes, rep->gather_ms);
     double gather_copy = gbps(rep->gather_bytes, rep->gather_memcpy_ms);
-    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call, vs memcpy of the same bytes\n", rep->gather_slots,
-           rep->gather_bytes / (1 << 20));
-    printf("%12s %12s %14s %8s\n", "gather ms", "gather GB/s", "memcpy GB/s", "ratio");
-    printf("%12.3f %12.2f %14.2f %8.2f\n", rep->gather_ms, gather, gather_copy, gather / gather_copy);
-    double peak = gflops(2048, 2048, 2048, rep->blas_peak_ms);
-    printf("\nGEMM f32 through the vtable vs cblas_sgemm called directly (same shape, alternating runs);\n"
-           "library peak = cblas_sgemm 2048^3: %.1f GFLOP/s\n", peak);
-    printf("%6s %6s %6s %10s %10s %12s %10s\n", "m", "n", "k", "ms", "GFLOP/s", "BLAS GFLOP/s", "of peak");
+    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call; traffic (2 x bytes) vs the host's all-core STREAM\n"
+           "copy (best, %.2f GB/s), and payload vs the backend's copy of the same bytes\n",
+           rep->gather_slots, rep->gather_bytes / (1 << 20), mem->copy.best);
+    printf("%12s %12s %14s %10s %12s %8s\n", "gather ms", "gather GB/s", "traffic GB/s", "of copy", "copy GB/s",
+           "of copy");
+    printf("%12.3f %12.2f %14.2f %10.2f %12.2f %8.2f\n", rep->gather_ms, gather, 2 * gather,
+           2 * gather / mem->copy.best, gather_copy, gather / gather_copy);
+    double peak = rep->blas_peak_gflops;
+    printf("\nGEMM peak: cblas_sgemm, best of square sizes:");
+    for (int i = 0; i < PEAK_SIZES; i++)
+        printf(" %lld^3 %.1f", (long long)rep->peak_n[i], rep->peak_size_gflops[i]);
+    printf(" -> %.1f GFLOP/s", peak);
+    if (rep->cpu.peak_gflops > 0)
+        printf(" (%.2f of the nominal FMA peak, %.1f)", peak / rep->cpu.peak_gflops, rep->cpu.peak_gflops);
+    printf("\nGEMM f32 through the vtable vs cblas_sgemm called directly (same shape, alternating runs)\n");
+    printf("%6s %6s %6s %10s %10s %12s %8s %8s\n", "m", "n", "k", "ms", "GFLOP/s", "BLAS GFLOP/s", "of BLAS",
+           "of peak");
     for (int i = 0; i < rep->n_gemm; i++) {
         const gemm_row *r = &rep->gemm[i];
-        double g = gflops(r->m, r->n, r->k, r->ms);
-        printf("%6lld %6lld %6lld %10.3f %10.1f %12.1f %10.2f\n", (long long)r->m, (long long)r->n, (long long)r->k,
-               r->ms, g, gflops(r->m, r->n, r->k, r->blas_ms), g / peak);
+        double g = gflops(r->m, r->n, r->k, r->ms), blas = gflops(r->m, r->n, r->k, r->blas_ms);
+        printf("%6lld %6lld %6lld %10.3f %10.1f %12.1f %8.2f %8.2f\n", (long long)r->m, (long long)r->n,
+               (long long)r->k, r->ms, g, blas, g / blas, g / peak);
     }
 }
 
@@ -544,8 +606,12 @@ static void print_json(const report *reps, int n_reports, const options *opt)
            BATCH, opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
     for (int b = 0; b < n_reports; b++) {
         const report *rep = &reps[b];
-        printf("%s\n  {\"backend\": \"%s\", \"device\": \"%s\", \"contiguous\": \"%s\", \"attention\": [", b ? "," : "",
+        printf("%s\n  {\"backend\": \"%s\", \"device\": \"%s\", \"contiguous\": \"%s\",\n   \"cpu\": ", b ? "," : "",
                rep->backend, rep->info.name, rep->contiguous_kind);
+        bench_cpu_json(&rep->cpu);
+        printf(",\n   \"stream\": ");
+        bench_stream_json(&rep->mem);
+        printf(",\n   \"attention\": [");
         for (int i = 0; i < rep->n_attention; i++) {
             const attention_row *r = &rep->attention[i];
             printf("%s{\"context\": %d, \"query\": %d, \"paged_ms\": %.4f, \"contiguous_ms\": %.4f}", i ? ", " : "",
@@ -554,18 +620,27 @@ static void print_json(const report *reps, int n_reports, const options *opt)
         printf("],\n   \"decode_bandwidth\": [");
         for (int i = 0; i < rep->n_decode; i++) {
             const bandwidth_row *r = &rep->decode[i];
-            printf("%s{\"context\": %d, \"bytes\": %.0f, \"attention_gbps\": %.3f, \"memcpy_gbps\": %.3f}", i ? ", " : "",
-                   r->context, r->bytes, gbps(r->bytes, r->attention_ms), gbps(r->bytes, r->memcpy_ms));
+            printf("%s{\"context\": %d, \"bytes\": %.0f, \"attention_gbps\": %.3f, \"of_stream_read\": %.4f, "
+                   "\"memcpy_gbps\": %.3f}",
+                   i ? ", " : "", r->context, r->bytes, gbps(r->bytes, r->attention_ms),
+                   gbps(r->bytes, r->attention_ms) / rep->mem.read.best, gbps(r->bytes, r->memcpy_ms));
         }
-        printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, \"memcpy_gbps\": %.3f},\n",
-               rep->gather_slots, rep->gather_bytes, gbps(rep->gather_bytes, rep->gather_ms),
+        double gather = gbps(rep->gather_bytes, rep->gather_ms);
+        printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, "
+               "\"traffic_of_stream_copy\": %.4f, \"memcpy_gbps\": %.3f},\n",
+               rep->gather_slots, rep->gather_bytes, gather, 2 * gather / rep->mem.copy.best,
                gbps(rep->gather_bytes, rep->gather_memcpy_ms));
-        printf("   \"blas_peak_gflops\": %.2f, \"gemm\": [", gflops(2048, 2048, 2048, rep->blas_peak_ms));
+        printf("   \"gemm_peak\": {\"sizes\": [");
+        for (int i = 0; i < PEAK_SIZES; i++)
+            printf("%s{\"n\": %lld, \"gflops\": %.2f}", i ? ", " : "", (long long)rep->peak_n[i],
+                   rep->peak_size_gflops[i]);
+        printf("], \"best_gflops\": %.2f},\n   \"gemm\": [", rep->blas_peak_gflops);
         for (int i = 0; i < rep->n_gemm; i++) {
             const gemm_row *r = &rep->gemm[i];
-            printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f, \"blas_gflops\": %.2f}", i ? ", " : "",
-                   (long long)r->m, (long long)r->n, (long long)r->k, gflops(r->m, r->n, r->k, r->ms),
-                   gflops(r->m, r->n, r->k, r->blas_ms));
+            printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f, \"blas_gflops\": %.2f, "
+                   "\"of_peak\": %.4f}",
+                   i ? ", " : "", (long long)r->m, (long long)r->n, (long long)r->k, gflops(r->m, r->n, r->k, r->ms),
+                   gflops(r->m, r->n, r->k, r->blas_ms), gflops(r->m, r->n, r->k, r->ms) / rep->blas_peak_gflops);
         }
         printf("]}");
     }
@@ -581,6 +656,17 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     if (st != PV_OK)
         return st;
     rep->info = be->info;
+    /* The references, just before this backend's kernels. */
+    bench_cpu_detect(&rep->cpu);
+    if (bench_stream_measure(&rep->mem, 10) != 0) {
+        pv_backend_free(be);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate the STREAM arrays");
+    }
+    st = bench_gemm_peak(opt, rep);
+    if (st != PV_OK) {
+        pv_backend_free(be);
+        return st;
+    }
     int is_cpu = strcmp(name, "cpu") == 0;
     rep->contiguous_kind = is_cpu ? "K/V arrays [seq][pos][head][dim]" : "consecutive slots";
     int32_t contexts[8];
