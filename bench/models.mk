@@ -1,5 +1,5 @@
-# bench-model: prefill and decode tokens/s of a GGUF model beside the GEMM and
-# bandwidth bounds measured in the same run.
+# bench-model: prefill and decode tokens/s of a GGUF model beside the GEMM
+# peak and STREAM read bandwidth bounds measured in the same run.
 noinst_HEADERS += bench/bench-util.h
 noinst_PROGRAMS += bench/bench-model
 bench_bench_model_SOURCES = bench/bench-model.c
