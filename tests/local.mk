@@ -7,3 +7,4 @@ include tests/models.mk
 include tests/integration.mk
 include tests/engine.mk
 include tests/fuzz/local.mk
+include tests/chat.mk

@@ -1,0 +1,60 @@
+/* pensieve-chat's parts: the options, the chat state shared by the
+ * conversation loop (pensieve-chat.c) and the views of the engine it prints
+ * (chat-view.c). */
+#ifndef PENSIEVE_APPS_CHAT_H
+#define PENSIEVE_APPS_CHAT_H
+
+#include <pensieve/cache.h>
+#include <pensieve/engine.h>
+
+#include <stdint.h>
+
+typedef struct chat_options {
+    const char *model, *backend, *config, *script;
+    int synthetic;
+    pv_engine_mode mode;
+    pv_policy policy;
+    int have_policy;                  /* --policy given: it overrides --config */
+    uint64_t device_bytes, host_bytes; /* 0: from --config or the defaults */
+    pv_dtype kv_dtype;
+    float temperature, top_p;
+    uint64_t seed;
+    int32_t max_tokens;
+} chat_options;
+
+typedef struct chat {
+    const chat_options *o;
+    pv_backend *be;
+    pv_llama *model;
+    pv_tokenizer tok;
+    int have_tok;
+    pv_engine *engine;
+    pv_policy policy;                    /* in effect, for /stats */
+    char model_name[256];
+    char session[PV_SESSION_ID_MAX + 1]; /* the current conversation */
+    unsigned next_name;                  /* for /new's chat-N names */
+    uint64_t turns;                      /* submitted, for per-turn seeds */
+    int color;                           /* stdout is a terminal */
+    /* The turn in flight, filled by on_done. */
+    int done;
+    pv_status turn_status;
+    char turn_error[512];
+    pv_turn_result result;
+} chat;
+
+/* Backend, model, tokenizer and engine from the options; prints why not and
+ * returns -1 (chat_free() then releases what was set up). */
+int chat_init(chat *ch, const chat_options *o);
+void chat_free(chat *ch);
+
+/* Prints "pensieve-chat: WHAT: STATUS: MESSAGE" to stderr; returns -1. */
+int chat_error(const char *what, pv_status st);
+
+/* The line after an answer: where the turn's context came from, and speed. */
+void chat_print_status(const chat *ch, const pv_turn_result *r);
+/* /cache [NAME]: the tier of every (chunk, layer), one line per layer. */
+int chat_print_cache(chat *ch, const char *only);
+/* /stats: the engine's and the cache's counters. */
+int chat_print_stats(chat *ch);
+
+#endif

@@ -1,0 +1,191 @@
+#!/bin/sh
+# pensieve-chat end to end through --script on the synthetic model: several
+# conversations side by side under device and host budgets small enough to
+# swap, an answer and a status line per turn, reuse of a returning
+# conversation's KV, /cache and /stats, the same answers as stateless mode,
+# and bad options refused with a message naming them. Prints TAP.
+set -u
+
+chat=${PV_CHAT:-./apps/pensieve-chat}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-chat.XXXXXX") || exit 99
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+n=0
+failed=0
+ok() { # ok CONDITION-STATUS DESCRIPTION
+    n=$((n + 1))
+    if [ "$1" -eq 0 ]; then
+        echo "ok $n - $2"
+    else
+        echo "not ok $n - $2"
+        failed=1
+    fi
+}
+diag() { sed 's/^/# /' "$@"; }
+
+if [ ! -x "$chat" ]; then
+    echo "1..0 # SKIP $chat not built"
+    exit 0
+fi
+
+# Small budgets: a synthetic slot (32 tokens of one layer's K and V) is
+# 8 KiB, so 192K holds 24 slots and 64K 8: four conversations cannot all
+# stay on the device nor all fit on the host, so chunks are swapped out,
+# dropped and recovered.
+budget="--device-mem 192K --host-mem 64K"
+# One thread: the synthetic model is tiny, and OpenMP threads spinning on
+# shared cores only slow the test down.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+common="--synthetic -n 8 $budget"
+
+cat >"$tmp/chat.txt" <<'EOF'
+/switch alice
+Hello, I am Alice. Tell me about caches.
+/switch bob
+Hi, Bob here. What is a GPU?
+/switch carol
+Carol: please count to five.
+/switch dave
+Dave asks about tiered memory.
+/switch alice
+Alice again: and what about swapping?
+/switch bob
+Bob again: thanks, and host memory?
+/switch alice
+Alice once more.
+Alice right away again.
+/cache
+/cache alice
+/stats
+/new
+A fresh conversation.
+/end
+/help
+/quit
+This line comes after /quit and is never sent.
+EOF
+turns=9
+
+# The status line after each answer (chat-view.c); fields 2..6 of the
+# split are session, device, host, recomputed, new, generated.
+status_re='^\[[^]]*\] reused [0-9]* device \+ [0-9]* host \| recomputed [0-9]* \| new [0-9]* \| prefill [0-9.]* ms \| decode [0-9.-]* tokens/s \([0-9]* tokens, [a-z]*'
+statuses() {
+    grep -aE "$status_re" "$1" |
+        sed -E 's/^\[([^]]*)\] reused ([0-9]*) device \+ ([0-9]*) host \| recomputed ([0-9]*) \| new ([0-9]*) .*\(([0-9]*) tokens.*/\1 \2 \3 \4 \5 \6/'
+}
+
+"$chat" $common --script "$tmp/chat.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+ok $rc "a scripted chat over four conversations exits 0"
+[ $rc -eq 0 ] || diag "$tmp/err"
+
+statuses "$tmp/out" >"$tmp/status"
+got=$(wc -l <"$tmp/status")
+[ "$got" -eq $turns ]
+ok $? "a status line per turn ($got of $turns)"
+[ "$got" -eq $turns ] || diag "$tmp/out"
+
+awk '$6 == 0 { bad = 1 } END { exit bad }' "$tmp/status"
+ok $? "every turn generated an answer"
+
+# A conversation's first turn has no history; every later one reuses or
+# recomputes it, and the turn right after its own previous one finds it.
+awk '{ if (seen[$1]++) { if ($2 + $3 + $4 == 0) bad = 1 } else if ($2 + $3 + $4 != 0) bad = 1 }
+     END { exit bad }' "$tmp/status"
+ok $? "first turns start empty, later turns account for their history"
+awk '$1 == "alice" { last = $2 + $3 } END { exit !(last > 0) }' "$tmp/status"
+ok $? "alice's back-to-back turn reuses KV from device or host"
+awk '$1 == "alice" && ++k > 1 && $2 + $3 > 0 { r = 1 } $1 == "bob" && ++b > 1 && $2 + $3 + $4 > 0 { s = 1 }
+     END { exit !(r && s) }' "$tmp/status"
+ok $? "returning conversations (alice, bob) find their history again"
+
+grep -q '^legend: .*device.*host.*dropped' "$tmp/out" &&
+    grep -Eq '^> alice: [0-9]+ tokens, [0-9]+ chunks' "$tmp/out" &&
+    grep -Eq '^  layer  1 [#*+. ]+$' "$tmp/out"
+ok $? "/cache draws a legend and a row of tiers per layer"
+# Every session's picture agrees with its record counts: rows of one cell
+# per chunk, '#' device, '+' and '*' host ('*' with a device copy), '.' dropped.
+awk 'function check() { if (name != "" && (d != D || h + s != H || s != S || x != X)) bad = 1 }
+     /^(> )?[^ ]+: [0-9]+ tokens, [0-9]+ chunks; / {
+         check(); name = $0; sub(/^> /, "", name); sub(/:.*/, "", name)
+         C = $0; sub(/ chunks;.*/, "", C); sub(/.* /, "", C)
+         D = $0; sub(/ device,.*/, "", D); sub(/.* /, "", D)
+         H = $0; sub(/ host .*/, "", H); sub(/.* /, "", H)
+         S = $0; sub(/ with a device copy.*/, "", S); sub(/.*\(/, "", S)
+         X = $0; sub(/ dropped$/, "", X); sub(/.* /, "", X)
+         d = h = s = x = 0; next }
+     name != "" && /^  layer +[0-9]+ / {
+         row = $0; sub(/^  layer +[0-9]+ /, "", row)
+         if (length(row) != C) bad = 1
+         d += gsub(/#/, "", row); s += gsub(/\*/, "", row); h += gsub(/\+/, "", row); x += gsub(/\./, "", row)
+         next }
+     /^  layer|^ +chunk/ { next }
+     { check(); name = "" }
+     END { check(); exit bad }' "$tmp/out"
+ok $? "/cache's cells agree with each session's record counts"
+grep -q '\[' "$tmp/out" && ! grep -q "$(printf '\033')" "$tmp/out"
+ok $? "no colour codes when stdout is not a terminal"
+
+grep -q '^engine (pensieve mode)' "$tmp/out" && grep -q '^cache (pensieve policy)' "$tmp/out"
+ok $? "/stats prints the engine and the cache"
+moved=$(sed -nE 's/.*swapped in [0-9]+, swapped out ([0-9]+), dropped ([0-9]+).*/\1 \2/p' "$tmp/out")
+echo "${moved:-0 0}" | awk '{ exit !($1 > 0 && $2 > 0) }' &&
+    awk '$4 > 0 { r = 1 } END { exit !r }' "$tmp/status"
+ok $? "the small budgets swap out and drop chunks (${moved:-none}), and a turn recovers them"
+grep -q '^ended chat-' "$tmp/out" && grep -q '^/switch NAME\|  /switch NAME' "$tmp/out"
+ok $? "/end ends the conversation; /help lists the commands"
+! grep -q 'never sent' "$tmp/status" && [ "$(grep -c '^chat-[0-9]*> This line' "$tmp/out")" -eq 0 ]
+ok $? "/quit stops the script"
+
+# The same conversations in stateless mode: the same answers (greedy), every
+# later turn recomputed instead of reused.
+grep -v '^/\(cache\|stats\|help\|end\|new\|quit\)' "$tmp/chat.txt" | grep -v 'never sent' >"$tmp/turns.txt"
+"$chat" $common --script "$tmp/turns.txt" >"$tmp/pensieve" 2>&1 &&
+    "$chat" --synthetic -n 8 --mode stateless --script "$tmp/turns.txt" >"$tmp/stateless" 2>&1
+ok $? "the turns run in pensieve and stateless modes"
+grep -aEv "$status_re" "$tmp/pensieve" >"$tmp/a"
+grep -aEv "$status_re" "$tmp/stateless" >"$tmp/b"
+cmp -s "$tmp/a" "$tmp/b"
+ok $? "stateless mode gives the same answers"
+cmp -s "$tmp/a" "$tmp/b" || diff "$tmp/a" "$tmp/b" | diag
+statuses "$tmp/stateless" | awk 'seen[$1]++ && ($2 + $3 > 0 || $4 == 0) { bad = 1 } END { exit bad }'
+ok $? "stateless mode recomputes every later turn's history"
+
+# Errors inside a script: reported, the script goes on, the exit status is 1.
+printf '/bogus\nhello\n/switch\n' >"$tmp/bad.txt"
+"$chat" --synthetic -n 2 --script "$tmp/bad.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 1 ] && grep -q "unknown command '/bogus'" "$tmp/err" && grep -q '/switch needs' "$tmp/err" &&
+    [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ]
+ok $? "a bad command in a script is reported and fails the run (exit $rc)"
+
+# Bad options: nonzero exit and a message naming the option.
+refuse() { # refuse WORD-EXPECTED ARGS...
+    expect=$1
+    shift
+    "$chat" "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+    rc=$?
+    [ $rc -ne 0 ] && grep -q -e "$expect" "$tmp/err"
+    ok $? "refused: $* (exit $rc)"
+    [ $rc -ne 0 ] && grep -q -e "$expect" "$tmp/err" || diag "$tmp/err"
+}
+refuse '-n/--max-tokens' --synthetic -n ''
+refuse '-n/--max-tokens' --synthetic -n abc
+refuse '-n/--max-tokens' --synthetic --max-tokens -1
+refuse '--device-mem' --synthetic --device-mem ''
+refuse '--device-mem' --synthetic --device-mem 12Q
+refuse '--host-mem' --synthetic --host-mem 0
+refuse '--temperature' --synthetic --temperature ''
+refuse '--top-p' --synthetic --top-p 2
+refuse '--seed' --synthetic --seed x
+refuse '--mode' --synthetic --mode bogus
+refuse '--policy' --synthetic --policy bogus
+refuse '--kv' --synthetic --kv f8
+refuse '--script' --synthetic --script "$tmp/no-such-file"
+refuse '--config' --synthetic --config "$tmp/no-such-file"
+refuse 'nosuchbackend' --synthetic --backend nosuchbackend
+refuse 'unrecognized option' --synthetic --frobnicate
+refuse 'engine' --synthetic --device-mem 1K --script /dev/null
+
+echo "1..$n"
+exit $failed
