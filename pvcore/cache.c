@@ -211,7 +211,14 @@ fail:
 static void session_release(pv_session *s)
 {
     free(s->id);
-    free(s->recs);
+    for (uint32_t b = 0; b < s->n_blocks; b++) {
+        if (!s->index[b])
+            continue;
+        for (uint32_t p = 0; p < PV_BLOCK_PAGES; p++)
+            free(s->index[b][p]);
+        free(s->index[b]);
+    }
+    free(s->index);
     free(s->tokens);
     free(s->lead);
     memset(s, 0, sizeof *s);
@@ -372,7 +379,7 @@ pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_
                         id, s->copy_src[PV_TIER_DEVICE] + s->copy_src[PV_TIER_HOST]);
     uint64_t freed = (uint64_t)(s->held_slots[PV_TIER_DEVICE] + s->held_slots[PV_TIER_HOST]) *
                      cache->cfg.slot_bytes;
-    for (uint32_t c = 0; c < s->n_chunks; c++)
+    for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1))
         for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
             pv_rec_exit(cache, s, c, l);
     pv_session_refresh(cache, s);
@@ -512,7 +519,7 @@ pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_ses
      * layer (attention at that chunk needs every earlier position). */
     uint32_t last_dropped = PV_NONE32;
     if (s->records[PV_TIER_DROPPED]) {
-        for (uint32_t c = s->n_chunks; c-- > 0 && last_dropped == PV_NONE32;)
+        for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1))
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
                 if (pv_rec(cache, s, c, l)->tier == PV_TIER_DROPPED) {
                     last_dropped = c;
@@ -571,22 +578,32 @@ static pv_status check_chunk_args(const pv_cache *cache, const char *fn, uint32_
     return PV_OK;
 }
 
-static pv_status ensure_chunks(pv_cache *cache, pv_session *s, uint32_t n_chunks)
+pv_status pv_index_ensure(pv_cache *cache, pv_session *s, uint32_t chunk)
 {
-    if (n_chunks <= s->cap_chunks)
-        return PV_OK;
-    uint32_t cap = s->cap_chunks ? s->cap_chunks : 4;
-    while (cap < n_chunks)
-        cap *= 2;
-    size_t per = cache->cfg.n_layers;
-    pv_chunk_rec *recs = realloc(s->recs, (size_t)cap * per * sizeof *recs);
-    if (!recs)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for %u chunks x %zu layers of \"%.64s\"",
-                        cap, per, s->id);
-    for (size_t i = (size_t)s->cap_chunks * per; i < (size_t)cap * per; i++)
-        recs[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0};
-    s->recs = recs;
-    s->cap_chunks = cap;
+    uint32_t b = chunk >> PV_BLOCK_SHIFT, p = (chunk >> PV_PAGE_SHIFT) % PV_BLOCK_PAGES;
+    size_t per_page = (size_t)PV_PAGE_CHUNKS * cache->cfg.n_layers;
+    if (b >= s->n_blocks) {
+        pv_chunk_rec ***index = realloc(s->index, (size_t)(b + 1) * sizeof *index);
+        if (!index)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the index of \"%.64s\" up to "
+                            "chunk %u", s->id, chunk);
+        memset(index + s->n_blocks, 0, (size_t)(b + 1 - s->n_blocks) * sizeof *index);
+        s->index = index;
+        s->n_blocks = b + 1;
+    }
+    if (!s->index[b] && !(s->index[b] = calloc(PV_BLOCK_PAGES, sizeof *s->index[b])))
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the index of \"%.64s\" at chunk %u",
+                        s->id, chunk);
+    if (!s->index[b][p]) {
+        pv_chunk_rec *page = malloc(per_page * sizeof *page);
+        if (!page)
+            return pv_error(PV_ERR_OUT_OF_MEMORY,
+                            "no host memory for %u chunks x %u layers of \"%.64s\"", PV_PAGE_CHUNKS,
+                            cache->cfg.n_layers, s->id);
+        for (size_t i = 0; i < per_page; i++)
+            page[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0};
+        s->index[b][p] = page;
+    }
     return PV_OK;
 }
 
@@ -616,10 +633,12 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
                         "pv_cache_store_chunk: tier %s cannot hold bytes (use device or host)",
                         pv_tier_name(tier));
     pv_session *s = &cache->sessions[h];
-    if ((st = ensure_chunks(cache, s, chunk + 1)) != PV_OK)
-        return st;
-    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
-    if (r->copying)
+    /* No page: the chunk was never stored. */
+    const pv_chunk_rec *old_rec = pv_rec(cache, s, chunk, layer);
+    pv_chunk_rec never = {PV_NONE32, PV_TIER_NONE, 0, 0};
+    if (!old_rec)
+        old_rec = &never;
+    if (old_rec->copying)
         return pv_error(PV_ERR_BUSY,
                         "pv_cache_store_chunk: chunk %u layer %u of \"%.64s\" is under copy", chunk,
                         layer, id);
@@ -627,14 +646,17 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
     /* Check before removing the old copy, so a failure changes nothing. The
      * old copy (or its shadow) frees a slot of the tier; so does reclaiming
      * a shadow on DEVICE. */
-    int frees_own = r->tier == tier || (tier == PV_TIER_DEVICE && r->shadowed);
+    int frees_own = old_rec->tier == tier || (tier == PV_TIER_DEVICE && old_rec->shadowed);
     int shadow_room = tier == PV_TIER_DEVICE && cache->evictable[PV_SET_SHADOW] > 0;
     if (pool->n_free == 0 && !frees_own && !shadow_room)
         return pv_error(PV_ERR_OUT_OF_MEMORY,
                         "pv_cache_store_chunk: no free %s slot (%u slots in use, no shadow to "
                         "reclaim); evict first",
                         pv_tier_name(tier), pool->n_slots);
-    pv_tier old = (pv_tier)r->tier;
+    pv_tier old = (pv_tier)old_rec->tier;
+    /* A refused store allocates nothing. */
+    if ((st = pv_index_ensure(cache, s, chunk)) != PV_OK)
+        return st;
     /* Seed 002: a recomputed or rewritten chunk replaces its older copy in
      * whatever tier it is, shadow included, so it never lives in two tiers. */
     pv_rec_exit(cache, s, chunk, layer);
@@ -672,8 +694,8 @@ pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk, uint3
     const pv_session *s = &cache->sessions[h];
     pv_tier where = PV_TIER_NONE;
     uint32_t at = PV_NONE32;
-    if (chunk < s->n_chunks) {
-        const pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    const pv_chunk_rec *r = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
+    if (r) {
         where = (pv_tier)r->tier;
         at = r->slot;
         if (r->shadowed) {
@@ -705,7 +727,8 @@ pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chu
     if (!value)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_retention_value: value is NULL");
     const pv_session *s = &cache->sessions[h];
-    if (chunk >= s->n_chunks || pv_rec(cache, s, chunk, layer)->tier == PV_TIER_NONE)
+    const pv_chunk_rec *r = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
+    if (!r || r->tier == PV_TIER_NONE)
         return pv_error(PV_ERR_NOT_FOUND,
                         "pv_cache_retention_value: chunk %u layer %u of \"%.64s\" was never stored",
                         chunk, layer, id);

@@ -50,6 +50,9 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
                 FAIL("session index", "%s slot %u names chunk %u layer %u beyond session \"%s\"", tn, slot, o->chunk,
                      o->layer, s->id);
             const pv_chunk_rec *r = pv_rec(cache, s, o->chunk, o->layer);
+            if (!r)
+                FAIL("session index", "%s slot %u names chunk %u of \"%s\", which has no index page",
+                     tn, slot, o->chunk, s->id);
             if (o->state == PV_SLOT_OWNED && (r->tier != t || r->slot != slot))
                 FAIL("one tier", "%s slot %u is owned by \"%s\" chunk %u layer %u, which is in %s slot %u", tn,
                      slot, s->id, o->chunk, o->layer, pv_tier_name((pv_tier)r->tier), r->slot);
@@ -86,11 +89,11 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
     uint32_t n_layers = cache->cfg.n_layers;
     if (pv_session_find(cache, s->id) != h)
         FAIL("session table", "session \"%s\" (handle %u) is not found under its id", s->id, h);
-    if (s->n_chunks > s->cap_chunks)
-        FAIL("session index", "session \"%s\" has %u chunks beyond its capacity %u", s->id, s->n_chunks, s->cap_chunks);
     uint32_t count[3] = {0, 0, 0}, copying[PV_SLOT_TIERS] = {0, 0}, reserved[PV_SLOT_TIERS] = {0, 0};
     uint32_t shadows = 0;
-    for (uint32_t c = 0; c < s->cap_chunks; c++) {
+    /* Through the end of the last page: a record past n_chunks is a fault. */
+    uint32_t end = s->n_chunks ? (((s->n_chunks - 1) >> PV_PAGE_SHIFT) + 1) * PV_PAGE_CHUNKS : 0;
+    for (uint32_t c = pv_chunk_next(s, 0); c < end; c = c + 1 < s->n_chunks ? pv_chunk_next(s, c + 1) : c + 1) {
         for (uint32_t l = 0; l < n_layers; l++) {
             const pv_chunk_rec *r = pv_rec(cache, s, c, l);
             if (r->shadowed) {
@@ -158,7 +161,8 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
         const char *tn = set_name(t);
         for (uint32_t l = 0; l < n_layers; l++) {
             uint32_t lead = PV_NONE32;
-            for (uint32_t c = 0; c < s->n_chunks && lead == PV_NONE32; c++) {
+            for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks && lead == PV_NONE32;
+                 c = pv_chunk_next(s, c + 1)) {
                 const pv_chunk_rec *r = pv_rec(cache, s, c, l);
                 if (t == PV_SET_SHADOW ? r->shadowed : r->tier == t && !r->copying)
                     lead = c;
@@ -211,7 +215,7 @@ pv_status pv_cache_check(const pv_cache *cache)
         const pv_session *s = &cache->sessions[h];
         if (!s->id) {
             /* Invariant 4: an ended session leaves nothing behind. */
-            if (s->recs || s->tokens || s->lead || s->held_slots[0] || s->held_slots[1] ||
+            if (s->index || s->n_blocks || s->tokens || s->lead || s->held_slots[0] || s->held_slots[1] ||
                 s->records[0] || s->records[1] || s->records[2] || s->shadows || s->pins)
                 FAIL("ended session", "ended session handle %u still holds records, shadows, history or slots", h);
             for (int t = 0; t < PV_EVICT_SETS; t++)

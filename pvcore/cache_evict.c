@@ -89,7 +89,7 @@ void pv_lead_remove(pv_cache *cache, pv_session *s, int t, uint32_t chunk, uint3
     if (*lead != chunk)
         return;
     *lead = PV_NONE32;
-    for (uint32_t c = chunk + 1; c < s->n_chunks; c++) {
+    for (uint32_t c = pv_chunk_next(s, chunk + 1); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) {
         const pv_chunk_rec *r = pv_rec(cache, s, c, layer);
         if (in_set(r, t)) {
             *lead = c;
@@ -485,7 +485,7 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
         double now = pv_cache_now(cache);
         for (uint64_t i = 0; i < shortfall; i++)
             evict_one(cache, PV_TIER_DEVICE, now, plan);
-        for (uint32_t c = 0; c < s->n_chunks; c++) {
+        for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) {
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++) {
                 pv_chunk_rec *r = pv_rec(cache, s, c, l);
                 if (r->tier != PV_TIER_HOST || r->copying || r->shadowed)
@@ -521,7 +521,7 @@ static pv_status check_copy(const pv_cache *cache, const char *fn, size_t i, con
                         fn, i, m->chunk, s->n_chunks, m->to_slot, to->n_slots);
     const pv_chunk_rec *r = pv_rec(cache, s, m->chunk, m->layer);
     const pv_slot_owner *o = &to->owner[m->to_slot];
-    if (r->copying != 1 || r->tier != m->from || r->slot != m->from_slot ||
+    if (!r || r->copying != 1 || r->tier != m->from || r->slot != m->from_slot ||
         o->state != PV_SLOT_RESERVED || o->session != m->session || o->chunk != m->chunk ||
         o->layer != m->layer)
         return pv_error(PV_ERR_STATE,

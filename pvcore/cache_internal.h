@@ -44,12 +44,25 @@ typedef struct pv_pool {
                              * the chunk in this slot, or PV_NONE32 */
 } pv_pool;
 
+/* A session's index: the records of PV_PAGE_CHUNKS chunks (all layers) make
+ * a page, PV_BLOCK_PAGES pages a block, and a directory of blocks grows to
+ * the highest block used; pages and blocks exist only where a chunk was
+ * stored. Memory follows the chunks held, not the highest index: chunk
+ * PV_CACHE_MAX_CHUNKS-1 alone costs a 4096-entry directory, one block and
+ * one page (~34 KiB at 32 layers), where a flat table cost 256 MiB. Small
+ * pages keep pv_cache_check's walk over a short session short. */
+#define PV_PAGE_SHIFT 2
+#define PV_PAGE_CHUNKS (1u << PV_PAGE_SHIFT)
+#define PV_BLOCK_PAGES 64u
+#define PV_BLOCK_SHIFT 8 /* chunks per block: PV_PAGE_CHUNKS * PV_BLOCK_PAGES */
+
 typedef struct pv_session {
     char *id;               /* NULL: handle not in use */
     uint32_t hash;
-    pv_chunk_rec *recs;     /* [cap_chunks][n_layers] */
+    pv_chunk_rec ***index;  /* [n_blocks][PV_BLOCK_PAGES] pages of
+                             * [PV_PAGE_CHUNKS][n_layers] records, or NULL */
+    uint32_t n_blocks;
     uint32_t n_chunks;      /* highest stored chunk index + 1 */
-    uint32_t cap_chunks;
     int32_t *tokens;
     size_t n_tokens, cap_tokens;
     uint32_t committed_tokens;
@@ -102,10 +115,37 @@ struct pv_cache {
     pv_cache_stats stats;
 };
 
+/* The record of (chunk, layer); NULL where no chunk of its page was ever
+ * stored (such a record is PV_TIER_NONE). */
 static inline pv_chunk_rec *pv_rec(const pv_cache *cache, const pv_session *s,
                                    uint32_t chunk, uint32_t layer)
 {
-    return &s->recs[(size_t)chunk * cache->cfg.n_layers + layer];
+    uint32_t b = chunk >> PV_BLOCK_SHIFT;
+    if (b >= s->n_blocks || !s->index[b])
+        return NULL;
+    pv_chunk_rec *page = s->index[b][(chunk >> PV_PAGE_SHIFT) % PV_BLOCK_PAGES];
+    if (!page)
+        return NULL;
+    return &page[(size_t)(chunk % PV_PAGE_CHUNKS) * cache->cfg.n_layers + layer];
+}
+
+/* The first chunk index >= chunk below s->n_chunks whose page exists, or
+ * s->n_chunks: loops over a session's chunks skip the holes with
+ *   for (c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) */
+static inline uint32_t pv_chunk_next(const pv_session *s, uint32_t chunk)
+{
+    while (chunk < s->n_chunks) {
+        uint32_t b = chunk >> PV_BLOCK_SHIFT;
+        if (b >= s->n_blocks)
+            break;
+        if (!s->index[b])
+            chunk = (b + 1) << PV_BLOCK_SHIFT;
+        else if (!s->index[b][(chunk >> PV_PAGE_SHIFT) % PV_BLOCK_PAGES])
+            chunk = (chunk | (PV_PAGE_CHUNKS - 1)) + 1;
+        else
+            return chunk;
+    }
+    return s->n_chunks;
 }
 
 /* The DEVICE shadow slot of a record, or PV_NONE32. */
@@ -148,10 +188,16 @@ void pv_rec_enter(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer
                   uint32_t slot);
 /* Removes a record from its tier and frees its slot and shadow (not under copy). */
 void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer);
+/* Allocates the page holding chunk (and its block and directory room). */
+pv_status pv_index_ensure(pv_cache *cache, pv_session *s, uint32_t chunk);
 /* Frees the record's shadow slot; the record stays in HOST. */
 void pv_shadow_release(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer);
 /* Reclaims the reclaimable shadow of lowest retention value, noting it in
  * plan (may be NULL); 0 if none is reclaimable. */
 int pv_shadow_reclaim(pv_cache *cache, double now, pv_cache_plan *plan);
+
+/* Test-only (pvcore/cache_testhook.c, linked into tests, not the library):
+ * breaks the named invariant (a name pv_cache_check() uses) on purpose. */
+pv_status pv_cache_test_corrupt(pv_cache *cache, const char *invariant);
 
 #endif

@@ -1,7 +1,7 @@
 # Tests of the tiered KV cache core (issue 3).
 noinst_HEADERS += tests/test-cache-util.h
 CACHE_TESTS = tests/test-cache-seeds tests/test-cache-plans tests/test-cache-policy \
-	tests/test-cache-badinput tests/test-cache-property
+	tests/test-cache-badinput tests/test-cache-property tests/test-cache-check
 check_PROGRAMS += $(CACHE_TESTS)
 TESTS += $(CACHE_TESTS)
 tests_test_cache_seeds_SOURCES = tests/test-cache-seeds.c
@@ -19,3 +19,7 @@ tests_test_cache_badinput_LDADD = $(PV_LINK)
 tests_test_cache_property_SOURCES = tests/test-cache-property.c
 tests_test_cache_property_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cache_property_LDADD = $(PV_LINK)
+# The corruption hook is linked into this test only, never into the library.
+tests_test_cache_check_SOURCES = tests/test-cache-check.c pvcore/cache_testhook.c
+tests_test_cache_check_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_check_LDADD = $(PV_LINK)

@@ -2,6 +2,7 @@
  * invariants still hold. */
 #include "test-cache-util.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -269,8 +270,72 @@ static void null_arguments(void)
     pv_cache_free(cache);
 }
 
+/* Bytes the C library's allocator holds now (small blocks + mmapped ones). */
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* A session's index grows with the chunks it holds, not with the highest
+ * chunk index: chunk PV_CACHE_MAX_CHUNKS-1 alone must not cost 256 MiB. */
+static void sparse_index(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_WEIGHTED, 32, 4, 4, &clk);
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    const uint32_t last = PV_CACHE_MAX_CHUNKS - 1;
+    pv_cache_session_open(cache, "far");
+    /* Whether mallinfo2 sees this allocator (not under ASan, which has its own). */
+    size_t probe_before = heap_bytes();
+    char *volatile probe = malloc(4 << 20); /* volatile: not elided */
+    int counted = probe && heap_bytes() - probe_before >= (4u << 20);
+    free(probe);
+    size_t before = heap_bytes();
+    pv_status st = pv_cache_store_chunk(cache, "far", last, 31, PV_TIER_DEVICE, NULL);
+    size_t grown = heap_bytes() - before;
+    ok(st == PV_OK, "chunk %u stores", last);
+    if (counted)
+        ok(grown < (256u << 10), "storing chunk %u of 32 layers takes %zu bytes of index (< 256 KiB)",
+           last, grown);
+    else
+        tap_skip("mallinfo2 does not count this allocator's blocks (sanitizer build)");
+    pv_cache_store_chunk(cache, "far", 5, 0, PV_TIER_HOST, NULL);
+    int32_t history[300] = {0};
+    pv_cache_append_tokens(cache, "far", history, 300);
+    pv_session_view view;
+    pv_cache_session_restore(cache, "far", &view);
+    double v;
+    ok(tier_of(cache, "far", last, 31) == PV_TIER_DEVICE && tier_of(cache, "far", last, 30) == PV_TIER_NONE &&
+           tier_of(cache, "far", last - 1, 31) == PV_TIER_NONE &&
+           tier_of(cache, "far", 5, 0) == PV_TIER_HOST && tier_of(cache, "far", 0, 0) == PV_TIER_NONE &&
+           tier_of(cache, "far", 70000, 3) == PV_TIER_NONE,
+       "lookups in and around the held chunks");
+    ok(view.n_chunks == PV_CACHE_MAX_CHUNKS && view.records[PV_TIER_DEVICE] == 1 &&
+           view.records[PV_TIER_HOST] == 1,
+       "restore: %u chunk indices, 1 device + 1 host record", view.n_chunks);
+    ok(pv_cache_retention_value(cache, "far", 6, 0, &v) == PV_ERR_NOT_FOUND,
+       "no retention value for an unstored chunk between held ones");
+    clk.now = 1;
+    ok(pv_cache_evict_to_free(cache, PV_TIER_HOST, 4 * TEST_SLOT_BYTES, &plan) == PV_OK &&
+           plan.n_moves == 1 && plan.moves[0].chunk == 5 && plan.moves[0].to == PV_TIER_DROPPED,
+       "the host chunk is dropped");
+    pv_cache_session_restore(cache, "far", &view);
+    ok(view.recompute_tokens == 6 * 32, "recompute through chunk 5: %u tokens",
+       view.recompute_tokens);
+    check_ok(cache, "with chunks 5 and PV_CACHE_MAX_CHUNKS-1 held");
+    uint64_t freed = 0;
+    ok(pv_cache_end_session(cache, "far", &freed) == PV_OK && freed == TEST_SLOT_BYTES,
+       "end_session frees the one device slot");
+    check_ok(cache, "after the sparse session ended");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
+    sparse_index();
     null_arguments();
     sessions_and_chunks();
     budgets();
