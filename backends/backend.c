@@ -479,6 +479,14 @@ pv_status pv_event_wait(pv_event *ev)
     return ev->backend->ops->event_wait(ev->backend, ev);
 }
 
+pv_status pv_event_query(pv_event *ev, int *done)
+{
+    if (!ev || !done)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_event_query: %s is NULL", ev ? "done" : "event");
+    *done = 0;
+    return ev->backend->ops->event_query(ev->backend, ev, done);
+}
+
 void pv_event_free(pv_event *ev)
 {
     if (ev)

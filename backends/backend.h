@@ -11,9 +11,7 @@
  *   ids) are HOST memory, read during the call: the front end validates them
  *   before any work is enqueued, and the caller may reuse them as soon as the
  *   call returns.
- * - Compute ops are enqueued on the backend's compute queue and may run
- *   asynchronously; pv_backend_finish() waits for everything. Reading a
- *   result with pv_buffer_read() also waits for prior work on that buffer.
+ * - Ordering: see "Queues and ordering" below.
  * - The KV pool: slot s holds one chunk of one layer, K then V:
  *     pool[s][0][t][h][d]  K of token t (0..chunk_tokens-1), kv head h
  *     pool[s][1][t][h][d]  V
@@ -36,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 1
+#define PV_BACKEND_API_VERSION 2 /* 2: event_query; queue contract above */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -96,9 +94,51 @@ struct pv_event {
     void *handle;
 };
 
+/* ---- Queues and ordering ---------------------------------------------------
+ * A backend has two in-order queues (CUDA streams, OpenCL command queues).
+ * Work on one queue runs in the order enqueued; the two queues run
+ * independently of each other, and only events order them.
+ *
+ *   COMPUTE: every op (gemm, attention, kv_write, slot_gather/scatter,
+ *            embed_gather, rmsnorm, rope, swiglu, add, softmax, argmax,
+ *            sample_top_p), pv_buffer_write, pv_buffer_read, and
+ *            pv_copy_async(PV_QUEUE_COMPUTE, ...).
+ *   COPY:    pv_copy_async(PV_QUEUE_COPY, ...) only: swap traffic between
+ *            the host pool and device staging, overlapping compute.
+ *
+ * - Ops are asynchronous: they return once enqueued (argmax and
+ *   sample_top_p, which hand back host results, return when their rows are
+ *   ready; they wait for earlier compute work, never for the copy queue).
+ * - pv_buffer_write / pv_buffer_read are blocking and ordered on COMPUTE:
+ *   they take effect after all compute work enqueued before them and return
+ *   when their bytes have moved. They never wait for the COPY queue, so
+ *   reading one step's logits does not wait for swap traffic in flight.
+ *   Reading what a COPY-queue copy wrote therefore needs its event first:
+ *   pv_event_wait(done), or pv_queue_wait(be, PV_QUEUE_COMPUTE, done) before
+ *   the read. Writing a buffer that a COPY-queue copy still reads or writes
+ *   is likewise the caller's to order with that copy's event.
+ * - Crossing queues: pv_copy_async(q, ..., wait, &done) runs after `wait`
+ *   and signals `done`; pv_event_record(q) marks everything enqueued on q so
+ *   far; pv_queue_wait(q, ev) holds later work on q until ev, without
+ *   blocking the host. Swap-out: slot_gather (COMPUTE), record, copy on COPY
+ *   waiting for that event. Swap-in: copy on COPY, then
+ *   pv_queue_wait(COMPUTE, done) before the slot_scatter or the layer's
+ *   attention that needs it.
+ * - pv_event_query tells without blocking whether an event has completed;
+ *   pv_event_wait blocks the host until it has. pv_backend_finish waits for
+ *   both queues.
+ * - Host memory (PV_MEM_HOST) is touched through host_ptr only once the
+ *   copies using it have completed (their events).
+ * - pv_buffer_free does not wait: the memory is released once the work
+ *   already enqueued on either queue is done with it, and neither queue is
+ *   drained or made to wait for the other.
+ * - A backend allocates its pinned staging (host index arrays of queued
+ *   ops) once, at init; ops never allocate pinned memory, which would
+ *   synchronise the device mid-pipeline.
+ * - A backend serves one host thread at a time. */
 typedef enum pv_queue {
-    PV_QUEUE_COMPUTE = 0, /* kernels and GEMMs, in order */
-    PV_QUEUE_COPY = 1     /* swap traffic, overlapping compute */
+    PV_QUEUE_COMPUTE = 0, /* every op, buffer reads and writes; in order */
+    PV_QUEUE_COPY = 1     /* swap traffic, overlapping compute; in order */
 } pv_queue;
 
 /* ---- op arguments ------------------------------------------------------ */
@@ -250,7 +290,8 @@ typedef struct pv_backend_ops {
 
     pv_status (*buffer_alloc)(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf);
     void (*buffer_free)(pv_backend *be, pv_buffer *buf);
-    /* Blocking transfers between host memory and a buffer (bytes). */
+    /* Blocking transfers between host memory and a buffer (bytes), ordered
+     * on the compute queue only. */
     pv_status (*buffer_write)(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
     pv_status (*buffer_read)(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
     /* Asynchronous buffer -> buffer copy (host<->device, device<->device) on
@@ -264,6 +305,8 @@ typedef struct pv_backend_ops {
     /* Make later work on q wait for ev, without blocking the host. */
     pv_status (*queue_wait)(pv_backend *be, pv_queue q, pv_event *ev);
     pv_status (*event_wait)(pv_backend *be, pv_event *ev);
+    /* *done = 1 when ev has completed, else 0; never blocks. */
+    pv_status (*event_query)(pv_backend *be, pv_event *ev, int *done);
     void (*event_free)(pv_backend *be, pv_event *ev);
     pv_status (*finish)(pv_backend *be);
 
@@ -314,6 +357,7 @@ pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_b
 pv_status pv_event_record(pv_backend *be, pv_queue q, pv_event **out);
 pv_status pv_queue_wait(pv_backend *be, pv_queue q, pv_event *ev);
 pv_status pv_event_wait(pv_event *ev);
+pv_status pv_event_query(pv_event *ev, int *done);
 void pv_event_free(pv_event *ev);
 pv_status pv_backend_finish(pv_backend *be);
 

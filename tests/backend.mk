@@ -20,7 +20,8 @@ tests_test_backend_errors_LDADD = $(PV_LINK)
 
 # Queued ops with reused host index arrays, on every built backend: the
 # check of the CUDA backend's staging ring (skips without a GPU), and of the
-# same contract elsewhere.
+# same contract elsewhere; then backend.h's queue contract: a compute result
+# reads back while a long copy chain is still in flight.
 check_PROGRAMS += tests/test-backend-async
 TESTS += tests/test-backend-async
 tests_test_backend_async_SOURCES = tests/test-backend-async.c

@@ -182,6 +182,12 @@ static pv_status cpu_event_wait(pv_backend *be, pv_event *ev)
     return PV_OK;
 }
 
+static pv_status cpu_event_query(pv_backend *be, pv_event *ev, int *done)
+{
+    *done = 1;
+    return PV_OK;
+}
+
 static void cpu_event_free(pv_backend *be, pv_event *ev)
 {
     free(ev);
@@ -229,6 +235,7 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .event_record = cpu_event_record,
     .queue_wait = cpu_queue_wait,
     .event_wait = cpu_event_wait,
+    .event_query = cpu_event_query,
     .event_free = cpu_event_free,
     .finish = cpu_finish,
     .gemm = cpu_gemm,

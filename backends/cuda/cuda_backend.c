@@ -1,15 +1,23 @@
 /* The CUDA backend: device memory and pinned host memory through the CUDA
- * runtime, two streams (compute and copy) ordered by events, GEMM through
- * cuBLAS, and the portable kernels of kernels/ built by nvcc (launchers in
- * cuda_kernels.cu). The front end (backends/backend.c) has validated every
- * argument; what can still fail here is the runtime, the library or the
- * device, and each failure becomes a status naming the call and its error.
+ * runtime, two streams (compute, copy) ordered only by events as backend.h
+ * lays down, GEMM through cuBLAS, and the portable kernels of kernels/
+ * built by nvcc (launchers in cuda_kernels.cu). The front end
+ * (backends/backend.c) has validated every argument; what can still fail
+ * here is the runtime, the library or the device, and each failure becomes
+ * a status naming the call and its error.
  *
  * Host index arrays are only valid during a call, while the kernels that
  * read them run later on the compute stream. Each op therefore copies its
- * index arrays into the next entry of a small ring of (pinned host, device)
- * staging pairs and uploads them on the compute stream; an entry is reused
- * only after the event recorded behind its last kernel has completed. */
+ * index arrays into a region of one pinned staging ring, allocated once at
+ * init (cudaHostAlloc mid-pipeline would synchronise the device), and
+ * uploads them on the compute stream into the same region of a device
+ * ring. A region is reused only once the event recorded behind the op that
+ * read it has completed; the host waits only when the ring is full.
+ *
+ * Freeing never drains the streams: device buffers come from the
+ * stream-ordered allocator and are freed on a release stream that waits
+ * for events of both streams; pinned host buffers are freed once events
+ * recorded on both streams at the free have completed. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -26,28 +34,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Ops in flight that each own a staging entry; more entries only let the
- * host run further ahead of the device. */
-#define STAGING_RING 8
-/* Arrays are packed into an entry at this alignment, so every device copy
- * starts aligned for any load width. */
+/* Bytes of the staging ring (pinned host and device each): a 256-sequence
+ * x 4096-chunk slot table is 4 MiB, so several such ops fit in flight. */
+#define STAGING_BYTES ((size_t)16 << 20)
+/* Ops in flight that hold a staging region; the host blocks only past this
+ * or a full ring. */
+#define STAGING_RECORDS 256
+/* Arrays are packed at this alignment, so every device copy starts aligned
+ * for any load width. */
 #define STAGING_ALIGN 16
-#define STAGING_MIN_BYTES 4096
 
-typedef struct staging {
-    void *host;        /* pinned, filled by the host */
-    void *dev;         /* device copy read by the kernels */
-    size_t capacity;   /* bytes of each */
-    cudaEvent_t done;  /* completes after the last kernel that read dev */
-    int in_flight;
-} staging;
+/* One op's staging region [start, end), busy until `done` completes. */
+typedef struct staged {
+    size_t start, end;
+    cudaEvent_t done;
+} staged;
+
+/* A freed pinned host buffer, released once both streams pass `after`. */
+typedef struct host_release {
+    void *host;
+    cudaEvent_t after[2];
+    struct host_release *next;
+} host_release;
 
 typedef struct cuda_impl {
     int device;
     cudaStream_t stream[2]; /* indexed by pv_queue */
+    cudaStream_t alloc;     /* stream-ordered allocations only; synchronised at once */
+    cudaStream_t release;   /* stream-ordered frees, behind release_after */
+    cudaEvent_t release_after[2];
+    int pooled; /* the device has the stream-ordered allocator */
     cublasHandle_t blas;
-    staging ring[STAGING_RING];
-    int ring_next;
+    char *ring_host, *ring_dev; /* STAGING_BYTES each */
+    staged records[STAGING_RECORDS]; /* FIFO: `first`, `count` */
+    int first, count;
+    size_t head; /* end of the newest region */
+    host_release *host_releases;
 } cuda_impl;
 
 /* One host array to upload, and where its device copy ends up. */
@@ -147,10 +169,14 @@ static pv_status cuda_device_count(int *count)
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-        /* No driver or no GPU: the normal "not here" case, not a backend fault. */
         (void)cudaGetLastError();
-        return pv_error(PV_ERR_NO_DEVICE, "cuda: no CUDA device: cudaGetDeviceCount failed: %s (%s)",
-                        cudaGetErrorString(err), cudaGetErrorName(err));
+        /* No GPU, or no driver (a machine without one answers "insufficient
+         * driver"): the normal "not here" case. Any other error is a broken
+         * driver or runtime, which must not pass for an absent device. */
+        int absent = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
+        return pv_error(absent ? PV_ERR_NO_DEVICE : PV_ERR_BACKEND, "cuda: %s: cudaGetDeviceCount failed: %s (%s)",
+                        absent ? "no CUDA device" : "the CUDA runtime is broken", cudaGetErrorString(err),
+                        cudaGetErrorName(err));
     }
     *count = n;
     return PV_OK;
@@ -172,15 +198,40 @@ static pv_status cuda_device_info(int device, pv_device_info *info)
 
 /* ---- backend lifetime --------------------------------------------------------- */
 
-static void staging_release(staging *s)
+/* *done = 1 once ev has completed. "Not ready" is an answer, not an error:
+ * it is cleared so the next launch check is not blamed for it. */
+static cudaError_t event_done(cudaEvent_t ev, int *done)
 {
-    if (s->host)
-        cudaFreeHost(s->host);
-    if (s->dev)
-        cudaFree(s->dev);
-    s->host = NULL;
-    s->dev = NULL;
-    s->capacity = 0;
+    cudaError_t err = cudaEventQuery(ev);
+    *done = err == cudaSuccess;
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return cudaSuccess;
+    }
+    return err;
+}
+
+/* Frees the pinned host buffers whose users have finished; with `all`, the
+ * caller has synchronised both streams and every one goes. */
+static void reap_host_releases(cuda_impl *cu, int all)
+{
+    host_release **link = &cu->host_releases;
+    while (*link) {
+        host_release *r = *link;
+        int done0 = 1, done1 = 1;
+        if (!all && (event_done(r->after[0], &done0) != cudaSuccess ||
+                     event_done(r->after[1], &done1) != cudaSuccess))
+            done0 = done1 = 0; /* a failing event: keep the memory; teardown frees it */
+        if (!(done0 && done1)) {
+            link = &r->next;
+            continue;
+        }
+        cudaFreeHost(r->host);
+        cudaEventDestroy(r->after[0]);
+        cudaEventDestroy(r->after[1]);
+        *link = r->next;
+        free(r);
+    }
 }
 
 static void cuda_free(pv_backend *be)
@@ -189,20 +240,27 @@ static void cuda_free(pv_backend *be)
     if (!cu)
         return;
     cudaSetDevice(cu->device);
-    /* Nothing may still read the staging memory or the streams. */
+    /* Nothing may still read the staging memory or use the streams. */
+    cudaStream_t all[4] = {cu->stream[0], cu->stream[1], cu->alloc, cu->release};
+    for (int q = 0; q < 4; q++)
+        if (all[q])
+            cudaStreamSynchronize(all[q]);
+    reap_host_releases(cu, 1);
+    for (int i = 0; i < STAGING_RECORDS; i++)
+        if (cu->records[i].done)
+            cudaEventDestroy(cu->records[i].done);
     for (int q = 0; q < 2; q++)
-        if (cu->stream[q])
-            cudaStreamSynchronize(cu->stream[q]);
-    for (int i = 0; i < STAGING_RING; i++) {
-        staging_release(&cu->ring[i]);
-        if (cu->ring[i].done)
-            cudaEventDestroy(cu->ring[i].done);
-    }
+        if (cu->release_after[q])
+            cudaEventDestroy(cu->release_after[q]);
+    if (cu->ring_host)
+        cudaFreeHost(cu->ring_host);
+    if (cu->ring_dev)
+        cudaFree(cu->ring_dev);
     if (cu->blas)
         cublasDestroy(cu->blas);
-    for (int q = 0; q < 2; q++)
-        if (cu->stream[q])
-            cudaStreamDestroy(cu->stream[q]);
+    for (int q = 0; q < 4; q++)
+        if (all[q])
+            cudaStreamDestroy(all[q]);
     (void)cudaGetLastError();
     free(cu);
     be->impl = NULL;
@@ -225,6 +283,47 @@ static pv_status check_kernels(cuda_impl *cu)
                     minor);
 }
 
+/* Streams, events, the staging ring and cuBLAS: everything an op may need,
+ * so that no op allocates. */
+static pv_status init_resources(cuda_impl *cu)
+{
+    /* Non-blocking streams: they must not serialise with the legacy default
+     * stream that other libraries in the process may use. */
+    cudaStream_t *streams[4] = {&cu->stream[0], &cu->stream[1], &cu->alloc, &cu->release};
+    static const char *const stream_names[4] = {"compute", "copy", "allocation", "release"};
+    /* Each object is stored only once created, so cuda_free() releases
+     * exactly what exists. */
+    for (int q = 0; q < 4; q++) {
+        cudaStream_t stream;
+        CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "%s stream", stream_names[q]);
+        *streams[q] = stream;
+    }
+    cudaEvent_t ev;
+    for (int i = 0; i < STAGING_RECORDS; i++) {
+        CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "staging event %d", i);
+        cu->records[i].done = ev;
+    }
+    for (int q = 0; q < 2; q++) {
+        CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "%s", "release event");
+        cu->release_after[q] = ev;
+    }
+    void *mem = NULL;
+    CUDA_TRY(cudaHostAlloc(&mem, STAGING_BYTES, cudaHostAllocDefault), "%zu bytes of pinned index staging",
+             STAGING_BYTES);
+    cu->ring_host = mem;
+    CUDA_TRY(cudaMalloc(&mem, STAGING_BYTES), "%zu bytes of device index staging", STAGING_BYTES);
+    cu->ring_dev = mem;
+    int pools = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cu->device), "device %d",
+             cu->device);
+    cu->pooled = pools != 0;
+    cublasHandle_t blas;
+    BLAS_TRY(cublasCreate(&blas), "device %d", cu->device);
+    cu->blas = blas;
+    BLAS_TRY(cublasSetStream(cu->blas, cu->stream[PV_QUEUE_COMPUTE]), "%s", "compute stream");
+    return PV_OK;
+}
+
 static pv_status cuda_init(pv_backend *be)
 {
     cuda_impl *cu = calloc(1, sizeof *cu);
@@ -235,30 +334,8 @@ static pv_status cuda_init(pv_backend *be)
     pv_status st = enter(cu);
     if (st == PV_OK)
         st = check_kernels(cu);
-    /* Non-blocking streams: they must not serialise with the legacy default
-     * stream that other libraries in the process may use. */
-    for (int q = 0; q < 2 && st == PV_OK; q++) {
-        cudaError_t err = cudaStreamCreateWithFlags(&cu->stream[q], cudaStreamNonBlocking);
-        if (err != cudaSuccess)
-            st = cuda_fail(err, "cudaStreamCreateWithFlags", "%s stream", q ? "copy" : "compute");
-    }
-    for (int i = 0; i < STAGING_RING && st == PV_OK; i++) {
-        cudaError_t err = cudaEventCreateWithFlags(&cu->ring[i].done, cudaEventDisableTiming);
-        if (err != cudaSuccess)
-            st = cuda_fail(err, "cudaEventCreateWithFlags", "staging event %d", i);
-    }
-    if (st == PV_OK) {
-        cublasStatus_t bs = cublasCreate(&cu->blas);
-        if (bs != CUBLAS_STATUS_SUCCESS) {
-            cu->blas = NULL;
-            st = blas_fail(bs, "cublasCreate", "device %d", cu->device);
-        }
-    }
-    if (st == PV_OK) {
-        cublasStatus_t bs = cublasSetStream(cu->blas, cu->stream[PV_QUEUE_COMPUTE]);
-        if (bs != CUBLAS_STATUS_SUCCESS)
-            st = blas_fail(bs, "cublasSetStream", "%s", "compute stream");
-    }
+    if (st == PV_OK)
+        st = init_resources(cu);
     if (st != PV_OK)
         cuda_free(be);
     return st;
@@ -295,6 +372,7 @@ static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t by
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
+    reap_host_releases(cu, 0);
     if (kind == PV_MEM_HOST) {
         /* Pinned so copies are truly asynchronous; mapped so kernels may
          * also read it (at bus speed) like any buffer. */
@@ -309,41 +387,99 @@ static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t by
         }
         buf->host_ptr = host;
         buf->handle = dev;
-    } else {
-        void *dev = NULL;
-        CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of device memory", bytes);
-        buf->host_ptr = NULL;
-        buf->handle = dev;
+        return PV_OK;
     }
+    void *dev = NULL;
+    if (cu->pooled) {
+        /* On its own stream, synchronised at once: the memory is then valid
+         * for both streams without either waiting for the other. */
+        CUDA_TRY(cudaMallocAsync(&dev, bytes, cu->alloc), "%" PRIu64 " bytes of device memory", bytes);
+        cudaError_t err = cudaStreamSynchronize(cu->alloc);
+        if (err != cudaSuccess) {
+            cudaFreeAsync(dev, cu->alloc);
+            return cuda_fail(err, "cudaStreamSynchronize", "allocation of %" PRIu64 " bytes", bytes);
+        }
+    } else {
+        CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of device memory", bytes);
+    }
+    buf->host_ptr = NULL;
+    buf->handle = dev;
     return PV_OK;
 }
 
+/* Marks, in ev[0] and ev[1], all work enqueued so far on the compute and
+ * copy streams. */
+static cudaError_t record_both(cuda_impl *cu, cudaEvent_t ev[2])
+{
+    cudaError_t err = cudaSuccess;
+    for (int q = 0; q < 2 && err == cudaSuccess; q++)
+        err = cudaEventRecord(ev[q], cu->stream[q]);
+    return err;
+}
+
+/* Device memory: a stream-ordered free on the release stream behind both
+ * streams' work so far. Pinned host memory: queued until events recorded
+ * now on both streams complete. Neither blocks the host or makes one work
+ * stream wait for the other. Failures fall back to synchronising both
+ * streams, so nothing in flight can touch freed memory. */
 static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
 {
     cuda_impl *cu = impl_of(be);
     cudaSetDevice(cu->device);
-    /* Work still queued may use the buffer. cudaFree waits for the device
-     * on its own; cudaFreeHost does too, but be explicit for both. */
-    cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]);
-    cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
-    if (buf->kind == PV_MEM_HOST)
-        cudaFreeHost(buf->host_ptr);
-    else
-        cudaFree(buf->handle);
+    reap_host_releases(cu, 0);
+    cudaError_t err = cudaErrorNotSupported;
+    if (buf->kind == PV_MEM_HOST) {
+        host_release *r = calloc(1, sizeof *r);
+        if (r) {
+            r->host = buf->host_ptr;
+            err = cudaEventCreateWithFlags(&r->after[0], cudaEventDisableTiming);
+            if (err == cudaSuccess)
+                err = cudaEventCreateWithFlags(&r->after[1], cudaEventDisableTiming);
+            if (err == cudaSuccess)
+                err = record_both(cu, r->after);
+            if (err == cudaSuccess) {
+                r->next = cu->host_releases;
+                cu->host_releases = r;
+            } else {
+                if (r->after[0])
+                    cudaEventDestroy(r->after[0]);
+                if (r->after[1])
+                    cudaEventDestroy(r->after[1]);
+                free(r);
+            }
+        }
+        if (err != cudaSuccess) {
+            cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]);
+            cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
+            cudaFreeHost(buf->host_ptr);
+        }
+    } else {
+        if (cu->pooled) {
+            err = record_both(cu, cu->release_after);
+            for (int q = 0; q < 2 && err == cudaSuccess; q++)
+                err = cudaStreamWaitEvent(cu->release, cu->release_after[q], 0);
+            if (err == cudaSuccess)
+                err = cudaFreeAsync(buf->handle, cu->release);
+        }
+        if (err != cudaSuccess) { /* cudaFree also takes stream-ordered memory */
+            cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]);
+            cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
+            cudaFree(buf->handle);
+        }
+    }
     (void)cudaGetLastError();
     buf->host_ptr = NULL;
     buf->handle = NULL;
 }
 
-/* Blocking transfers go on the compute stream after the copy stream has
- * drained, so they follow every earlier op and copy that touched the buffer. */
+/* Blocking transfers on the compute stream: they follow every earlier op
+ * and never wait for the copy stream (backend.h). */
 static pv_status cuda_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
                                    uint64_t bytes)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
-    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), src, bytes, cudaMemcpyDefault, s),
              "dst offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, bytes);
     CUDA_TRY(cudaStreamSynchronize(s), "write of %" PRIu64 " bytes", bytes);
@@ -356,7 +492,6 @@ static pv_status cuda_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
-    CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
     CUDA_TRY(cudaMemcpyAsync(dst, dev_ptr(src, src_off, 1), bytes, cudaMemcpyDefault, s),
              "src offset %" PRIu64 ", %" PRIu64 " bytes", src_off, bytes);
     CUDA_TRY(cudaStreamSynchronize(s), "read of %" PRIu64 " bytes", bytes);
@@ -421,6 +556,13 @@ static pv_status cuda_event_wait(pv_backend *be, pv_event *ev)
     return PV_OK;
 }
 
+static pv_status cuda_event_query(pv_backend *be, pv_event *ev, int *done)
+{
+    TRY(enter(impl_of(be)));
+    CUDA_TRY(event_done((cudaEvent_t)ev->handle, done), "%s", "event");
+    return PV_OK;
+}
+
 static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
                                  const pv_buffer *src, uint64_t src_off, uint64_t bytes,
                                  pv_event *wait, pv_event **done)
@@ -446,6 +588,7 @@ static pv_status cuda_finish(pv_backend *be)
     TRY(enter(cu));
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]), "%s", "compute stream");
+    reap_host_releases(cu, 0);
     return PV_OK;
 }
 
@@ -456,73 +599,113 @@ static size_t align_up(size_t n)
     return (n + STAGING_ALIGN - 1) / STAGING_ALIGN * STAGING_ALIGN;
 }
 
-/* The next ring entry with room for `bytes`, once the kernels that last
- * read it are done. */
-static pv_status staging_acquire(cuda_impl *cu, size_t bytes, staging **out)
+/* Forgets the oldest region once its op is done; blocks only with `wait`. */
+static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
 {
-    staging *s = &cu->ring[cu->ring_next];
-    cu->ring_next = (cu->ring_next + 1) % STAGING_RING;
-    if (s->in_flight) {
-        CUDA_TRY(cudaEventSynchronize(s->done), "%s", "staging event");
-        s->in_flight = 0;
+    staged *r = &cu->records[cu->first];
+    int done = 0;
+    if (wait)
+        CUDA_TRY(cudaEventSynchronize(r->done), "%s", "staging event");
+    else
+        CUDA_TRY(event_done(r->done, &done), "%s", "staging event");
+    *retired = wait || done;
+    if (*retired) {
+        cu->first = (cu->first + 1) % STAGING_RECORDS;
+        cu->count--;
     }
-    if (s->capacity < bytes) {
-        size_t cap = s->capacity ? s->capacity : STAGING_MIN_BYTES;
-        while (cap < bytes)
-            cap *= 2;
-        staging_release(s);
-        CUDA_TRY(cudaHostAlloc(&s->host, cap, cudaHostAllocDefault), "%zu bytes of index staging",
-                 cap);
-        cudaError_t err = cudaMalloc(&s->dev, cap);
-        if (err != cudaSuccess) {
-            staging_release(s);
-            return cuda_fail(err, "cudaMalloc", "%zu bytes of index staging", cap);
-        }
-        s->capacity = cap;
-    }
-    *out = s;
     return PV_OK;
 }
 
-/* Packs the host arrays into a staging entry, uploads them on the compute
+/* The offset of a free region of `bytes` (aligned) in the ring. Regions are
+ * handed out in order and retired in order, so the busy part is one span
+ * from the oldest region's start to `head`, possibly wrapped past the end.
+ * The host waits for the oldest op only when nothing fits. */
+static pv_status staging_acquire(cuda_impl *cu, size_t bytes, const char *op, size_t *at)
+{
+    if (bytes > STAGING_BYTES)
+        return pv_error(PV_ERR_UNSUPPORTED,
+                        "cuda %s: the host index arrays need %zu bytes of staging, more than the %zu "
+                        "allocated at init",
+                        op, bytes, STAGING_BYTES);
+    int retired = 1;
+    while (cu->count > 0 && retired)
+        TRY(retire_oldest(cu, 0, &retired));
+    for (;;) {
+        if (cu->count == 0) {
+            *at = 0;
+            return PV_OK;
+        }
+        if (cu->count < STAGING_RECORDS) {
+            size_t tail = cu->records[cu->first].start;
+            size_t newest = cu->records[(cu->first + cu->count - 1) % STAGING_RECORDS].start;
+            if (newest >= tail) { /* busy: [tail, head) */
+                if (STAGING_BYTES - cu->head >= bytes) {
+                    *at = cu->head;
+                    return PV_OK;
+                }
+                if (tail >= bytes) {
+                    *at = 0;
+                    return PV_OK;
+                }
+            } else if (tail - cu->head >= bytes) { /* busy: [tail, end) and [0, head) */
+                *at = cu->head;
+                return PV_OK;
+            }
+        }
+        TRY(retire_oldest(cu, 1, &retired));
+    }
+}
+
+/* Packs the host arrays into a staging region, uploads them on the compute
  * stream and sets each part's dev pointer. `extra` more bytes (for device
  * results of blocking ops) follow the arrays at *extra_off. The caller
- * launches its kernel and then calls staging_done(). */
-static pv_status staging_upload(cuda_impl *cu, upload *parts, int n_parts, size_t extra,
-                                staging **out, size_t *extra_off)
+ * launches its kernel and then calls staging_done() with *region. */
+static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, int n_parts, size_t extra,
+                                staged *region, size_t *extra_off)
 {
     size_t total = 0;
     for (int i = 0; i < n_parts; i++)
         total += align_up(parts[i].bytes);
     size_t uploaded = total;
     total += align_up(extra);
-    staging *s = NULL;
-    TRY(staging_acquire(cu, total, &s));
-    size_t off = 0;
+    if (total == 0)
+        total = STAGING_ALIGN; /* every region has a size, so the ring's spans stay unambiguous */
+    size_t at = 0;
+    TRY(staging_acquire(cu, total, op, &at));
+    size_t off = at;
     for (int i = 0; i < n_parts; i++) {
-        memcpy((char *)s->host + off, parts[i].src, parts[i].bytes);
-        parts[i].dev = (char *)s->dev + off;
+        memcpy(cu->ring_host + off, parts[i].src, parts[i].bytes);
+        parts[i].dev = cu->ring_dev + off;
         off += align_up(parts[i].bytes);
     }
+    region->start = at;
+    region->end = at + total;
     if (uploaded)
-        CUDA_TRY(cudaMemcpyAsync(s->dev, s->host, uploaded, cudaMemcpyHostToDevice,
+        CUDA_TRY(cudaMemcpyAsync(cu->ring_dev + at, cu->ring_host + at, uploaded, cudaMemcpyHostToDevice,
                                  cu->stream[PV_QUEUE_COMPUTE]),
-                 "%zu bytes of index arrays", uploaded);
+                 "%zu bytes of index arrays for %s", uploaded, op);
     if (extra_off)
-        *extra_off = uploaded;
-    *out = s;
+        *extra_off = at + uploaded;
     return PV_OK;
 }
 
-/* Keeps a staging entry busy until the compute stream has passed the op
+/* Keeps a staging region busy until the compute stream has passed the op
  * that reads it. Called whether or not the kernel launched: the upload was
- * enqueued either way. */
-static pv_status staging_done(cuda_impl *cu, staging *s, cudaError_t launch_err)
+ * enqueued either way. Without an event to mark it, the stream is drained
+ * instead, so the region is free when this returns. */
+static pv_status staging_done(cuda_impl *cu, const staged *region, cudaError_t launch_err)
 {
-    cudaError_t err = cudaEventRecord(s->done, cu->stream[PV_QUEUE_COMPUTE]);
-    if (err == cudaSuccess)
-        s->in_flight = 1;
-    else if (launch_err == cudaSuccess)
+    staged *r = &cu->records[(cu->first + cu->count) % STAGING_RECORDS];
+    cudaError_t err = cudaEventRecord(r->done, cu->stream[PV_QUEUE_COMPUTE]);
+    if (err == cudaSuccess) {
+        r->start = region->start;
+        r->end = region->end;
+        cu->count++;
+        cu->head = region->end;
+        return PV_OK;
+    }
+    cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
+    if (launch_err == cudaSuccess)
         return cuda_fail(err, "cudaEventRecord", "%s", "staging event");
     return PV_OK;
 }
@@ -576,13 +759,13 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
-    staging *s = NULL;
-    TRY(staging_upload(cu, up, 3, 0, &s, NULL));
+    staged region;
+    TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_attention(
         cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->q, a->q_off, 4),
         dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev,
         (float *)dev_ptr(a->out, a->out_off, 4));
-    TRY(staging_done(cu, s, err));
+    TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, "attention kernel", "%d tokens, %d heads, %d kv heads, head_dim %d, kv %s",
                          a->n_tokens, a->n_heads, a->n_kv_heads, a->head_dim,
@@ -599,13 +782,13 @@ static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
-    staging *s = NULL;
-    TRY(staging_upload(cu, up, 3, 0, &s, NULL));
+    staged region;
+    TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_kv_write(
         cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->k, a->k_off, 4),
         (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev,
         up[2].dev);
-    TRY(staging_done(cu, s, err));
+    TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, "kv_write kernel", "%d tokens, %d kv heads, head_dim %d, kv %s",
                          a->n_tokens, a->n_kv_heads, a->head_dim, pv_dtype_name(a->kv_dtype));
@@ -617,13 +800,13 @@ static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatt
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     upload up[1] = {{a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), NULL}};
-    staging *s = NULL;
-    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    staged region;
+    TRY(staging_upload(cu, scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
     size_t es = pv_dtype_size(a->dtype);
     cudaError_t err = pv_cuda_launch_slot_copy(cu->stream[PV_QUEUE_COMPUTE], a, scatter,
                                                dev_ptr(a->pool, 0, es),
                                                dev_ptr(a->staging, a->staging_off, es), up[0].dev);
-    TRY(staging_done(cu, s, err));
+    TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, scatter ? "slot_scatter kernel" : "slot_gather kernel",
                          "%d slots of %" PRId64 " %s elements", a->n_slots_moved, a->slot_elems,
@@ -646,13 +829,13 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
-    staging *s = NULL;
-    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    staged region;
+    TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_embed_gather(
         cu->stream[PV_QUEUE_COMPUTE], a,
         dev_ptr(a->table, a->table_off, pv_dtype_size(a->table_dtype)), up[0].dev,
         (float *)dev_ptr(a->out, a->out_off, 4));
-    TRY(staging_done(cu, s, err));
+    TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, "embed_gather kernel", "%d ids, dim %" PRId64 ", table %s", a->n_ids,
                          a->dim, pv_dtype_name(a->table_dtype));
@@ -676,11 +859,11 @@ static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     upload up[1] = {{a->pos, (size_t)a->n_tokens * sizeof(int32_t), NULL}};
-    staging *s = NULL;
-    TRY(staging_upload(cu, up, 1, 0, &s, NULL));
+    staged region;
+    TRY(staging_upload(cu, "rope", up, 1, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_rope(cu->stream[PV_QUEUE_COMPUTE], a,
                                           (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
-    TRY(staging_done(cu, s, err));
+    TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, "rope kernel", "%d tokens, %d heads, head_dim %d", a->n_tokens,
                          a->n_heads, a->head_dim);
@@ -723,23 +906,23 @@ static pv_status cuda_softmax(pv_backend *be, const pv_softmax_args *a)
 }
 
 /* The blocking ops' tail: once op's kernel has written one int32 per row
- * at `result_off` of the staging entry, copy the rows back, wait, and hand
- * them to the caller. */
-static pv_status fetch_rows(cuda_impl *cu, staging *s, const char *op, cudaError_t launch_err,
+ * at `result_off` of the staging ring, copy the rows back, wait for the
+ * compute stream (never the copy stream), and hand them to the caller. */
+static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op, cudaError_t launch_err,
                             size_t result_off, int64_t rows, int64_t cols, int32_t *out)
 {
     cudaStream_t stream = cu->stream[PV_QUEUE_COMPUTE];
     size_t bytes = (size_t)rows * sizeof(int32_t);
     cudaError_t err = launch_err;
     if (err == cudaSuccess)
-        err = cudaMemcpyAsync((char *)s->host + result_off, (char *)s->dev + result_off, bytes,
-                              cudaMemcpyDeviceToHost, stream);
-    TRY(staging_done(cu, s, err));
+        err = cudaMemcpyAsync(cu->ring_host + result_off, cu->ring_dev + result_off, bytes, cudaMemcpyDeviceToHost,
+                              stream);
+    TRY(staging_done(cu, region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, launch_err != cudaSuccess ? "kernel launch" : "cudaMemcpyAsync",
                          "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
     CUDA_TRY(cudaStreamSynchronize(stream), "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
-    memcpy(out, (char *)s->host + result_off, bytes);
+    memcpy(out, cu->ring_host + result_off, bytes);
     return PV_OK;
 }
 
@@ -747,13 +930,13 @@ static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
-    staging *s = NULL;
+    staged region;
     size_t result_off = 0;
-    TRY(staging_upload(cu, NULL, 0, (size_t)a->rows * sizeof(int32_t), &s, &result_off));
+    TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     cudaError_t err = pv_cuda_launch_argmax(cu->stream[PV_QUEUE_COMPUTE], a,
                                             (const float *)dev_ptr(a->x, a->x_off, 4),
-                                            (int32_t *)((char *)s->dev + result_off));
-    return fetch_rows(cu, s, "argmax", err, result_off, a->rows, a->cols, a->out);
+                                            (int32_t *)(cu->ring_dev + result_off));
+    return fetch_rows(cu, &region, "argmax", err, result_off, a->rows, a->cols, a->out);
 }
 
 static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
@@ -761,13 +944,13 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
     upload up[1] = {{a->u, (size_t)a->rows * sizeof(float), NULL}};
-    staging *s = NULL;
+    staged region;
     size_t result_off = 0;
-    TRY(staging_upload(cu, up, 1, (size_t)a->rows * sizeof(int32_t), &s, &result_off));
+    TRY(staging_upload(cu, "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     cudaError_t err = pv_cuda_launch_sample_top_p(
         cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->logits, a->logits_off, 4),
-        up[0].dev, (int32_t *)((char *)s->dev + result_off));
-    return fetch_rows(cu, s, "sample_top_p", err, result_off, a->rows, a->cols, a->out);
+        up[0].dev, (int32_t *)(cu->ring_dev + result_off));
+    return fetch_rows(cu, &region, "sample_top_p", err, result_off, a->rows, a->cols, a->out);
 }
 
 const pv_backend_ops pv_cuda_backend_ops = {
@@ -786,6 +969,7 @@ const pv_backend_ops pv_cuda_backend_ops = {
     .event_record = cuda_event_record,
     .queue_wait = cuda_queue_wait,
     .event_wait = cuda_event_wait,
+    .event_query = cuda_event_query,
     .event_free = cuda_event_free,
     .finish = cuda_finish,
     .gemm = cuda_gemm,

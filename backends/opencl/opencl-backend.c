@@ -1,6 +1,8 @@
 /* The OpenCL backend: devices through the ICD loader (every platform, one
- * flat device index), a context with two in-order queues (compute, copy),
- * buffers, copies and events, GEMM through CLBlast. The kernels are the
+ * flat device index), a context with two in-order queues (compute, copy)
+ * ordered only by events (the contract of backend.h) and a third that
+ * releases freed host buffers, buffers, copies and events, GEMM through
+ * CLBlast. The kernels are the
  * portable ones of kernels/, built at run time (opencl-kernels.c).
  *
  * Host buffers (PV_MEM_HOST) are CL_MEM_ALLOC_HOST_PTR buffers mapped once
@@ -223,14 +225,15 @@ static void opencl_free(pv_backend *be)
     pv_opencl *cl = pv_opencl_of(be);
     if (!cl)
         return;
-    for (int q = 0; q < 2; q++)
-        if (cl->queues[q])
-            clFinish(cl->queues[q]);
+    cl_command_queue *all[3] = {&cl->queues[0], &cl->queues[1], &cl->release_queue};
+    for (int q = 0; q < 3; q++)
+        if (*all[q])
+            clFinish(*all[q]);
     pv_opencl_programs_free(cl);
     pv_opencl_index_buffers_free(cl);
-    for (int q = 0; q < 2; q++)
-        if (cl->queues[q])
-            clReleaseCommandQueue(cl->queues[q]);
+    for (int q = 0; q < 3; q++)
+        if (*all[q])
+            clReleaseCommandQueue(*all[q]);
     if (cl->context)
         clReleaseContext(cl->context);
     free(cl);
@@ -281,10 +284,11 @@ static pv_status opencl_init(pv_backend *be)
         opencl_free(be);
         return pv_opencl_fail("init", "clCreateContext", err);
     }
-    for (int q = 0; q < 2; q++) {
-        cl->queues[q] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
+    cl_command_queue *all[3] = {&cl->queues[0], &cl->queues[1], &cl->release_queue};
+    for (int q = 0; q < 3; q++) {
+        *all[q] = clCreateCommandQueue(cl->context, cl->device, 0, &err);
         if (err != CL_SUCCESS) {
-            cl->queues[q] = NULL;
+            *all[q] = NULL;
             opencl_free(be);
             return pv_opencl_fail("init", "clCreateCommandQueue", err);
         }
@@ -351,23 +355,16 @@ static pv_status opencl_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t 
     return PV_OK;
 }
 
-/* Blocking transfers see all work enqueued before them on both queues: host
- * buffers by waiting for both queues, device buffers by a read/write on the
- * in-order compute queue that also waits for the copy queue's last work. */
+/* Every queue idle: finish and backend teardown. */
 static pv_status wait_all(pv_opencl *cl, const char *what)
 {
-    for (int q = 0; q < 2; q++) {
-        cl_int err = clFinish(cl->queues[q]);
+    cl_command_queue all[3] = {cl->queues[0], cl->queues[1], cl->release_queue};
+    for (int q = 0; q < 3; q++) {
+        cl_int err = clFinish(all[q]);
         if (err != CL_SUCCESS)
             return pv_opencl_fail(what, "clFinish", err);
     }
     return PV_OK;
-}
-
-static pv_status copy_queue_marker(pv_opencl *cl, const char *what, cl_event *ev)
-{
-    cl_int err = clEnqueueMarkerWithWaitList(cl->queues[PV_QUEUE_COPY], 0, NULL, ev);
-    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clEnqueueMarkerWithWaitList", err);
 }
 
 static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
@@ -378,21 +375,36 @@ static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
         return;
     /* The release itself waits, inside the runtime, for commands using the
      * object. Copies to and from a host buffer name only its host_ptr,
-     * which the runtime cannot tie to the object: the unmap waits for the
-     * copy queue explicitly (the compute queue is in order). */
+     * which the runtime cannot tie to the object: the unmap goes on the
+     * release queue behind markers of both queues, so it waits for them
+     * without either queue waiting for the other. */
     if (buf->host_ptr) {
-        cl_event copies = NULL;
-        if (clEnqueueMarkerWithWaitList(cl->queues[PV_QUEUE_COPY], 0, NULL, &copies) != CL_SUCCESS)
-            copies = NULL;
-        if (clEnqueueUnmapMemObject(cl->queues[PV_QUEUE_COMPUTE], mem, buf->host_ptr, copies ? 1 : 0,
-                                    copies ? &copies : NULL, NULL) != CL_SUCCESS)
+        cl_event marks[2] = {NULL, NULL};
+        cl_int err = CL_SUCCESS;
+        for (int q = 0; q < 2 && err == CL_SUCCESS; q++)
+            err = clEnqueueMarkerWithWaitList(cl->queues[q], 0, NULL, &marks[q]);
+        if (err == CL_SUCCESS)
+            err = clEnqueueUnmapMemObject(cl->release_queue, mem, buf->host_ptr, 2, marks, NULL);
+        if (err == CL_SUCCESS)
+            err = clFlush(cl->release_queue);
+        if (err != CL_SUCCESS)
             wait_all(cl, "buffer_free"); /* leave nothing in flight on the memory */
-        if (copies)
-            clReleaseEvent(copies);
+        for (int q = 0; q < 2; q++)
+            if (marks[q])
+                clReleaseEvent(marks[q]);
     }
     clReleaseMemObject(mem);
     buf->handle = NULL;
     buf->host_ptr = NULL;
+}
+
+/* Host buffers: wait for the compute queue, then memcpy. Device buffers: a
+ * blocking read or write on the in-order compute queue. Neither waits for
+ * the copy queue (backend.h). */
+static pv_status finish_compute(pv_opencl *cl, const char *what)
+{
+    cl_int err = clFinish(cl->queues[PV_QUEUE_COMPUTE]);
+    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clFinish (compute queue)", err);
 }
 
 static pv_status opencl_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src,
@@ -402,18 +414,13 @@ static pv_status opencl_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t ds
     if (bytes == 0)
         return PV_OK;
     if (dst->host_ptr) {
-        pv_status st = wait_all(cl, "buffer_write");
+        pv_status st = finish_compute(cl, "buffer_write");
         if (st == PV_OK)
             memcpy((char *)dst->host_ptr + dst_off, src, (size_t)bytes);
         return st;
     }
-    cl_event copies;
-    pv_status st = copy_queue_marker(cl, "buffer_write", &copies);
-    if (st != PV_OK)
-        return st;
     cl_int err = clEnqueueWriteBuffer(cl->queues[PV_QUEUE_COMPUTE], pv_opencl_mem(dst), CL_TRUE,
-                                      (size_t)dst_off, (size_t)bytes, src, 1, &copies, NULL);
-    clReleaseEvent(copies);
+                                      (size_t)dst_off, (size_t)bytes, src, 0, NULL, NULL);
     return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("buffer_write", "clEnqueueWriteBuffer", err);
 }
 
@@ -424,18 +431,13 @@ static pv_status opencl_buffer_read(pv_backend *be, const pv_buffer *src, uint64
     if (bytes == 0)
         return PV_OK;
     if (src->host_ptr) {
-        pv_status st = wait_all(cl, "buffer_read");
+        pv_status st = finish_compute(cl, "buffer_read");
         if (st == PV_OK)
             memcpy(dst, (const char *)src->host_ptr + src_off, (size_t)bytes);
         return st;
     }
-    cl_event copies;
-    pv_status st = copy_queue_marker(cl, "buffer_read", &copies);
-    if (st != PV_OK)
-        return st;
     cl_int err = clEnqueueReadBuffer(cl->queues[PV_QUEUE_COMPUTE], pv_opencl_mem(src), CL_TRUE,
-                                     (size_t)src_off, (size_t)bytes, dst, 1, &copies, NULL);
-    clReleaseEvent(copies);
+                                     (size_t)src_off, (size_t)bytes, dst, 0, NULL, NULL);
     return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("buffer_read", "clEnqueueReadBuffer", err);
 }
 
@@ -514,6 +516,19 @@ static pv_status opencl_event_wait(pv_backend *be, pv_event *ev)
     cl_event handle = (cl_event)ev->handle;
     cl_int err = clWaitForEvents(1, &handle);
     return err == CL_SUCCESS ? PV_OK : pv_opencl_fail("event_wait", "clWaitForEvents", err);
+}
+
+static pv_status opencl_event_query(pv_backend *be, pv_event *ev, int *done)
+{
+    cl_int status = CL_QUEUED;
+    cl_int err = clGetEventInfo((cl_event)ev->handle, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status,
+                                NULL);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail("event_query", "clGetEventInfo", err);
+    if (status < 0) /* the command failed: its error code */
+        return pv_opencl_fail("event_query", "the event's command", status);
+    *done = status == CL_COMPLETE;
+    return PV_OK;
 }
 
 static void opencl_event_free(pv_backend *be, pv_event *ev)
@@ -602,6 +617,7 @@ const pv_backend_ops pv_opencl_backend_ops = {
     .event_record = opencl_event_record,
     .queue_wait = opencl_queue_wait,
     .event_wait = opencl_event_wait,
+    .event_query = opencl_event_query,
     .event_free = opencl_event_free,
     .finish = opencl_finish,
     .gemm = opencl_gemm,

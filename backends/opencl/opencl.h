@@ -54,6 +54,9 @@ typedef struct pv_opencl {
     cl_device_id device;
     cl_context context;
     cl_command_queue queues[2]; /* PV_QUEUE_COMPUTE, PV_QUEUE_COPY; in order */
+    /* Unmaps freed host buffers after both queues are done with them, so a
+     * free holds neither queue behind the other (backend.h's contract). */
+    cl_command_queue release_queue;
     int work_group;             /* PV_WG of the gather and recompute builds */
     int attention_work_group;   /* PV_WG of the attention builds */
     pv_opencl_program *programs;
