@@ -1,7 +1,8 @@
 /* GGUF reader, writer and dequantisation: hand-built blocks against values
  * worked out from the format description, quantise/dequantise error bounds,
  * the synthetic model's metadata and tensors, v2/v3 and alignment variants,
- * clear errors for bad input, truncation at every header byte and random
+ * clear errors for bad input, 100k keys and tensors opened in linear time
+ * with repeats refused, truncation at every header byte and random
  * byte flips (never a crash), and the real SmolLM2 file against values read
  * by the independent `gguf` Python package (skipped when absent). */
 #include <pensieve/gguf.h>
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static uint64_t rng_state = 12345;
@@ -391,6 +393,88 @@ static void test_errors(void)
     free(img);
 }
 
+/* CPU seconds, so that other jobs on a shared machine do not count. */
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A file of n keys and n one-value tensors; with `dup`, the last key and
+ * the last tensor repeat the first ones' names. */
+static pv_status many_names(uint32_t n, int dup_key, int dup_tensor, uint8_t **img, uint64_t *size)
+{
+    pv_gguf_writer w;
+    pv_status st = pv_gguf_writer_init(&w, 3, 0);
+    char name[32];
+    const float one = 1.0f;
+    const uint64_t ne[1] = {1};
+    for (uint32_t i = 0; i < n && st == PV_OK; i++) {
+        snprintf(name, sizeof name, "many.key.%u", dup_key && i == n - 1 ? 0 : i);
+        st = pv_gguf_writer_add_u32(&w, name, i);
+    }
+    for (uint32_t i = 0; i < n && st == PV_OK; i++) {
+        snprintf(name, sizeof name, "many.tensor.%u", dup_tensor && i == n - 1 ? 0 : i);
+        st = pv_gguf_writer_add_tensor(&w, name, PV_GGML_F32, 1, ne, &one);
+    }
+    if (st == PV_OK)
+        st = pv_gguf_writer_to_memory(&w, img, size);
+    pv_gguf_writer_free(&w);
+    return st;
+}
+
+/* 100k keys and 100k tensors: comparing every pair of names for duplicates
+ * took 11.7 s for the keys alone; hashed, opening takes milliseconds. The
+ * bound leaves room for sanitizer builds. */
+static void test_many_names(void)
+{
+    enum { N = 100000 };
+    const double bound = 1.0;
+    uint8_t *img;
+    uint64_t size;
+    pv_gguf g;
+    if (!ok(many_names(N, 0, 0, &img, &size) == PV_OK, "file of %d keys and %d tensors", N, N))
+        return;
+    double t = cpu_seconds();
+    pv_status st = pv_gguf_init_memory(&g, img, size);
+    t = cpu_seconds() - t;
+    ok(st == PV_OK && t < bound, "it opens in %.3f s of CPU (bound %.1f s)%s%s", t, bound,
+       st ? ": " : "", st ? pv_last_error() : "");
+    if (st == PV_OK) {
+        uint32_t v[3] = {1, 1, 1};
+        const pv_gguf_tensor *t0 = pv_gguf_find_tensor(&g, "many.tensor.0");
+        const pv_gguf_tensor *t1 = pv_gguf_find_tensor(&g, "many.tensor.99999");
+        ok(pv_gguf_get_u32(&g, "many.key.0", &v[0]) == PV_OK &&
+               pv_gguf_get_u32(&g, "many.key.54321", &v[1]) == PV_OK &&
+               pv_gguf_get_u32(&g, "many.key.99999", &v[2]) == PV_OK && v[0] == 0 &&
+               v[1] == 54321 && v[2] == 99999 && !pv_gguf_find(&g, "many.key.100000") &&
+               !pv_gguf_find(&g, "many.key") && t0 == &g.tensors[0] &&
+               t1 == &g.tensors[N - 1] && !pv_gguf_find_tensor(&g, "many.tensor.100000"),
+           "keys and tensors are found by name, absent names are not");
+        pv_gguf_free(&g);
+    }
+    free(img);
+    if (many_names(N, 1, 0, &img, &size) == PV_OK) {
+        t = cpu_seconds();
+        st = pv_gguf_init_memory(&g, img, size);
+        t = cpu_seconds() - t;
+        ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), "'many.key.0'") &&
+               strstr(pv_last_error(), "appears twice") && t < bound,
+           "a repeated key at the end is refused in %.3f s: %s", t, pv_last_error());
+        free(img);
+    }
+    if (many_names(N, 0, 1, &img, &size) == PV_OK) {
+        t = cpu_seconds();
+        st = pv_gguf_init_memory(&g, img, size);
+        t = cpu_seconds() - t;
+        ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), "'many.tensor.0'") &&
+               strstr(pv_last_error(), "appears twice") && t < bound,
+           "a repeated tensor name at the end is refused in %.3f s: %s", t, pv_last_error());
+        free(img);
+    }
+}
+
 /* Truncate at every byte of the header and metadata (and a stride through
  * the data), flip random bytes: errors are FORMAT/UNSUPPORTED with a
  * message; whatever opens is decoded without crashing. */
@@ -543,6 +627,7 @@ int main(void)
     test_synth();
     test_variants();
     test_errors();
+    test_many_names();
     test_fuzz();
     test_real_model();
     return tap_done();

@@ -150,6 +150,7 @@ typedef struct pv_gguf {
     pv_gguf_kv *kv;
     uint64_t n_tensors;
     pv_gguf_tensor *tensors;
+    struct pv_gguf_index *index; /* hash tables of keys and tensor names */
 } pv_gguf;
 
 /* Map and parse a file. Every structure is bound-checked here: a truncated
