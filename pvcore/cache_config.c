@@ -1,13 +1,21 @@
-/* Cache configuration: defaults, range checks and the [cache] INI section. */
+/* Cache configuration: defaults, range checks and the [cache] INI file.
+ *
+ * The file is read by a small parser of our own rather than iniparser: it
+ * knows line numbers (every message names file, line and key), it refuses
+ * what iniparser silently skips (keys outside a section, unknown sections,
+ * CR-only line ends, NUL bytes), and it keeps no process-wide state, so two
+ * threads may load configs at once (iniparser's error callback is global). */
 #include <pensieve/cache.h>
 
+#include <ctype.h>
 #include <errno.h>
-#include <iniparser.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char *const policy_names[] = {"pensieve", "weighted", "lru"};
 
@@ -50,6 +58,7 @@ pv_status pv_cache_config_defaults(pv_cache_config *cfg)
     cfg->host_bytes = 4ull << 30;
     cfg->high_water = 0.75;
     cfg->reserve = 0.10;
+    cfg->device_limit_bytes = 0;
     return PV_OK;
 }
 
@@ -92,6 +101,21 @@ pv_status pv_cache_config_validate(const pv_cache_config *cfg)
                             pv_tier_name((pv_tier)t), (unsigned long long)budget,
                             (unsigned long long)(budget / cfg->slot_bytes), UINT32_MAX - 1);
     }
+    /* A budget the memory cannot hold is an error now, not a huge
+     * allocation later (the pools' bookkeeping alone is 12 bytes a slot). */
+    if (cfg->device_limit_bytes && cfg->device_bytes > cfg->device_limit_bytes)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "device budget %llu bytes exceeds the device's memory of %llu bytes "
+                        "(device_limit_bytes)",
+                        (unsigned long long)cfg->device_bytes,
+                        (unsigned long long)cfg->device_limit_bytes);
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0 &&
+        cfg->host_bytes / (uint64_t)page_size >= (uint64_t)pages)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "host budget %llu bytes exceeds the physical memory of %llu bytes",
+                        (unsigned long long)cfg->host_bytes,
+                        (unsigned long long)pages * (unsigned long long)page_size);
     if (!(cfg->high_water > 0 && cfg->high_water <= 1))
         return pv_error(PV_ERR_INVALID_ARG, "high_water %g out of range (0, 1]", cfg->high_water);
     if (!(cfg->reserve >= 0 && cfg->reserve < 1))
@@ -99,30 +123,40 @@ pv_status pv_cache_config_validate(const pv_cache_config *cfg)
     return PV_OK;
 }
 
-static pv_status parse_double(const char *path, const char *key, const char *text, double lo,
-                              double hi, int lo_open, double *out)
+/* Where a value came from, for messages: "file:line: key cache:name". */
+typedef struct ini_where {
+    const char *path;
+    unsigned line;
+    const char *key;
+} ini_where;
+
+#define INI_FAIL(w, fmt, ...)                                                                 \
+    pv_error(PV_ERR_FORMAT, "%s:%u: key cache:%s " fmt, (w)->path, (w)->line, (w)->key,        \
+             __VA_ARGS__)
+
+static pv_status parse_double(const ini_where *w, const char *text, double lo, double hi,
+                              int lo_open, double *out)
 {
     char *end;
     errno = 0;
     double v = strtod(text, &end);
-    while (*end == ' ' || *end == '\t')
-        end++;
     if (end == text || *end != '\0' || errno == ERANGE || !isfinite(v) || v < lo ||
         (lo_open && v == lo) || v > hi)
-        return pv_error(PV_ERR_FORMAT, "%s: key %s = \"%s\" is not a number in %s%g, %g]", path, key,
-                        text, lo_open ? "(" : "[", lo, hi);
+        return INI_FAIL(w, "= \"%s\" is not a number in %s%g, %g]", text, lo_open ? "(" : "[", lo,
+                        hi);
     *out = v;
     return PV_OK;
 }
 
-static pv_status parse_bytes(const char *path, const char *key, const char *text, uint64_t *out)
+static pv_status parse_bytes(const ini_where *w, const char *text, uint64_t *out)
 {
     char *end;
-    if (text[0] == '-' || text[0] == '\0')
+    /* strtoull would take a sign (and wrap "-5" to 2^64 - 5) or spaces. */
+    if (!isdigit((unsigned char)text[0]))
         goto bad;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
-    if (end == text || errno == ERANGE)
+    if (errno == ERANGE)
         goto bad;
     unsigned shift = 0;
     switch (*end) {
@@ -136,109 +170,197 @@ static pv_status parse_bytes(const char *path, const char *key, const char *text
         end++;
     if (shift && (*end == 'b' || *end == 'B'))
         end++;
-    while (*end == ' ' || *end == '\t')
-        end++;
     if (*end != '\0' || v == 0 || (shift && v > (UINT64_MAX >> shift)))
         goto bad;
     *out = (uint64_t)v << shift;
     return PV_OK;
 bad:
-    return pv_error(PV_ERR_FORMAT,
-                    "%s: key %s = \"%s\" is not a byte count in [1, 2^64) (integer, optional K/M/G/T suffix)",
-                    path, key, text);
+    return INI_FAIL(w, "= \"%s\" is not a byte count in [1, 2^64) (digits, optional K/M/G/T suffix)",
+                    text);
 }
 
-static int quiet_ini_error(const char *fmt, ...)
-{
-    (void)fmt;
-    return 0;
-}
+static const char *const known_keys[] = {"policy", "alpha", "beta", "c", "chunk_tokens",
+                                         "device_bytes", "host_bytes", "high_water", "reserve"};
+#define N_KEYS (sizeof known_keys / sizeof known_keys[0])
 
-/* Applies one key of [cache] to cfg. */
-static pv_status apply_key(pv_cache_config *cfg, const char *path, const char *key, const char *val)
+/* Applies key k (an index into known_keys) of [cache] to cfg. */
+static pv_status apply_key(pv_cache_config *cfg, const ini_where *w, size_t k, const char *val)
 {
-    const char *name = key + strlen("cache:");
     double d;
-    pv_status st;
-    if (strcmp(name, "policy") == 0) {
-        st = pv_policy_parse(val, &cfg->policy);
+    switch (k) {
+    case 0:
+        if (pv_policy_parse(val, &cfg->policy) != PV_OK)
+            return INI_FAIL(w, "= \"%s\" is not one of pensieve, weighted, lru", val);
+        return PV_OK;
+    case 1: return parse_double(w, val, 0, 1e6, 0, &cfg->alpha);
+    case 2: return parse_double(w, val, 0, 1e6, 0, &cfg->beta);
+    case 3: return parse_double(w, val, 0, 1e6, 0, &cfg->c);
+    case 4: {
+        pv_status st = parse_double(w, val, 1, 4096, 0, &d);
         if (st != PV_OK)
-            return pv_error(PV_ERR_FORMAT, "%s: key %s = \"%s\" is not one of pensieve, weighted, lru",
-                            path, key, val);
-    } else if (strcmp(name, "alpha") == 0) {
-        if ((st = parse_double(path, key, val, 0, 1e6, 0, &cfg->alpha)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "beta") == 0) {
-        if ((st = parse_double(path, key, val, 0, 1e6, 0, &cfg->beta)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "c") == 0) {
-        if ((st = parse_double(path, key, val, 0, 1e6, 0, &cfg->c)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "chunk_tokens") == 0) {
-        if ((st = parse_double(path, key, val, 1, 4096, 0, &d)) != PV_OK)
             return st;
         if (d != floor(d))
-            return pv_error(PV_ERR_FORMAT, "%s: key %s = \"%s\" is not an integer in [1, 4096]", path,
-                            key, val);
+            return INI_FAIL(w, "= \"%s\" is not an integer in [1, 4096]", val);
         cfg->chunk_tokens = (uint32_t)d;
-    } else if (strcmp(name, "device_bytes") == 0) {
-        if ((st = parse_bytes(path, key, val, &cfg->device_bytes)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "host_bytes") == 0) {
-        if ((st = parse_bytes(path, key, val, &cfg->host_bytes)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "high_water") == 0) {
-        if ((st = parse_double(path, key, val, 0, 1, 1, &cfg->high_water)) != PV_OK)
-            return st;
-    } else if (strcmp(name, "reserve") == 0) {
-        if ((st = parse_double(path, key, val, 0, 0.99, 0, &cfg->reserve)) != PV_OK)
-            return st;
-    } else {
-        return pv_error(PV_ERR_FORMAT,
-                        "%s: unknown key %s (known: policy, alpha, beta, c, chunk_tokens, "
-                        "device_bytes, host_bytes, high_water, reserve)",
-                        path, key);
+        return PV_OK;
     }
-    return PV_OK;
+    case 5: return parse_bytes(w, val, &cfg->device_bytes);
+    case 6: return parse_bytes(w, val, &cfg->host_bytes);
+    case 7: return parse_double(w, val, 0, 1, 1, &cfg->high_water);
+    default: return parse_double(w, val, 0, 0.99, 0, &cfg->reserve);
+    }
+}
+
+/* The file's bytes, NUL-terminated; NULL with the status set on failure. */
+#define MAX_CONFIG_BYTES (1u << 20)
+static char *read_config(const char *path, size_t *size, pv_status *st)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        *st = pv_error(PV_ERR_IO, "%s: cannot open cache config: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        *st = pv_error(PV_ERR_IO, "%s: cache config is %s, not a regular file", path,
+                       S_ISDIR(sb.st_mode) ? "a directory" : "a special file");
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *st = pv_error(PV_ERR_IO, "%s: cannot open cache config: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *text = malloc(MAX_CONFIG_BYTES + 1);
+    size_t n = text ? fread(text, 1, MAX_CONFIG_BYTES + 1, f) : 0;
+    int failed = text && ferror(f);
+    fclose(f);
+    if (!text) {
+        *st = pv_error(PV_ERR_OUT_OF_MEMORY, "%s: no memory to read the cache config", path);
+    } else if (failed) {
+        *st = pv_error(PV_ERR_IO, "%s: read error", path);
+    } else if (n > MAX_CONFIG_BYTES) {
+        *st = pv_error(PV_ERR_FORMAT, "%s: cache config is larger than %u bytes", path,
+                       MAX_CONFIG_BYTES);
+    } else {
+        text[n] = '\0';
+        *size = n;
+        return text;
+    }
+    free(text);
+    return NULL;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* One "key = value" line of [cache] (line is trimmed and NUL-ended). */
+static pv_status parse_assignment(pv_cache_config *cfg, const char *path, unsigned line_no,
+                                  char *line, unsigned *seen_on)
+{
+    char *eq = strchr(line, '=');
+    if (!eq)
+        return pv_error(PV_ERR_FORMAT, "%s:%u: \"%.64s\" is neither [section] nor key = value", path,
+                        line_no, line);
+    *eq = '\0';
+    char *key = trim(line), *val = trim(eq + 1);
+    size_t k = 0;
+    while (k < N_KEYS && strcasecmp(key, known_keys[k]) != 0)
+        k++;
+    if (k == N_KEYS)
+        return pv_error(PV_ERR_FORMAT,
+                        "%s:%u: unknown key cache:%.64s (known: policy, alpha, beta, c, "
+                        "chunk_tokens, device_bytes, host_bytes, high_water, reserve)",
+                        path, line_no, key);
+    ini_where w = {path, line_no, known_keys[k]};
+    if (seen_on[k])
+        return INI_FAIL(&w, "is set again (first on line %u)", seen_on[k]);
+    seen_on[k] = line_no;
+    if (*val == '"' || *val == '\'') {
+        /* Quoted: the value is what lies between the quotes, as written. */
+        char *close = strchr(val + 1, *val);
+        char *rest = close ? trim(close + 1) : NULL;
+        if (!close || (*rest && *rest != ';' && *rest != '#'))
+            return INI_FAIL(&w, "= %.64s has an unterminated quote or text after it", val);
+        *close = '\0';
+        val++;
+    } else {
+        val[strcspn(val, ";#")] = '\0'; /* an inline comment */
+        val = trim(val);
+    }
+    if (*val == '\0')
+        return INI_FAIL(&w, "has no value%s", "");
+    return apply_key(cfg, &w, k, val);
 }
 
 pv_status pv_cache_config_load(pv_cache_config *cfg, const char *path)
 {
     if (!cfg || !path)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_config_load: cfg and path must not be NULL");
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return pv_error(PV_ERR_IO, "%s: cannot open cache config", path);
-    fclose(f);
-
-    /* iniparser reports syntax errors through a process-wide callback that
-     * prints to stderr; silence it while loading, our status says it. */
-    iniparser_set_error_callback(quiet_ini_error);
-    dictionary *ini = iniparser_load(path);
-    iniparser_set_error_callback(NULL);
-    if (!ini)
-        return pv_error(PV_ERR_FORMAT, "%s: not a valid INI file", path);
-
-    pv_cache_config next = *cfg;
+    size_t size = 0;
     pv_status st = PV_OK;
-    int n_keys = iniparser_getsecnkeys(ini, "cache");
-    if (n_keys > 0) {
-        const char **keys = calloc((size_t)n_keys, sizeof *keys);
-        if (!keys) {
-            iniparser_freedict(ini);
-            return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: no memory for %d keys", path, n_keys);
+    char *text = read_config(path, &size, &st);
+    if (!text)
+        return st;
+    pv_cache_config next = *cfg;
+    unsigned seen_on[N_KEYS] = {0};
+    int in_cache = 0;
+    unsigned line_no = 1;
+    for (char *line = text; st == PV_OK && line < text + size; line_no++) {
+        char *end = line;
+        while (end < text + size && *end != '\n' && *end != '\r' && *end != '\0')
+            end++;
+        if (end < text + size && *end == '\0') {
+            st = pv_error(PV_ERR_FORMAT, "%s:%u: a NUL byte at offset %zu: not a text file", path,
+                          line_no, (size_t)(end - text));
+            break;
         }
-        iniparser_getseckeys(ini, "cache", keys);
-        for (int i = 0; i < n_keys && st == PV_OK; i++) {
-            const char *val = iniparser_getstring(ini, keys[i], NULL);
-            if (!val || val[0] == '\0')
-                st = pv_error(PV_ERR_FORMAT, "%s: key %s has no value", path, keys[i]);
-            else
-                st = apply_key(&next, path, keys[i], val);
+        if (*end == '\r' && end[1] != '\n') {
+            st = pv_error(PV_ERR_FORMAT,
+                          "%s:%u: a carriage return not followed by a newline (CR-only line "
+                          "ends are not supported)",
+                          path, line_no);
+            break;
         }
-        free(keys);
+        char *next_line = end + (*end == '\r' ? 2 : *end == '\n' ? 1 : 0);
+        *end = '\0';
+        char *l = trim(line);
+        line = next_line;
+        if (*l == '\0' || *l == ';' || *l == '#')
+            continue;
+        if (*l == '[') {
+            char *close = strchr(l, ']');
+            char *rest = close ? trim(close + 1) : NULL;
+            if (!close || (*rest && *rest != ';' && *rest != '#')) {
+                st = pv_error(PV_ERR_FORMAT, "%s:%u: malformed section header \"%.64s\"", path,
+                              line_no, l);
+                break;
+            }
+            *close = '\0';
+            char *name = trim(l + 1);
+            if (strcasecmp(name, "cache") != 0) {
+                st = pv_error(PV_ERR_FORMAT,
+                              "%s:%u: unknown section [%.64s] (a cache config has only [cache])",
+                              path, line_no, name);
+                break;
+            }
+            in_cache = 1;
+            continue;
+        }
+        if (!in_cache) {
+            st = pv_error(PV_ERR_FORMAT, "%s:%u: \"%.64s\" comes before any section (expected [cache])",
+                          path, line_no, l);
+            break;
+        }
+        st = parse_assignment(&next, path, line_no, l, seen_on);
     }
-    iniparser_freedict(ini);
+    free(text);
     if (st != PV_OK)
         return st;
     if (!(next.beta + next.c > 0))

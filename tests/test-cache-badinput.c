@@ -3,6 +3,7 @@
 #include "test-cache-util.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -86,6 +87,23 @@ static void budgets(void)
     cfg.c = 0;
     ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG, "zero cost at context 0: %s",
        pv_last_error());
+    /* 64T parses (a byte count) but no machine here holds it: refused at
+     * init, before any pool is allocated. */
+    pv_cache_config_defaults(&cfg);
+    cfg.slot_bytes = 64ull << 20;
+    cfg.host_bytes = 64ull << 40;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG &&
+           says("host budget 70368744177664 bytes exceeds the physical memory of"),
+       "host budget above physical memory: %s", pv_last_error());
+    pv_cache_config_defaults(&cfg);
+    cfg.device_limit_bytes = 512ull << 20;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG &&
+           says("device budget 1073741824 bytes exceeds the device's memory of 536870912 bytes"),
+       "device budget above the device's memory: %s", pv_last_error());
+    cfg.device_limit_bytes = 1ull << 30;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_OK, "a device budget equal to the limit: %s",
+       pv_last_error());
+    pv_cache_free(cache);
 }
 
 /* Writes text to a fresh temporary INI file; returns its path in buf. */
@@ -130,7 +148,7 @@ static void ini_files(void)
     char path[64];
     ok(load_text("[cache]\npolicy = weighted\nalpha = 2.5e-6\nbeta = 0.001\nc = 0.002\n"
                  "chunk_tokens = 16\ndevice_bytes = 2G\nhost_bytes = 512MiB\nhigh_water = 0.8\n"
-                 "reserve = 0.05\n[model]\nname = other section, ignored\n",
+                 "reserve = 0.05 ; a comment\n",
                  &cfg, path, sizeof path) == PV_OK,
        "a full [cache] section loads: %s", pv_last_error());
     ok(cfg.policy == PV_POLICY_WEIGHTED && cfg.alpha == 2.5e-6 && cfg.beta == 0.001 && cfg.c == 0.002 &&
@@ -158,7 +176,16 @@ static void ini_files(void)
         {"[cache]\nalhpa = 1\n", "unknown key cache:alhpa"},
         {"[cache]\nbeta = 0\nc = 0\n", "beta + cache:c = 0 must be > 0"},
         {"[cache]\nalpha = 1e999\n", "cache:alpha = \"1e999\""},
-        {"[cache\nalpha = 1\n", "not a valid INI file"},
+        {"[cache\nalpha = 1\n", ":1: malformed section header \"[cache\""},
+        {"[cache]\ndevice_bytes = \" -5\"\n", ":2: key cache:device_bytes = \" -5\" is not a byte count"},
+        {"[cache]\nhost_bytes = +5\n", ":2: key cache:host_bytes = \"+5\""},
+        {"[cahce]\nalpha = 1\n", ":1: unknown section [cahce]"},
+        {"alpha = 1\n[cache]\n", ":1: \"alpha = 1\" comes before any section"},
+        {"; comment\n[cache]\n\nalhpa = 1\n", ":4: unknown key cache:alhpa"},
+        {"[cache]\ralpha = 1\r", ":1: a carriage return not followed by a newline"},
+        {"[cache]\nalpha = 1\nalpha = 2\n", ":3: key cache:alpha is set again (first on line 2)"},
+        {"[cache]\nreserve =\n", ":2: key cache:reserve has no value"},
+        {"[cache]\nreserve\n", ":2: \"reserve\" is neither [section] nor key = value"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         pv_status st = load_text(bad[i].text, &cfg, path, sizeof path);
@@ -169,6 +196,22 @@ static void ini_files(void)
     ok(pv_cache_config_load(&cfg, "/nonexistent/pensieve.ini") == PV_ERR_IO &&
            says("/nonexistent/pensieve.ini"),
        "a missing file: %s", pv_last_error());
+    ok(pv_cache_config_load(&cfg, "/tmp") == PV_ERR_IO && says("/tmp: cache config is a directory"),
+       "a directory: %s", pv_last_error());
+    ok(load_text("[cache]\r\nalpha = 4e-6\r\n", &cfg, path, sizeof path) == PV_OK && cfg.alpha == 4e-6,
+       "CRLF line ends load: %s", pv_last_error());
+    /* A file starting with NUL: fputs cannot write it. */
+    static const char nul_file[] = "\0[cache]\nalpha = 1\n";
+    snprintf(path, sizeof path, "/tmp/pv-cache-ini-XXXXXX");
+    int fd = mkstemp(path);
+    int wrote = fd >= 0 && write(fd, nul_file, sizeof nul_file - 1) == (ssize_t)(sizeof nul_file - 1);
+    if (fd >= 0)
+        close(fd);
+    pv_cache_config_defaults(&cfg);
+    ok(wrote && pv_cache_config_load(&cfg, path) == PV_ERR_FORMAT && says(":1: a NUL byte at offset 0") &&
+           same_config(&cfg, &defaults),
+       "a file starting with NUL: %s", pv_last_error());
+    unlink(path);
 }
 
 /* Every public entry point with NULL for each pointer that is not optional:
@@ -333,8 +376,61 @@ static void sparse_index(void)
     pv_cache_free(cache);
 }
 
+/* Two threads load different bad files at once: each must get its own
+ * message (the last error is per thread) and nothing may reach stderr (a
+ * loader that swaps a process-wide error callback prints there when the
+ * other thread restores it mid-load). */
+typedef struct loader {
+    char path[64];
+    const char *needle;
+    int rounds, right;
+} loader;
+
+static void *load_many(void *arg)
+{
+    loader *ld = arg;
+    for (int i = 0; i < ld->rounds; i++) {
+        pv_cache_config cfg;
+        pv_cache_config_defaults(&cfg);
+        if (pv_cache_config_load(&cfg, ld->path) == PV_ERR_FORMAT &&
+            strstr(pv_last_error(), ld->path) && strstr(pv_last_error(), ld->needle))
+            ld->right++;
+    }
+    return NULL;
+}
+
+static void concurrent_loads(void)
+{
+    loader ld[2] = {{.needle = ":2: malformed section header", .rounds = 2000},
+                    {.needle = ":1: malformed section header", .rounds = 2000}};
+    int written = write_ini(ld[0].path, sizeof ld[0].path, "; first\n[cache\nalpha = 1\n") &&
+                  write_ini(ld[1].path, sizeof ld[1].path, "[cache\nbeta = x\n");
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *err = tmpfile();
+    dup2(fileno(err), STDERR_FILENO);
+    pthread_t th[2];
+    int started = 0;
+    for (int i = 0; i < 2; i++)
+        started += pthread_create(&th[i], NULL, load_many, &ld[i]) == 0;
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    long printed = ftell(err) < 0 ? -1 : (fseek(err, 0, SEEK_END), ftell(err));
+    fclose(err);
+    ok(written && started == 2 && ld[0].right == ld[0].rounds && ld[1].right == ld[1].rounds,
+       "two threads loading bad files at once each get their own message (%d and %d of %d)",
+       ld[0].right, ld[1].right, ld[0].rounds);
+    ok(printed == 0, "concurrent loads print nothing to stderr (%ld bytes)", printed);
+    unlink(ld[0].path);
+    unlink(ld[1].path);
+}
+
 int main(void)
 {
+    concurrent_loads();
     sparse_index();
     null_arguments();
     sessions_and_chunks();

@@ -69,21 +69,31 @@ typedef struct pv_cache_config {
     uint64_t host_bytes;    /* HOST pool budget */
     double high_water;      /* device use above which swap-out is planned ahead */
     double reserve;         /* fraction of device slots kept for admission */
+    uint64_t device_limit_bytes; /* the device's memory, from the caller (the
+                             * engine asks its backend; pvcore knows no
+                             * backend): device_bytes above it is an error
+                             * at init. 0: unknown, not checked. host_bytes
+                             * is checked against physical memory (sysconf). */
 } pv_cache_config;
 
 /* Defaults: pensieve, alpha 1e-6, beta 1e-4, c 1e-3, 32 tokens, 32 layers,
- * 64 KiB slots, 1 GiB device, 4 GiB host, high water 0.75, reserve 0.10. */
+ * 64 KiB slots, 1 GiB device, 4 GiB host, high water 0.75, reserve 0.10,
+ * device limit 0 (unknown). */
 pv_status pv_cache_config_defaults(pv_cache_config *cfg);
 
 /* Overrides cfg with the keys present in section [cache] of an INI file:
  * policy, alpha, beta, c, chunk_tokens, device_bytes, host_bytes (integers
  * with an optional K/M/G/T suffix, powers of 1024), high_water, reserve.
- * Absent keys keep their value. An unknown key, a malformed value or one
- * out of range fails with PV_ERR_FORMAT naming the file, key, value and
- * range; cfg is left unchanged on failure. */
+ * Values may be quoted; ';' and '#' start comments. Absent keys keep their
+ * value. PV_ERR_FORMAT, naming the file, line, key and reason, for: an
+ * unknown key or section, a key outside [cache], a key set twice, a
+ * malformed or out-of-range value, a NUL byte, a CR not followed by LF.
+ * PV_ERR_IO for a path that is not a readable regular file. cfg is left
+ * unchanged on failure. Safe to call from several threads at once. */
 pv_status pv_cache_config_load(pv_cache_config *cfg, const char *path);
 
-/* Range checks of every field (what pv_cache_init checks). */
+/* Range checks of every field (what pv_cache_init checks), budgets against
+ * device_limit_bytes and the physical memory included. */
 pv_status pv_cache_config_validate(const pv_cache_config *cfg);
 
 /* The clock: seconds on any monotonic scale. Tests inject their own. */
