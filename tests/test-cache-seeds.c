@@ -256,39 +256,146 @@ static void seed003_order(void)
     pv_cache_free(cache);
 }
 
-/* Seed 004: restore is idempotent; a rejected request retries safely. */
-static void idempotent_restore(void)
+/* What restore must say of a session, worked out from lookups alone. */
+typedef struct expected_view {
+    uint32_t records[3], shadows, recompute_tokens;
+} expected_view;
+
+static expected_view expect_from_lookups(pv_cache *cache, const char *id, uint32_t n_chunks,
+                                         uint32_t n_layers, uint32_t chunk_tokens, size_t n_tokens)
+{
+    expected_view e = {{0, 0, 0}, 0, 0};
+    for (uint32_t c = 0; c < n_chunks; c++)
+        for (uint32_t l = 0; l < n_layers; l++) {
+            pv_tier t = tier_of(cache, id, c, l);
+            /* A device hit is a device record or a shadowed host one. */
+            if (t < PV_TIER_NONE)
+                e.records[t]++;
+            if (t == PV_TIER_DROPPED) {
+                uint64_t through = (uint64_t)(c + 1) * chunk_tokens;
+                e.recompute_tokens = (uint32_t)(through < n_tokens ? through : n_tokens);
+            }
+        }
+    return e;
+}
+
+/* Seed 004: a request that is rejected (no room) and retried later restores
+ * the session as it is then: the rejected attempt changed nothing (history,
+ * turns, pins, copies), and the chunks other sessions moved meanwhile (to
+ * host, dropped, copied out ahead of time) show in the retry's view. */
+static void restore_after_reject(void)
 {
     test_clock clk = {0};
-    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 2, 8, 8, &clk);
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 2, 6, 4, &clk);
     pv_cache_plan plan;
     pv_cache_plan_init(&plan);
-    int32_t tokens[80];
-    for (int i = 0; i < 80; i++)
+    int32_t tokens[120];
+    for (int i = 0; i < 120; i++)
         tokens[i] = 1000 + i;
+    /* Turn 1: 80 tokens, chunks 0-2 of both layers on the device. */
     pv_cache_session_open(cache, "stream");
     pv_cache_append_tokens(cache, "stream", tokens, 80);
     for (uint32_t c = 0; c < 3; c++)
         for (uint32_t l = 0; l < 2; l++)
             pv_cache_store_chunk(cache, "stream", c, l, PV_TIER_DEVICE, NULL);
     ok(pv_cache_session_save(cache, "stream", 80) == PV_OK, "save after turn 1");
+    /* Another session takes four device slots: stream's coldest four go to
+     * host, then one of them is dropped for room on host. */
     clk.now = 10;
-    pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 8 * TEST_SLOT_BYTES, &plan); /* all -> host */
-    pv_cache_evict_to_free(cache, PV_TIER_HOST, 3 * TEST_SLOT_BYTES, &plan);   /* one -> dropped */
-    pv_session_view first, second;
-    uint64_t dev0, host0, dev1, host1;
-    pv_cache_held_bytes(cache, "stream", &dev0, &host0);
-    ok(pv_cache_session_restore(cache, "stream", &first) == PV_OK, "restore for turn 2");
-    ok(first.committed_tokens == 80 && first.turns == 1 && first.n_tokens == 80 &&
-           first.tokens[79] == 1079 && first.recompute_tokens == 32 &&
-           first.records[PV_TIER_HOST] == 5 && first.records[PV_TIER_DROPPED] == 1,
-       "restore: 80 committed, recompute 32, 5 host + 1 dropped records");
-    /* The scheduler rejects the request (no room this iteration) and retries. */
-    ok(pv_cache_session_restore(cache, "stream", &second) == PV_OK, "restore again after a reject");
-    ok(same_view(&first, &second), "the retry sees exactly the same state");
-    pv_cache_held_bytes(cache, "stream", &dev1, &host1);
-    ok(dev0 == dev1 && host0 == host1, "held bytes unchanged by restores");
-    check_ok(cache, "after two restores");
+    pv_cache_session_open(cache, "other");
+    pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 4 * TEST_SLOT_BYTES, &plan);
+    for (uint32_t c = 0; c < 2; c++)
+        for (uint32_t l = 0; l < 2; l++)
+            pv_cache_store_chunk(cache, "other", c, l, PV_TIER_DEVICE, NULL);
+    pv_cache_evict_to_free(cache, PV_TIER_HOST, 1 * TEST_SLOT_BYTES, &plan);
+    pv_session_view before, view;
+    pv_cache_session_restore(cache, "stream", &before);
+    expected_view e = expect_from_lookups(cache, "stream", 3, 2, 32, 80);
+    ok(before.records[PV_TIER_DEVICE] == e.records[PV_TIER_DEVICE] &&
+           before.records[PV_TIER_HOST] == e.records[PV_TIER_HOST] &&
+           before.records[PV_TIER_DROPPED] == e.records[PV_TIER_DROPPED] &&
+           before.recompute_tokens == e.recompute_tokens && e.records[PV_TIER_DROPPED] == 1 &&
+           e.records[PV_TIER_HOST] == 3,
+       "first restore: %u device, %u host, %u dropped, recompute %u (lookups: %u, %u, %u, %u)",
+       before.records[0], before.records[1], before.records[2], before.recompute_tokens,
+       e.records[0], e.records[1], e.records[2], e.recompute_tokens);
+    /* Turn 2 is tried while "other" runs (pinned): swapping stream in finds
+     * no room, and the scheduler rejects the request. */
+    pv_cache_pin(cache, "other");
+    pv_cache_pin(cache, "stream");
+    pv_cache_plan_clear(&plan);
+    ok(pv_cache_plan_swap_in(cache, "stream", &plan) == PV_ERR_OUT_OF_MEMORY && plan.n_moves == 0,
+       "the swap-in is refused with no moves: %s", pv_last_error());
+    pv_cache_unpin(cache, "stream");
+    /* Meanwhile "other" ends its turn, two more of stream's host chunks are
+     * dropped for room, and stream's two device chunks go out ahead of
+     * time: one copy lands (leaving a device shadow), one is abandoned. */
+    clk.now = 20;
+    pv_cache_unpin(cache, "other");
+    pv_cache_plan_clear(&plan);
+    pv_cache_evict_to_free(cache, PV_TIER_HOST, 3 * TEST_SLOT_BYTES, &plan);
+    pv_cache_plan_clear(&plan);
+    pv_cache_plan_swap_out(cache, 2, &plan);
+    int stream_copies = 0;
+    for (size_t i = 0; i < plan.n_moves; i++)
+        stream_copies += plan.moves[i].two_phase &&
+                         strcmp(pv_cache_session_name(cache, plan.moves[i].session), "stream") == 0;
+    ok(plan.n_moves == 2 && stream_copies == 2 && plan.moves[0].two_phase && plan.moves[1].two_phase,
+       "stream's two device chunks are copied out ahead of time (%zu moves)", plan.n_moves);
+    if (plan.n_moves == 2) {
+        pv_cache_complete(cache, &plan.moves[0], 1);
+        pv_cache_abort(cache, &plan.moves[1], 1);
+    }
+    /* The retry restores what is there now. */
+    ok(pv_cache_session_restore(cache, "stream", &view) == PV_OK, "restore for the retry");
+    e = expect_from_lookups(cache, "stream", 3, 2, 32, 80);
+    uint64_t dev, host;
+    pv_cache_held_bytes(cache, "stream", &dev, &host);
+    ok(view.committed_tokens == 80 && view.turns == 1 && view.n_tokens == 80 &&
+           memcmp(view.tokens, tokens, 80 * sizeof *tokens) == 0 && view.pins == 0,
+       "the rejected request changed no history, turn or pin");
+    /* A shadowed chunk is a host record read on the device. */
+    ok(view.shadows == 1 && view.records[PV_TIER_DEVICE] + view.shadows == e.records[PV_TIER_DEVICE] &&
+           view.records[PV_TIER_HOST] == e.records[PV_TIER_HOST] + view.shadows &&
+           view.records[PV_TIER_DROPPED] == e.records[PV_TIER_DROPPED] &&
+           view.recompute_tokens == e.recompute_tokens,
+       "retry: %u device, %u host (%u shadowed), %u dropped, recompute %u; lookups %u, %u, %u, %u",
+       view.records[0], view.records[1], view.shadows, view.records[2], view.recompute_tokens,
+       e.records[0], e.records[1], e.records[2], e.recompute_tokens);
+    ok(view.records[PV_TIER_DROPPED] > before.records[PV_TIER_DROPPED] &&
+           view.recompute_tokens > before.recompute_tokens,
+       "the retry sees the chunks dropped since the first restore (recompute %u -> %u)",
+       before.recompute_tokens, view.recompute_tokens);
+    ok(view.held_bytes[PV_TIER_DEVICE] == dev && view.held_bytes[PV_TIER_HOST] == host,
+       "held bytes agree with pv_cache_held_bytes");
+    pv_session_view again;
+    pv_cache_session_restore(cache, "stream", &again);
+    ok(same_view(&view, &again), "a second restore gives the same view");
+    /* The retry runs: swap in, recompute the dropped chunks, new prompt, save. */
+    pv_cache_pin(cache, "stream");
+    pv_cache_plan_clear(&plan);
+    pv_status st = pv_cache_plan_swap_in(cache, "stream", &plan);
+    ok(st == PV_OK, "the retry's swap-in: %s", st == PV_OK ? "planned" : pv_last_error());
+    for (size_t i = 0; i < plan.n_moves; i++)
+        if (plan.moves[i].two_phase)
+            pv_cache_complete(cache, &plan.moves[i], 1);
+    for (uint32_t c = 0; c < 3; c++)
+        for (uint32_t l = 0; l < 2; l++)
+            if (tier_of(cache, "stream", c, l) != PV_TIER_DEVICE) {
+                pv_cache_plan_clear(&plan);
+                pv_cache_evict_to_free(cache, PV_TIER_DEVICE, TEST_SLOT_BYTES, &plan);
+                pv_cache_store_chunk(cache, "stream", c, l, PV_TIER_DEVICE, NULL);
+            }
+    pv_cache_append_tokens(cache, "stream", tokens + 80, 40);
+    pv_cache_session_save(cache, "stream", 120);
+    pv_cache_unpin(cache, "stream");
+    pv_cache_session_restore(cache, "stream", &view);
+    e = expect_from_lookups(cache, "stream", 3, 2, 32, 120);
+    ok(view.turns == 2 && view.committed_tokens == 120 && view.n_tokens == 120 &&
+           view.recompute_tokens == 0 && view.records[PV_TIER_DROPPED] == 0 &&
+           view.records[PV_TIER_DEVICE] + view.shadows == 6 && e.records[PV_TIER_DEVICE] == 6,
+       "after the retried turn: turn 2, 120 tokens, every chunk on the device");
+    check_ok(cache, "after the retried turn");
     pv_cache_plan_free(&plan);
     pv_cache_free(cache);
 }
@@ -301,6 +408,6 @@ int main(void)
     end_session_all_tiers();
     pinned_never_evicted();
     seed003_order();
-    idempotent_restore();
+    restore_after_reject();
     return tap_done();
 }
