@@ -62,7 +62,7 @@ static void eu_model_free(eu_model *m)
 /* One turn of the script: session index, prompt tokens, tokens to make. */
 typedef struct eu_turn {
     int session;
-    int32_t prompt[64];
+    int32_t prompt[96];
     int n_prompt;
     int max_tokens;
 } eu_turn;

@@ -137,6 +137,64 @@ static void equivalence(const char *backend, pv_dtype kv)
     eu_model_free(&m);
 }
 
+/* Directed: a session's last, partly filled chunk is pushed to HOST (no
+ * shadow: an eviction, not a background copy) by a larger session; its next
+ * turn writes new rows into that chunk, so the chunk's old rows must come
+ * back with it. */
+static void partial_chunk_from_host(void)
+{
+    eu_model m;
+    pv_status st = eu_model_init(&m, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
+    if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m);
+        return;
+    }
+    static eu_turn turns[4];
+    eu_script(turns, 1, 4, m.tok.n_vocab, 11, 90, 4);
+    turns[0].n_prompt = 20; /* A: 23 tokens kept, chunk 1 partly filled */
+    turns[1].session = 1;
+    turns[1].n_prompt = 66; /* B: 5 chunks + the reserve push 6 of A's 8 slots out */
+    turns[2].session = 2;
+    turns[2].n_prompt = 5;  /* C: takes the device slots A's chunks left */
+    turns[3].n_prompt = 10; /* A again */
+    turns[3].max_tokens = 40;
+    static eu_result ref[4], got[4];
+    pv_engine_stats es;
+    pv_cache_stats cs;
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    uint64_t slot = pv_llama_slot_bytes(m.model);
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    char why[512] = "";
+    int bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        ec.mode = pass ? PV_MODE_PENSIEVE : PV_MODE_STATELESS;
+        cc.device_bytes = (pass ? 24 : 256) * slot;
+        cc.host_bytes = 64 * slot;
+        pv_engine *e = NULL;
+        if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) != PV_OK) {
+            ok(0, "engine init: %s", pv_last_error());
+            eu_model_free(&m);
+            return;
+        }
+        eu_result *res = pass ? got : ref;
+        memset(res, 0, sizeof ref);
+        bad += eu_run(e, turns, 4, 1, res, why, sizeof why);
+        pv_engine_stats_get(e, &es);
+        pv_cache_stats_get(pv_engine_cache(e), &cs);
+        pv_engine_free(e);
+    }
+    int first = -1;
+    ok(bad == 0 && same_tokens(ref, got, 4, &first), "partial chunk from host: tokens equal stateless mode's%s%s",
+       bad ? ": " : "", why);
+    ok(got[3].res.reused_host > 0 && got[3].res.recomputed == 0,
+       "partial chunk from host: A's second turn read %u history tokens from host (%u from device), "
+       "recomputed %u",
+       got[3].res.reused_host, got[3].res.reused_device, got[3].res.recomputed);
+    eu_model_free(&m);
+}
+
 /* ---- bad input ------------------------------------------------------------------ */
 
 static void bad_input(void)
@@ -234,6 +292,7 @@ int main(void)
         equivalence(backends[b], PV_F32);
         equivalence(backends[b], PV_F16);
     }
+    partial_chunk_from_host();
     bad_input();
     return tap_done();
 }
