@@ -89,6 +89,14 @@ pv_status pv_llama_hparams_read(const pv_gguf *g, pv_llama_hparams *hp)
             return pv_error(PV_ERR_FORMAT, "%s: llama.vocab_size %u but token_embd.weight has %u "
                             "rows", g->path, v, hp->n_vocab);
     }
+    /* Ids from the tokenizer index the embedding and ids the model emits
+     * index the vocabulary: a difference fails only mid-run, so refuse it
+     * here. */
+    const pv_gguf_kv *tokens = pv_gguf_find(g, "tokenizer.ggml.tokens");
+    if (tokens && (tokens->type != PV_GGUF_ARRAY || tokens->array_len != hp->n_vocab))
+        return pv_error(PV_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %" PRIu64 " tokens but "
+                        "tensor 'token_embd.weight' has %u rows (one per token)", g->path,
+                        tokens->type == PV_GGUF_ARRAY ? tokens->array_len : 0, hp->n_vocab);
     uint32_t kv_dim = hp->n_kv_heads * hp->head_dim;
     if ((st = expect_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab)) != PV_OK ||
         (st = expect_tensor(g, "output_norm.weight", hp->n_embd, 1)) != PV_OK)

@@ -2,11 +2,14 @@
  * backend that opens, with the synthetic model: a ragged two-sequence
  * prefill, prefill then decode, and recovery (dropped leading chunks
  * recomputed in the same batch as a new prompt, into fresh slots). Unwritten
- * pool memory is NaN, so reading a slot that was not written fails loudly. */
+ * pool memory is NaN, so reading a slot that was not written fails loudly.
+ * Copies of the synthetic file made wrong on purpose (a vocabulary larger
+ * than the embedding, each tensor a row too big) fail to load, naming why. */
 #include "llama-ref.h"
 #include "tap.h"
 
 #include <pensieve/llama.h>
+#include <pensieve/tokenizer.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -265,6 +268,158 @@ static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const i
     fixture_free(&f);
 }
 
+/* ---- files wrong on purpose ------------------------------------------------ */
+
+/* What to change when copying a model file. */
+typedef struct file_edit {
+    const char *drop_key;  /* left out, or NULL */
+    uint32_t extra_tokens; /* appended to tokenizer.ggml.tokens and token_type */
+    const char *tensor;    /* this tensor gets one more row (zeros), or NULL */
+} file_edit;
+
+static pv_status copy_kv(pv_gguf_writer *w, const pv_gguf_kv *kv, uint32_t extra)
+{
+    if (kv->type == PV_GGUF_STRING) {
+        char *v = malloc(kv->str_len + 1);
+        if (!v)
+            return PV_ERR_OUT_OF_MEMORY;
+        memcpy(v, kv->str, kv->str_len);
+        v[kv->str_len] = '\0';
+        pv_status st = pv_gguf_writer_add_string(w, kv->key, v);
+        free(v);
+        return st;
+    }
+    if (kv->type == PV_GGUF_UINT32)
+        return pv_gguf_writer_add_u32(w, kv->key, (uint32_t)kv->v.u64);
+    if (kv->type == PV_GGUF_FLOAT32)
+        return pv_gguf_writer_add_f32(w, kv->key, (float)kv->v.f64);
+    if (kv->type == PV_GGUF_BOOL)
+        return pv_gguf_writer_add_bool(w, kv->key, (int)kv->v.u64);
+    if (kv->type != PV_GGUF_ARRAY)
+        return pv_error(PV_ERR_UNSUPPORTED, "copy: key '%s' of type %s", kv->key,
+                        pv_gguf_type_name(kv->type));
+    int is_vocab = strcmp(kv->key, "tokenizer.ggml.tokens") == 0 ||
+                   strcmp(kv->key, "tokenizer.ggml.token_type") == 0;
+    uint64_t n = kv->array_len + (is_vocab ? extra : 0);
+    pv_status st = PV_OK;
+    if (kv->array_type == PV_GGUF_STRING) {
+        char **v = calloc(n, sizeof *v);
+        for (uint64_t i = 0; v && i < n && st == PV_OK; i++) {
+            const char *s = "";
+            uint64_t len = 0;
+            char extra_name[32];
+            if (i < kv->array_len) {
+                st = pv_gguf_array_string(kv, i, &s, &len);
+            } else {
+                len = (uint64_t)snprintf(extra_name, sizeof extra_name, "<extra_%llu>",
+                                         (unsigned long long)i);
+                s = extra_name;
+            }
+            if (st == PV_OK && (v[i] = malloc(len + 1)) != NULL) {
+                memcpy(v[i], s, len);
+                v[i][len] = '\0';
+            }
+        }
+        st = !v ? PV_ERR_OUT_OF_MEMORY
+                : st != PV_OK ? st : pv_gguf_writer_add_strings(w, kv->key, (const char *const *)v, n);
+        for (uint64_t i = 0; v && i < n; i++)
+            free(v[i]);
+        free(v);
+        return st;
+    }
+    int32_t *v = malloc(n * sizeof *v);
+    for (uint64_t i = 0; v && i < n && st == PV_OK; i++) {
+        int64_t x = PV_TOKEN_NORMAL;
+        if (i < kv->array_len)
+            st = pv_gguf_array_int(kv, i, &x);
+        v[i] = (int32_t)x;
+    }
+    st = !v ? PV_ERR_OUT_OF_MEMORY : st != PV_OK ? st : pv_gguf_writer_add_i32s(w, kv->key, v, n);
+    free(v);
+    return st;
+}
+
+/* An image of `src` with the edit applied; tensors keep their types. */
+static pv_status edited_copy(const pv_gguf *src, const file_edit *e, uint8_t **img, uint64_t *size)
+{
+    pv_gguf_writer w;
+    pv_status st = pv_gguf_writer_init(&w, src->version, 0);
+    for (uint64_t i = 0; i < src->n_kv && st == PV_OK; i++)
+        if (!e->drop_key || strcmp(src->kv[i].key, e->drop_key) != 0)
+            st = copy_kv(&w, &src->kv[i], e->extra_tokens);
+    for (uint64_t i = 0; i < src->n_tensors && st == PV_OK; i++) {
+        const pv_gguf_tensor *t = &src->tensors[i];
+        uint64_t ne[PV_GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        uint32_t n_dims = t->n_dims;
+        int grow = e->tensor && strcmp(t->name, e->tensor) == 0;
+        if (grow) {
+            ne[1]++;
+            n_dims = n_dims < 2 ? 2 : n_dims;
+        }
+        uint64_t n = ne[0] * ne[1] * ne[2] * ne[3];
+        float *x = calloc(n, sizeof *x);
+        st = !x ? PV_ERR_OUT_OF_MEMORY : grow ? PV_OK : pv_gguf_tensor_f32(t, x, n);
+        if (st == PV_OK)
+            st = pv_gguf_writer_add_tensor(&w, t->name, t->type, n_dims, ne, x);
+        free(x);
+    }
+    if (st == PV_OK)
+        st = pv_gguf_writer_to_memory(&w, img, size);
+    pv_gguf_writer_free(&w);
+    return st;
+}
+
+/* pv_llama_init on an edited copy of g (CPU backend); the status. */
+static pv_status init_edited(const pv_gguf *g, const file_edit *e)
+{
+    uint8_t *img = NULL;
+    uint64_t size;
+    pv_gguf bad;
+    pv_backend *be = NULL;
+    pv_llama *m = NULL;
+    pv_status st = edited_copy(g, e, &img, &size);
+    if (st == PV_OK && (st = pv_gguf_init_memory(&bad, img, size)) == PV_OK) {
+        if ((st = pv_backend_init(&be, "cpu", 0)) == PV_OK)
+            st = pv_llama_init(&m, be, &bad, NULL);
+        pv_llama_free(m);
+        pv_backend_free(be);
+        pv_gguf_free(&bad);
+    }
+    free(img);
+    return st;
+}
+
+/* Every tensor's shape and the vocabulary are checked against the metadata
+ * when the model loads, with a message naming the tensor; a vocabulary
+ * larger than the embedding used to load and fail at the first large id. */
+static void test_wrong_files(const pv_gguf *g)
+{
+    file_edit unchanged = {0};
+    pv_status st = init_edited(g, &unchanged);
+    ok(st == PV_OK, "an unedited copy of the synthetic model loads (%s)",
+       st == PV_OK ? "ok" : pv_last_error());
+    file_edit vocab = {.drop_key = "llama.vocab_size", .extra_tokens = 7};
+    ok(init_edited(g, &vocab) == PV_ERR_FORMAT && strstr(pv_last_error(), "token_embd.weight") &&
+           strstr(pv_last_error(), "tokenizer.ggml.tokens") && strstr(pv_last_error(), "300"),
+       "7 tokens more than embedding rows (no llama.vocab_size): %s", pv_last_error());
+    vocab.drop_key = NULL;
+    ok(init_edited(g, &vocab) == PV_ERR_FORMAT && strstr(pv_last_error(), "token_embd.weight") &&
+           strstr(pv_last_error(), "tokenizer.ggml.tokens"),
+       "the same with llama.vocab_size matching the rows: %s", pv_last_error());
+    int named = 0, tried = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        file_edit grow = {.tensor = g->tensors[i].name};
+        st = init_edited(g, &grow);
+        tried++;
+        if (st == PV_ERR_FORMAT && strstr(pv_last_error(), g->tensors[i].name))
+            named++;
+        else
+            tap_diag("tensor '%s' with a row more: %s", g->tensors[i].name, pv_last_error());
+    }
+    ok(named == tried, "each of %d tensors with one row too many is refused naming it (%d)",
+       tried, named);
+}
+
 /* All scenarios on every backend for one model file. */
 static void run_model(const char *label, const pv_gguf *g, int with_f16)
 {
@@ -303,6 +458,7 @@ int main(void)
     if (!ok(st == PV_OK, "synthetic model builds (%s)", st == PV_OK ? "ok" : pv_last_error()))
         return tap_done();
     run_model("synthetic model", &g, 1);
+    test_wrong_files(&g);
     pv_gguf_free(&g);
     free(image);
 
