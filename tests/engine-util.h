@@ -20,7 +20,7 @@ typedef struct eu_model {
 
 /* The synthetic model (n_layers layers, context n_ctx) on backend `name`.
  * PV_ERR_NO_DEVICE / PV_ERR_NOT_FOUND when the backend is absent. */
-static pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx,
+static inline pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx,
                                pv_dtype kv, int32_t chunk_tokens)
 {
     memset(m, 0, sizeof *m);
@@ -51,7 +51,7 @@ static pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers,
     return st;
 }
 
-static void eu_model_free(eu_model *m)
+static inline void eu_model_free(eu_model *m)
 {
     pv_llama_free(m->model);
     pv_tokenizer_free(&m->tok);
@@ -75,7 +75,7 @@ typedef struct eu_result {
     pv_turn_result res;
 } eu_result;
 
-static void eu_on_token(void *user, int32_t token, const char *text, size_t len)
+static inline void eu_on_token(void *user, int32_t token, const char *text, size_t len)
 {
     (void)text;
     (void)len;
@@ -84,7 +84,7 @@ static void eu_on_token(void *user, int32_t token, const char *text, size_t len)
         r->tokens[r->n++] = token;
 }
 
-static void eu_on_done(void *user, pv_status st, const pv_turn_result *res)
+static inline void eu_on_done(void *user, pv_status st, const pv_turn_result *res)
 {
     eu_result *r = user;
     r->done++;
@@ -93,7 +93,7 @@ static void eu_on_done(void *user, pv_status st, const pv_turn_result *res)
 }
 
 /* A deterministic script: rounds of turns over n_sessions sessions. */
-static void eu_script(eu_turn *turns, int n_sessions, int rounds, uint32_t n_vocab, uint64_t seed,
+static inline void eu_script(eu_turn *turns, int n_sessions, int rounds, uint32_t n_vocab, uint64_t seed,
                       int max_prompt, int max_tokens)
 {
     uint64_t x = seed;
@@ -115,7 +115,7 @@ static void eu_script(eu_turn *turns, int n_sessions, int rounds, uint32_t n_voc
 /* Runs the script with `concurrent` sessions' turns in flight at once,
  * checking the engine's invariants after every step. Returns the number of
  * failed invariant checks (0 is good); results get each turn's tokens. */
-static int eu_run(pv_engine *e, const eu_turn *turns, int n_turns, int concurrent, eu_result *results,
+static inline int eu_run(pv_engine *e, const eu_turn *turns, int n_turns, int concurrent, eu_result *results,
                   char *first_violation, size_t cap)
 {
     int violations = 0;

@@ -5,3 +5,10 @@ TESTS += tests/test-engine
 tests_test_engine_SOURCES = tests/test-engine.c tests/engine-util.h
 tests_test_engine_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_engine_LDADD = $(PV_LINK)
+
+# The layer-pipelined swap-in, on the delay backend.
+check_PROGRAMS += tests/test-engine-pipeline
+TESTS += tests/test-engine-pipeline
+tests_test_engine_pipeline_SOURCES = tests/test-engine-pipeline.c tests/engine-util.h tests/delay-backend.c
+tests_test_engine_pipeline_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_pipeline_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
