@@ -39,9 +39,11 @@ static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name, in
 {
     pool->n_slots = n_slots;
     pool->n_free = n_slots;
-    pool->free_stack = malloc((size_t)n_slots * sizeof *pool->free_stack);
-    pool->owner = calloc(n_slots, sizeof *pool->owner);
-    pool->shadow_of = shadows ? malloc((size_t)n_slots * sizeof *pool->shadow_of) : NULL;
+    /* An empty pool (no host tier) still gets valid, unused arrays. */
+    size_t n = n_slots ? n_slots : 1;
+    pool->free_stack = malloc(n * sizeof *pool->free_stack);
+    pool->owner = calloc(n, sizeof *pool->owner);
+    pool->shadow_of = shadows ? malloc(n * sizeof *pool->shadow_of) : NULL;
     if (!pool->free_stack || !pool->owner || (shadows && !pool->shadow_of))
         return pv_error(PV_ERR_OUT_OF_MEMORY, "no host memory for the %s pool's %u slot records",
                         name, n_slots);

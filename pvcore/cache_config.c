@@ -89,9 +89,10 @@ pv_status pv_cache_config_validate(const pv_cache_config *cfg)
         return pv_error(PV_ERR_INVALID_ARG,
                         "device budget %llu bytes is smaller than one slot (%llu bytes)",
                         (unsigned long long)cfg->device_bytes, (unsigned long long)cfg->slot_bytes);
-    if (cfg->host_bytes < cfg->slot_bytes)
+    /* 0 is no host tier (gpu-only serving): evicted chunks are dropped. */
+    if (cfg->host_bytes != 0 && cfg->host_bytes < cfg->slot_bytes)
         return pv_error(PV_ERR_INVALID_ARG,
-                        "host budget %llu bytes is smaller than one slot (%llu bytes)",
+                        "host budget %llu bytes is smaller than one slot (%llu bytes); 0 means no host tier",
                         (unsigned long long)cfg->host_bytes, (unsigned long long)cfg->slot_bytes);
     for (int t = 0; t < PV_SLOT_TIERS; t++) {
         uint64_t budget = t == PV_TIER_DEVICE ? cfg->device_bytes : cfg->host_bytes;

@@ -75,9 +75,32 @@ static void budgets(void)
            says("device budget 4095 bytes is smaller than one slot (4096 bytes)"),
        "device budget smaller than one slot: %s", pv_last_error());
     cfg.device_bytes = 1 << 20;
-    cfg.host_bytes = 0;
-    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && says("host budget 0"),
+    cfg.host_bytes = 4095;
+    ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && says("host budget 4095"),
        "host budget smaller than one slot: %s", pv_last_error());
+    /* 0 is no host tier at all (gpu-only serving): a DEVICE victim is dropped. */
+    uint32_t layers = cfg.n_layers;
+    cfg.host_bytes = 0;
+    cfg.device_bytes = 4 * 4096;
+    cfg.n_layers = 1;
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    pv_status hst = pv_cache_init(&cache, &cfg, NULL, NULL);
+    if (hst == PV_OK) {
+        uint32_t slot;
+        pv_cache_session_open(cache, "s");
+        for (uint32_t c = 0; c < 4; c++)
+            pv_cache_store_chunk(cache, "s", c, 0, PV_TIER_DEVICE, &slot);
+        hst = pv_cache_evict_to_free(cache, PV_TIER_DEVICE, 4096, &plan);
+    }
+    ok(hst == PV_OK && plan.n_moves == 1 && plan.moves[0].to == PV_TIER_DROPPED &&
+           pv_cache_check(cache) == PV_OK,
+       "host budget 0: no host tier; eviction drops (%s)", hst == PV_OK ? "ok" : pv_last_error());
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+    cache = NULL;
+    cfg.device_bytes = 1 << 20;
+    cfg.n_layers = layers;
     pv_cache_config_defaults(&cfg);
     cfg.high_water = 1.5;
     ok(pv_cache_init(&cache, &cfg, NULL, NULL) == PV_ERR_INVALID_ARG && says("high_water 1.5"),

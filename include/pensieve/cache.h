@@ -66,7 +66,7 @@ typedef struct pv_cache_config {
     uint32_t n_layers;      /* from the model */
     uint64_t slot_bytes;    /* bytes of one slot (K and V of one chunk, one layer) */
     uint64_t device_bytes;  /* DEVICE pool budget */
-    uint64_t host_bytes;    /* HOST pool budget */
+    uint64_t host_bytes;    /* HOST pool budget; 0: no host tier (evictions drop) */
     double high_water;      /* device use above which swap-out is planned ahead */
     double reserve;         /* fraction of device slots kept for admission */
     uint64_t device_limit_bytes; /* the device's memory, from the caller (the
