@@ -403,8 +403,9 @@ static pv_status need_bytes(const char *fn, const char *arg, const pv_buffer *bu
         return pv_error(PV_ERR_INVALID_ARG, "%s: buffer %s is NULL", fn, arg);
     if (off > buf->bytes || bytes > buf->bytes - off)
         return pv_error(PV_ERR_INVALID_ARG,
-                        "%s: %s range [%" PRIu64 ", %" PRIu64 ") exceeds its %" PRIu64 " bytes", fn,
-                        arg, off, off + bytes, buf->bytes);
+                        "%s: %s range of %" PRIu64 " bytes from offset %" PRIu64 " exceeds its %" PRIu64
+                        " bytes",
+                        fn, arg, bytes, off, buf->bytes); /* off + bytes itself may wrap */
     return PV_OK;
 }
 
