@@ -441,7 +441,8 @@ static int chat_command(chat *ch, const char *line)
 static int chat_line(chat *ch, char *line)
 {
     size_t len = strlen(line);
-    while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+    /* Trailing blanks too: "/switch bob " names bob. */
+    while (len && strchr(" \t\r\n", line[len - 1]))
         line[--len] = 0;
     if (!line[strspn(line, " \t")])
         return LINE_OK;
