@@ -151,6 +151,17 @@ cmp -s "$tmp/a" "$tmp/b" || diff "$tmp/a" "$tmp/b" | diag
 statuses "$tmp/stateless" | awk 'seen[$1]++ && ($2 + $3 > 0 || $4 == 0) { bad = 1 } END { exit bad }'
 ok $? "stateless mode recomputes every later turn's history"
 
+# gpu-only mode under the small device budget: no host tier, so evicted
+# chunks are dropped and recomputed, and the answers are still the same.
+"$chat" --synthetic -n 8 --mode gpu-only --device-mem 192K --script "$tmp/turns.txt" >"$tmp/gpu-only" 2>&1
+ok $? "the turns run in gpu-only mode"
+grep -aEv "$status_re" "$tmp/gpu-only" >"$tmp/c"
+cmp -s "$tmp/c" "$tmp/b"
+ok $? "gpu-only mode gives the same answers"
+cmp -s "$tmp/c" "$tmp/b" || diff "$tmp/c" "$tmp/b" | diag
+statuses "$tmp/gpu-only" | awk '$3 > 0 { bad = 1 } $4 > 0 { r = 1 } END { exit bad || !r }'
+ok $? "gpu-only mode reuses nothing from a host tier and recomputes dropped history"
+
 # Errors inside a script: reported, the script goes on, the exit status is 1.
 printf '/bogus\nhello\n/switch\n' >"$tmp/bad.txt"
 "$chat" --synthetic -n 2 --script "$tmp/bad.txt" >"$tmp/out" 2>"$tmp/err"
