@@ -5,6 +5,7 @@
 #include <pensieve/llama.h>
 #include <pensieve/tokenizer.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
@@ -40,7 +41,14 @@ static void usage(FILE *f)
             "  --kv f32|f16        KV pool type (default f32)\n"
             "  --ids               print the prompt's and the generated token ids, not text\n"
             "  --top1              print the most likely next token after every prompt\n"
-            "                      position (teacher forcing) and stop\n");
+            "                      position (teacher forcing) and stop; -n does not apply\n");
+}
+
+/* strtol and strtod take "" as 0 and skip leading spaces: a value must
+ * start with its number and be nothing else. */
+static int starts_number(const char *s)
+{
+    return *s && !isspace((unsigned char)*s);
 }
 
 static int parse_int(const char *s, const char *what, long lo, long hi, long *out)
@@ -48,7 +56,7 @@ static int parse_int(const char *s, const char *what, long lo, long hi, long *ou
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) {
+    if (!starts_number(s) || errno || *end || v < lo || v > hi) {
         fprintf(stderr, "pensieve-generate: %s '%s' is not an integer in [%ld, %ld]\n", what, s, lo, hi);
         return -1;
     }
@@ -61,7 +69,7 @@ static int parse_float(const char *s, const char *what, double lo, double hi, fl
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || *end || !(v >= lo && v <= hi)) {
+    if (!starts_number(s) || errno || *end || !(v >= lo && v <= hi)) {
         fprintf(stderr, "pensieve-generate: %s '%s' is not a number in [%g, %g]\n", what, s, lo, hi);
         return -1;
     }
@@ -276,6 +284,7 @@ static pv_status prompt_top1(generator *g, const int32_t *tokens, int n, int32_t
 
 static int fail(const char *what, pv_status st)
 {
+    fflush(stdout); /* whatever was printed comes first, on its own line */
     fprintf(stderr, "pensieve-generate: %s: %s: %s\n", what, pv_status_str(st), pv_last_error());
     return 1;
 }
@@ -315,17 +324,19 @@ int main(int argc, char **argv)
     } else if (g.tok.add_bos) {
         flags = PV_TOKENIZE_ADD_BOS;
     }
+    /* --top1 only reads the prompt: -n does not apply. */
+    const int n_predict = o.top1 ? 0 : o.n_predict;
     int32_t *tokens = NULL;
     size_t n_prompt = 0;
-    if (st == PV_OK && !(tokens = malloc(sizeof *tokens * (text_len + 1 + (size_t)o.n_predict))))
+    if (st == PV_OK && !(tokens = malloc(sizeof *tokens * (text_len + 1 + (size_t)n_predict))))
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "token array");
     if (st == PV_OK)
         st = pv_tokenizer_encode(&g.tok, text ? text : o.prompt, text_len, flags, tokens,
                                  text_len + 1, &n_prompt);
     free(text);
-    if (st == PV_OK && (n_prompt == 0 || n_prompt + (size_t)o.n_predict > (size_t)o.ctx))
+    if (st == PV_OK && (n_prompt == 0 || n_prompt + (size_t)n_predict > (size_t)o.ctx))
         st = pv_error(PV_ERR_INVALID_ARG, "prompt of %zu tokens + %d to generate must be in [1, --ctx %d]",
-                      n_prompt, o.n_predict, o.ctx);
+                      n_prompt, n_predict, o.ctx);
     if (st != PV_OK) {
         free(tokens);
         generator_free(&g);
@@ -350,8 +361,13 @@ int main(int argc, char **argv)
     double t0 = now_s();
     st = run_span(&g, tokens, 0, (int)n_prompt);
     double t_prefill = now_s() - t0, t_decode = 0;
-    int n = (int)n_prompt, generated = 0;
-    while (st == PV_OK && generated < o.n_predict) {
+    if (st != PV_OK) { /* no rates: nothing was computed */
+        free(tokens);
+        generator_free(&g);
+        return fail("prefill", st);
+    }
+    int n = (int)n_prompt, generated = 0, decoded = 0;
+    while (st == PV_OK && generated < n_predict) {
         int32_t id;
         if ((st = pick_token(&g, &o, &rng, &id)) != PV_OK || pv_tokenizer_is_end(&g.tok, id))
             break;
@@ -365,23 +381,32 @@ int main(int argc, char **argv)
         }
         tokens[n] = id;
         generated++;
-        if (generated == o.n_predict)
+        if (generated == n_predict)
             break;
         double t1 = now_s();
-        st = run_span(&g, tokens, n, n + 1);
+        if ((st = run_span(&g, tokens, n, n + 1)) != PV_OK)
+            break;
         t_decode += now_s() - t1;
+        decoded++;
         n++;
     }
     if (o.print_ids)
         print_ids("generated", tokens + n_prompt, (size_t)generated);
     else
         printf("\n");
+    /* The answer and its newline reach stdout before anything on stderr, so
+     * the two never share a line when both go to one terminal or file. */
+    fflush(stdout);
     int rc = 0;
     if (st != PV_OK)
         rc = fail("generation", st);
-    fprintf(stderr, "prompt %zu tokens: %.1f tokens/s; generated %d tokens: %.1f tokens/s (%s)\n",
-            n_prompt, n_prompt / t_prefill, generated,
-            generated > 1 ? (generated - 1) / t_decode : 0.0, o.backend);
+    /* Decode rate over the decode steps that ran: each token after the first
+     * needs one, and the first comes from the prefill. */
+    fprintf(stderr, "prompt %zu tokens: %.1f tokens/s; generated %d tokens", n_prompt,
+            n_prompt / t_prefill, generated);
+    if (decoded > 0)
+        fprintf(stderr, ": %.1f tokens/s", decoded / t_decode);
+    fprintf(stderr, " (%s)\n", o.backend);
     free(tokens);
     generator_free(&g);
     return rc;

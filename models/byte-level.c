@@ -2,6 +2,9 @@
  * the synthetic-model writer. */
 #include "models/byte-level.h"
 
+#include <stdio.h>
+#include <string.h>
+
 static int printable(unsigned b)
 {
     return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
@@ -89,4 +92,45 @@ size_t pv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
         return 0;
     *cp = v;
     return len;
+}
+
+const char *pv_printable(const char *s, size_t n)
+{
+    enum { SHOWN = 96, ROOM = SHOWN * 4 + 4 }; /* \xHH per byte, then "..." */
+    static _Thread_local char ring[4][ROOM];
+    static _Thread_local unsigned next;
+    char *out = ring[next++ % 4];
+    size_t len = 0, i = 0, stop = n < SHOWN ? n : SHOWN;
+    const uint8_t *b = (const uint8_t *)s;
+    while (i < stop) {
+        uint32_t cp;
+        size_t k = b[i] >= 0x80 ? pv_utf8_next(b + i, n - i, &cp) : 0;
+        if (k > 0 && cp >= 0xa0 && i + k <= stop) {
+            for (size_t j = 0; j < k; j++)
+                out[len++] = (char)b[i + j];
+            i += k;
+            continue;
+        }
+        static const char named[] = {'\0', '0', '\t', 't', '\n', 'n', '\r', 'r', '\\', '\\'};
+        const char *hit = NULL;
+        for (size_t j = 0; j < sizeof named; j += 2)
+            if (b[i] == (uint8_t)named[j])
+                hit = &named[j + 1];
+        if (hit) {
+            out[len++] = '\\';
+            out[len++] = *hit;
+        } else if (b[i] >= 0x20 && b[i] < 0x7f) {
+            out[len++] = (char)b[i];
+        } else {
+            snprintf(out + len, 5, "\\x%02x", b[i]);
+            len += 4;
+        }
+        i++;
+    }
+    if (i < n) {
+        memcpy(out + len, "...", 3);
+        len += 3;
+    }
+    out[len] = '\0';
+    return out;
 }

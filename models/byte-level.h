@@ -24,4 +24,12 @@ size_t pv_utf8_put(uint32_t cp, char *out);
  * above U+10FFFF are invalid. Stores the code point in *cp when valid. */
 size_t pv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 
+/* Text from a file (n bytes, NUL and control bytes included) made safe for
+ * a message: printable ASCII and valid UTF-8 from U+00A0 up stay, a
+ * backslash is doubled, \0 \t \n \r are spelled so, every other byte is
+ * \xHH, and text longer than 96 bytes is cut with "...". The result lives in
+ * one of 4 thread-local buffers used in turn, so one message may show up to
+ * 4 such texts. */
+const char *pv_printable(const char *s, size_t n);
+
 #endif

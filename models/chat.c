@@ -8,6 +8,8 @@
  * is then checked against ChatML. Anything else is PV_ERR_UNSUPPORTED. */
 #include <pensieve/tokenizer.h>
 
+#include "models/byte-level.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,16 +183,16 @@ static pv_status expression(const char *s, size_t n, size_t at, item_list *out)
             if ((st = items_add(out, ITEM_CONTENT, "", 0)) != PV_OK)
                 return st;
         } else {
-            return pv_error(PV_ERR_UNSUPPORTED, "chat template: expression '{{ %.*s }}' at byte %zu "
+            return pv_error(PV_ERR_UNSUPPORTED, "chat template: expression '{{ %s }}' at byte %zu "
                             "is not supported (only string literals, message['role'] and "
-                            "message['content'] joined by '+')", (int)(n > 80 ? 80 : n), s, at);
+                            "message['content'] joined by '+')", pv_printable(s, n), at);
         }
         skip_spaces(&sc);
         if (sc.pos >= n)
             break;
         if (!accept(&sc, "+"))
-            return pv_error(PV_ERR_UNSUPPORTED, "chat template: expression '{{ %.*s }}' at byte %zu:"
-                            " expected '+' at offset %zu", (int)(n > 80 ? 80 : n), s, at, sc.pos);
+            return pv_error(PV_ERR_UNSUPPORTED, "chat template: expression '{{ %s }}' at byte %zu:"
+                            " expected '+' at offset %zu", pv_printable(s, n), at, sc.pos);
     }
     return PV_OK;
 }
@@ -231,8 +233,8 @@ static pv_status statement(const char *s, size_t n, size_t at, stmt_kind *kind)
             return PV_OK;
         }
     }
-    return pv_error(PV_ERR_UNSUPPORTED, "chat template: statement '{%% %.*s %%}' at byte %zu is not "
-                    "part of the ChatML form this reader understands", (int)(n > 80 ? 80 : n), s, at);
+    return pv_error(PV_ERR_UNSUPPORTED, "chat template: statement '{%% %s %%}' at byte %zu is not "
+                    "part of the ChatML form this reader understands", pv_printable(s, n), at);
 }
 
 /* ---- the recogniser -------------------------------------------------------------- */

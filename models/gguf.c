@@ -4,6 +4,8 @@
  * the bytes left before it is used. */
 #include <pensieve/gguf.h>
 
+#include "models/byte-level.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,6 +52,12 @@ static uint64_t scalar_size(uint32_t type)
     }
 }
 
+/* A key or tensor name from the file, escaped for a message. */
+static const char *shown(const char *name)
+{
+    return pv_printable(name, strlen(name));
+}
+
 /* ---- bounds-checked cursor -------------------------------------------- */
 
 typedef struct cursor {
@@ -62,7 +70,7 @@ static pv_status truncated(const cursor *c, uint64_t need, const char *what)
     return pv_error(PV_ERR_FORMAT,
                     "%s: truncated or corrupt at offset %" PRIu64 ": %s needs %" PRIu64
                     " bytes, %" PRIu64 " left in the file",
-                    c->g->path, c->pos, what, need, c->g->size - c->pos);
+                    c->g->path, c->pos, shown(what), need, c->g->size - c->pos);
 }
 
 static pv_status need(const cursor *c, uint64_t n, const char *what)
@@ -140,10 +148,11 @@ static pv_status skip_value(cursor *c, uint32_t type, int depth, const char *key
     }
     if (type != PV_GGUF_ARRAY)
         return pv_error(PV_ERR_FORMAT, "%s: key '%s' at offset %" PRIu64 ": unknown value type %u",
-                        c->g->path, key, c->pos, type);
+                        c->g->path, shown(key), c->pos, type);
     if (depth >= MAX_ARRAY_DEPTH)
         return pv_error(PV_ERR_FORMAT, "%s: key '%s' at offset %" PRIu64
-                        ": arrays nested deeper than %d", c->g->path, key, c->pos, MAX_ARRAY_DEPTH);
+                        ": arrays nested deeper than %d", c->g->path, shown(key), c->pos,
+                        MAX_ARRAY_DEPTH);
     uint32_t elem;
     uint64_t count;
     st = read_u32(c, &elem, key);
@@ -220,7 +229,7 @@ static pv_status parse_kv(cursor *c, pv_gguf_kv *kv)
         return read_string(c, &kv->str, &kv->str_len, kv->key);
     if (type != PV_GGUF_ARRAY)
         return pv_error(PV_ERR_FORMAT, "%s: key '%s' at offset %" PRIu64 ": unknown value type %u",
-                        c->g->path, kv->key, kv->file_offset, type);
+                        c->g->path, shown(kv->key), kv->file_offset, type);
     uint64_t start = c->pos;
     uint32_t elem;
     if ((st = read_u32(c, &elem, kv->key)) != PV_OK ||
@@ -235,7 +244,7 @@ static pv_status parse_kv(cursor *c, pv_gguf_kv *kv)
         kv->string_offsets = malloc((kv->array_len ? kv->array_len : 1) * sizeof(uint64_t));
         if (!kv->string_offsets)
             return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: index of %" PRIu64 " strings for '%s'",
-                            c->g->path, kv->array_len, kv->key);
+                            c->g->path, kv->array_len, shown(kv->key));
         for (uint64_t i = 0; i < kv->array_len; i++) {
             const char *s;
             uint64_t len;
@@ -265,7 +274,7 @@ static pv_status parse_tensor_info(cursor *c, pv_gguf_tensor *t)
     if (t->n_dims == 0 || t->n_dims > PV_GGUF_MAX_DIMS)
         return pv_error(PV_ERR_FORMAT, "%s: tensor '%s' at offset %" PRIu64
                         ": %u dimensions, must be 1..%d",
-                        c->g->path, t->name, t->info_offset, t->n_dims, PV_GGUF_MAX_DIMS);
+                        c->g->path, shown(t->name), t->info_offset, t->n_dims, PV_GGUF_MAX_DIMS);
     t->n_elements = 1;
     for (uint32_t d = 0; d < PV_GGUF_MAX_DIMS; d++) {
         t->ne[d] = 1;
@@ -279,7 +288,7 @@ static pv_status parse_tensor_info(cursor *c, pv_gguf_tensor *t)
             t->n_elements > (c->g->size * 8) / t->ne[d])
             return pv_error(PV_ERR_FORMAT, "%s: tensor '%s' at offset %" PRIu64
                             ": dimension %u is %" PRIu64 ", larger than the file allows",
-                            c->g->path, t->name, t->info_offset, d, t->ne[d]);
+                            c->g->path, shown(t->name), t->info_offset, d, t->ne[d]);
         t->n_elements *= t->ne[d];
     }
     if ((st = read_u32(c, &t->type, t->name)) != PV_OK ||
@@ -288,11 +297,12 @@ static pv_status parse_tensor_info(cursor *c, pv_gguf_tensor *t)
     uint32_t be, bb;
     if (pv_ggml_type_block(t->type, &be, &bb) != PV_OK)
         return pv_error(PV_ERR_FORMAT, "%s: tensor '%s' at offset %" PRIu64
-                        ": unknown tensor type %u", c->g->path, t->name, t->info_offset, t->type);
+                        ": unknown tensor type %u", c->g->path, shown(t->name), t->info_offset,
+                        t->type);
     if (t->ne[0] % be != 0)
         return pv_error(PV_ERR_FORMAT, "%s: tensor '%s': row of %" PRIu64
                         " elements is not a multiple of the %s block size %u",
-                        c->g->path, t->name, t->ne[0], pv_ggml_type_name(t->type), be);
+                        c->g->path, shown(t->name), t->ne[0], pv_ggml_type_name(t->type), be);
     t->n_bytes = t->n_elements / be * bb;
     return PV_OK;
 }
@@ -390,7 +400,7 @@ static pv_status parse(pv_gguf *g)
         uint64_t *slot = key_slot(g, g->kv[i].key);
         if (*slot)
             return pv_error(PV_ERR_FORMAT, "%s: key '%s' at offset %" PRIu64 " appears twice "
-                            "(first at offset %" PRIu64 ")", g->path, g->kv[i].key,
+                            "(first at offset %" PRIu64 ")", g->path, shown(g->kv[i].key),
                             g->kv[i].file_offset, g->kv[*slot - 1].file_offset);
         *slot = i + 1;
     }
@@ -419,18 +429,18 @@ static pv_status parse(pv_gguf *g)
         if (t->offset % g->alignment != 0)
             return pv_error(PV_ERR_FORMAT, "%s: tensor '%s': data offset %" PRIu64
                             " is not a multiple of the alignment %u",
-                            g->path, t->name, t->offset, g->alignment);
+                            g->path, shown(t->name), t->offset, g->alignment);
         if (t->offset > data_size || t->n_bytes > data_size - t->offset)
             return pv_error(PV_ERR_FORMAT, "%s: tensor '%s': %" PRIu64 " bytes at data offset %"
                             PRIu64 " (file offset %" PRIu64 ") run past the end of the file (%"
-                            PRIu64 " bytes): truncated?", g->path, t->name, t->n_bytes,
+                            PRIu64 " bytes): truncated?", g->path, shown(t->name), t->n_bytes,
                             t->offset, data + t->offset, g->size);
         t->data = g->base + data + t->offset;
         uint64_t *slot = tensor_slot(g, t->name);
         if (*slot)
             return pv_error(PV_ERR_FORMAT, "%s: tensor '%s' at offset %" PRIu64 " appears twice "
-                            "(first at offset %" PRIu64 ")", g->path, t->name, t->info_offset,
-                            g->tensors[*slot - 1].info_offset);
+                            "(first at offset %" PRIu64 ")", g->path, shown(t->name),
+                            t->info_offset, g->tensors[*slot - 1].info_offset);
         *slot = i + 1;
     }
     return PV_OK;
@@ -465,6 +475,13 @@ pv_status pv_gguf_init(pv_gguf *g, const char *path)
         int e = errno;
         close(fd);
         return pv_error(PV_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    /* A directory opens and fstat()s like a file; only mmap fails, with
+     * "No such device". Say what is wrong instead. */
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return pv_error(PV_ERR_IO, "%s: is %s, not a GGUF file", path,
+                        S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file");
     }
     if (sb.st_size < 24) {
         close(fd);
@@ -640,7 +657,7 @@ static pv_status check_element(const pv_gguf_kv *kv, uint64_t i)
                         kv ? kv->key : "(null)");
     if (i >= kv->array_len)
         return pv_error(PV_ERR_INVALID_ARG, "array '%s': index %" PRIu64 " out of range (%" PRIu64
-                        " elements)", kv->key, i, kv->array_len);
+                        " elements)", shown(kv->key), i, kv->array_len);
     return PV_OK;
 }
 
@@ -652,11 +669,12 @@ pv_status pv_gguf_array_int(const pv_gguf_kv *kv, uint64_t i, int64_t *out)
     pv_gguf_kv tmp = {.type = kv->array_type};
     uint64_t size = scalar_size(kv->array_type);
     if (!is_signed(tmp.type) && !is_unsigned(tmp.type))
-        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not integers", kv->key,
+        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not integers", shown(kv->key),
                         pv_gguf_type_name(kv->array_type));
     decode_scalar(&tmp, kv->array_data + i * size);
     if (is_unsigned(tmp.type) && tmp.v.u64 > INT64_MAX)
-        return pv_error(PV_ERR_FORMAT, "array '%s'[%" PRIu64 "] does not fit int64", kv->key, i);
+        return pv_error(PV_ERR_FORMAT, "array '%s'[%" PRIu64 "] does not fit int64",
+                        shown(kv->key), i);
     *out = is_signed(tmp.type) ? tmp.v.i64 : (int64_t)tmp.v.u64;
     return PV_OK;
 }
@@ -667,7 +685,7 @@ pv_status pv_gguf_array_float(const pv_gguf_kv *kv, uint64_t i, double *out)
     if (st != PV_OK)
         return st;
     if (kv->array_type != PV_GGUF_FLOAT32 && kv->array_type != PV_GGUF_FLOAT64)
-        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not floats", kv->key,
+        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not floats", shown(kv->key),
                         pv_gguf_type_name(kv->array_type));
     pv_gguf_kv tmp = {.type = kv->array_type};
     decode_scalar(&tmp, kv->array_data + i * scalar_size(kv->array_type));
@@ -681,7 +699,7 @@ pv_status pv_gguf_array_string(const pv_gguf_kv *kv, uint64_t i, const char **st
     if (st != PV_OK)
         return st;
     if (kv->array_type != PV_GGUF_STRING || !kv->string_offsets)
-        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not strings", kv->key,
+        return pv_error(PV_ERR_FORMAT, "array '%s' holds %s, not strings", shown(kv->key),
                         pv_gguf_type_name(kv->array_type));
     /* Offsets are relative to the file; array_data sits at a known file
      * offset, so rebase from the first element's position. */
@@ -716,7 +734,8 @@ static pv_status tensor_decodable(const pv_gguf_tensor *t)
     if (!pv_ggml_type_dequantizable(t->type))
         return pv_error(PV_ERR_UNSUPPORTED, "tensor '%s' at data offset %" PRIu64
                         ": type %s (%u) cannot be dequantised (supported: F32, F16, BF16, "
-                        "Q8_0, Q4_0, Q4_1)", t->name, t->offset, pv_ggml_type_name(t->type), t->type);
+                        "Q8_0, Q4_0, Q4_1)", shown(t->name), t->offset, pv_ggml_type_name(t->type),
+                        t->type);
     return PV_OK;
 }
 
@@ -727,7 +746,7 @@ pv_status pv_gguf_tensor_f32(const pv_gguf_tensor *t, float *dst, uint64_t n)
         return st;
     if (n != t->n_elements)
         return pv_error(PV_ERR_INVALID_ARG, "tensor '%s' has %" PRIu64
-                        " elements, destination holds %" PRIu64, t->name, t->n_elements, n);
+                        " elements, destination holds %" PRIu64, shown(t->name), t->n_elements, n);
     return pv_ggml_dequantize_f32(t->type, t->data, t->n_bytes, dst, n);
 }
 
@@ -738,7 +757,7 @@ pv_status pv_gguf_tensor_f16(const pv_gguf_tensor *t, pv_half *dst, uint64_t n)
         return st;
     if (n != t->n_elements)
         return pv_error(PV_ERR_INVALID_ARG, "tensor '%s' has %" PRIu64
-                        " elements, destination holds %" PRIu64, t->name, t->n_elements, n);
+                        " elements, destination holds %" PRIu64, shown(t->name), t->n_elements, n);
     return pv_ggml_dequantize_f16(t->type, t->data, t->n_bytes, dst, n);
 }
 
@@ -751,7 +770,7 @@ pv_status pv_gguf_tensor_rows_f32(const pv_gguf_tensor *t, uint64_t first_row,
     uint64_t total_rows = t->n_elements / t->ne[0];
     if (first_row > total_rows || n_rows > total_rows - first_row)
         return pv_error(PV_ERR_INVALID_ARG, "tensor '%s': rows %" PRIu64 "..%" PRIu64
-                        " out of range (%" PRIu64 " rows)", t->name, first_row,
+                        " out of range (%" PRIu64 " rows)", shown(t->name), first_row,
                         first_row + n_rows, total_rows);
     uint64_t row_bytes;
     if ((st = pv_ggml_row_bytes(t->type, t->ne[0], &row_bytes)) != PV_OK)

@@ -3,6 +3,8 @@
  * rather than deep inside a GEMM. */
 #include <pensieve/gguf.h>
 
+#include "models/byte-level.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,8 +43,8 @@ pv_status pv_llama_hparams_read(const pv_gguf *g, pv_llama_hparams *hp)
     if (st != PV_OK)
         return st;
     if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
-        return pv_error(PV_ERR_UNSUPPORTED, "%s: general.architecture is '%.*s'; only 'llama' is "
-                        "supported", g->path, (int)(arch_len > 64 ? 64 : arch_len), arch);
+        return pv_error(PV_ERR_UNSUPPORTED, "%s: general.architecture is '%s'; only 'llama' is "
+                        "supported", g->path, pv_printable(arch, arch_len));
     if ((st = pv_gguf_get_u32(g, "llama.embedding_length", &hp->n_embd)) != PV_OK ||
         (st = pv_gguf_get_u32(g, "llama.block_count", &hp->n_layers)) != PV_OK ||
         (st = pv_gguf_get_u32(g, "llama.attention.head_count", &hp->n_heads)) != PV_OK ||

@@ -316,8 +316,8 @@ static pv_status load_merges(pv_tokenizer *tok, const pv_gguf *g)
             break;
         const char *sp = memchr(s, ' ', len);
         if (!sp || sp == s || sp == s + len - 1) {
-            st = pv_error(PV_ERR_FORMAT, "%s: merge %" PRIu64 " '%.*s' is not 'left right'",
-                          g->path, r, (int)(len > 64 ? 64 : len), s);
+            st = pv_error(PV_ERR_FORMAT, "%s: merge %" PRIu64 " '%s' is not 'left right'",
+                          g->path, r, pv_printable(s, len));
             break;
         }
         size_t left_len = (size_t)(sp - s), right_len = len - left_len - 1;
@@ -333,8 +333,8 @@ static pv_status load_merges(pv_tokenizer *tok, const pv_gguf *g)
         memcpy(joined + left_len, sp + 1, right_len);
         int32_t merged = find_text(im, joined, left_len + right_len);
         if (left < 0 || right < 0 || merged < 0) {
-            st = pv_error(PV_ERR_FORMAT, "%s: merge %" PRIu64 " '%.*s' names a token that is not "
-                          "in the vocabulary", g->path, r, (int)(len > 64 ? 64 : len), s);
+            st = pv_error(PV_ERR_FORMAT, "%s: merge %" PRIu64 " '%s' names a token that is not "
+                          "in the vocabulary", g->path, r, pv_printable(s, len));
             break;
         }
         insert_merge(im, left, right, (int32_t)r, merged);
@@ -353,9 +353,9 @@ static pv_status load_pre_tokenizer(pv_tokenizer *tok, const pv_gguf *g)
     if (st != PV_OK)
         return st;
     if (model_len != 4 || memcmp(model, "gpt2", 4) != 0)
-        return pv_error(PV_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%.*s' is not supported "
+        return pv_error(PV_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' is not supported "
                         "(only 'gpt2', byte-level BPE)", g->path,
-                        (int)(model_len > 64 ? 64 : model_len), model);
+                        pv_printable(model, model_len));
     if (pv_gguf_find(g, "tokenizer.ggml.pre") &&
         (st = pv_gguf_get_string(g, "tokenizer.ggml.pre", &pre, &pre_len)) != PV_OK)
         return st;
@@ -366,9 +366,9 @@ static pv_status load_pre_tokenizer(pv_tokenizer *tok, const pv_gguf *g)
     else if (PRE_IS("gpt2"))
         split_digits = 0;
     else
-        return pv_error(PV_ERR_UNSUPPORTED, "%s: pre-tokenizer '%.*s' is not supported "
+        return pv_error(PV_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported "
                         "(known: smollm, gpt2)", g->path,
-                        (int)(pre_len > 64 ? 64 : pre_len), pre);
+                        pv_printable(pre, pre_len));
 #undef PRE_IS
     if ((st = compile(gpt2_split, &im->split)) != PV_OK)
         return st;

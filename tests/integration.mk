@@ -12,3 +12,10 @@ TESTS += tests/test-opencl-nodevice
 tests_test_opencl_nodevice_SOURCES = tests/test-opencl-nodevice.c
 tests_test_opencl_nodevice_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_opencl_nodevice_LDADD = $(PV_LINK)
+
+# pensieve-generate run as a program with bad input.
+check_PROGRAMS += tests/test-generate
+TESTS += tests/test-generate
+tests_test_generate_SOURCES = tests/test-generate.c
+tests_test_generate_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_generate_LDADD = $(PV_LINK)

@@ -335,6 +335,8 @@ static void test_errors(void)
     pv_gguf g;
     ok(pv_gguf_init(&g, "/nonexistent/model.gguf") == PV_ERR_IO &&
            strstr(pv_last_error(), "/nonexistent/model.gguf"), "missing file: %s", pv_last_error());
+    ok(pv_gguf_init(&g, "/tmp") == PV_ERR_IO && strstr(pv_last_error(), "is a directory"),
+       "a directory: %s", pv_last_error());
     static const uint8_t junk[32] = "GGML not a gguf file at all....";
     ok(pv_gguf_init_memory(&g, junk, sizeof junk) == PV_ERR_FORMAT, "no magic: %s",
        pv_last_error());

@@ -310,6 +310,9 @@ static void test_unsupported(void)
            strstr(pv_last_error(), "'llama'"), "SentencePiece ('llama') model: %s", pv_last_error());
     ok(init_from_keys("gpt2", "qwen2") == PV_ERR_UNSUPPORTED && strstr(pv_last_error(), "'qwen2'"),
        "unknown pre-tokenizer: %s", pv_last_error());
+    ok(init_from_keys("gp\x1bt2\n", NULL) == PV_ERR_UNSUPPORTED &&
+           strstr(pv_last_error(), "'gp\\x1bt2\\n'"),
+       "control bytes in the model name are shown escaped: %s", pv_last_error());
     ok(init_from_keys("gpt2", NULL) == PV_ERR_FORMAT &&
            strstr(pv_last_error(), "tokenizer.ggml.tokens"),
        "no vocabulary: %s", pv_last_error());
