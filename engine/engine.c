@@ -346,6 +346,9 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
     e->cache_cfg.slot_bytes = e->slot_bytes;
     if (e->cfg.mode == PV_MODE_GPU_ONLY)
         e->cache_cfg.host_bytes = 0;
+    /* A device budget past the device's memory fails at init, not later. */
+    if (e->cache_cfg.device_limit_bytes == 0)
+        e->cache_cfg.device_limit_bytes = be->info.global_mem_bytes;
     e->n_device_slots = (int64_t)(e->cache_cfg.device_bytes / e->slot_bytes);
     e->n_host_slots = (int64_t)(e->cache_cfg.host_bytes / e->slot_bytes);
     if (e->n_device_slots < (int64_t)e->n_layers) {

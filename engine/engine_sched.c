@@ -163,7 +163,9 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
         R = H;
     const uint32_t L = e->n_layers, Rc = div_up(R, e->chunk_tokens), Hc = div_up(H, e->chunk_tokens);
     const uint32_t end_chunks = div_up(H + (r->todo.n - r->todo_done), e->chunk_tokens);
-    uint64_t need = (uint64_t)Rc * L + view.records[PV_TIER_HOST] +
+    /* New DEVICE slots: recomputed chunks, host chunks to swap in (those
+     * with a device shadow are read there), chunks of the new tokens. */
+    uint64_t need = (uint64_t)Rc * L + (view.records[PV_TIER_HOST] - view.shadows) +
                     (uint64_t)(end_chunks > Hc ? end_chunks - Hc : 0) * L;
     pv_cache_admission adm;
     if ((st = pv_cache_admit(e->cache, need, &adm)) != PV_OK) {
@@ -172,14 +174,27 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
         *admitted = 1;
         return fail_request(e, r, pv_error(PV_ERR_OUT_OF_MEMORY,
                                            "session \"%.64s\": this turn's context needs %" PRIu64
-                                           " device slots; the device pool has %" PRId64,
+                                           " new device slots; the device pool has %" PRId64,
                                            id, need, e->n_device_slots));
     }
-    if (!adm.admit) {
+    /* With nothing running, waiting frees nothing: the reserve kept for
+     * other admissions gives way, and the turn runs if its context fits. */
+    uint64_t room = adm.admit ? adm.free_bytes / e->slot_bytes : e->n_running == 0 ? need : 0;
+    if (!adm.admit && e->n_running > 0) {
         st = PV_OK;
         goto unpin;
     }
-    if (adm.free_bytes && (st = pv_engine_make_room(e, adm.free_bytes / e->slot_bytes)) != PV_OK)
+    if (room && (st = pv_engine_make_room(e, room)) == PV_ERR_OUT_OF_MEMORY) {
+        pv_cache_unpin(e->cache, id);
+        if (e->n_running > 0) /* pinned chunks of running turns: wait for them */
+            return PV_OK;
+        *admitted = 1;
+        return fail_request(e, r, pv_error(PV_ERR_OUT_OF_MEMORY,
+                                           "session \"%.64s\": its context and this turn need %" PRIu64
+                                           " more device slots than the %" PRId64 "-slot pool can free",
+                                           id, need, e->n_device_slots));
+    }
+    if (st != PV_OK)
         goto unpin;
     if ((st = table_reserve(e, r, end_chunks > Hc ? end_chunks : Hc)) != PV_OK)
         goto unpin;

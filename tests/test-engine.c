@@ -281,6 +281,33 @@ static void bad_input(void)
     st = pv_engine_end_session(e, "a");
     ok(st == PV_ERR_NOT_FOUND, "ending it twice: %s", pv_last_error());
     pv_engine_free(e);
+
+    /* A device pool of 16 slots: 4 chunks of 16 tokens for each of the 4
+     * layers. A session whose own context fills it with nothing else
+     * running is admitted anyway (waiting would free nothing; the reserve
+     * gives way); a turn past it fails alone, and the session stays usable. */
+    cc.device_bytes = 16 * slot;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
+    int fits = 0, past = 0;
+    const int lens[3] = {40, 16, 10}, gens[3] = {4, 2, 2};
+    eu_result rr[3];
+    memset(rr, 0, sizeof rr);
+    for (int i = 0; i < 3 && st == PV_OK; i++) {
+        pv_turn_callbacks c3 = {eu_on_token, eu_on_done, &rr[i]};
+        t.n_tokens = (size_t)lens[i];
+        t.sampling.max_tokens = gens[i];
+        if ((st = pv_engine_submit(e, "big", &t, &c3, NULL)) == PV_OK)
+            st = pv_engine_run(e);
+    }
+    fits = st == PV_OK && rr[0].status == PV_OK && rr[1].status == PV_OK && rr[1].n == 2;
+    past = rr[2].done == 1 && rr[2].status == PV_ERR_OUT_OF_MEMORY;
+    ok(fits, "a turn whose context fills the device pool runs when nothing else does (%s)",
+       st == PV_OK ? "ok" : pv_last_error());
+    ok(past, "a turn past the device pool fails alone with out-of-memory through on_done (status %d)",
+       (int)rr[2].status);
+    ok(pv_engine_pending(e) == 0 && pv_engine_check(e) == PV_OK && pv_engine_end_session(e, "big") == PV_OK,
+       "nothing stays queued; invariants hold; the session can be ended");
+    pv_engine_free(e);
     pv_engine_free(NULL);
     eu_model_free(&m);
 }
