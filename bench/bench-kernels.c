@@ -13,8 +13,9 @@
  *      directly (same shape), and against the GEMM peak: the best
  *      cblas_sgemm rate over square sizes 512..3072, beside the cores'
  *      nominal FMA rate (bench-util.h says how it is computed).
- * The references (STREAM read, copy, triad; GEMM peak) are measured per
- * backend, just before its kernels, in the same run.
+ * The references are measured per backend in the same run: the GEMM peak
+ * just before its kernels, STREAM read, copy and triad before and after
+ * them (the higher of the two measurements of each rate).
  * Every figure is a median of at least --reps timed runs after one warm-up
  * (more for short runs); compared pairs run alternately so machine load
  * hits both alike.
@@ -656,7 +657,7 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     if (st != PV_OK)
         return st;
     rep->info = be->info;
-    /* The references, just before this backend's kernels. */
+    /* The references: STREAM again after the kernels (bench_stream_merge). */
     bench_cpu_detect(&rep->cpu);
     if (bench_stream_measure(&rep->mem, 10) != 0) {
         pv_backend_free(be);
@@ -683,6 +684,9 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     if (st == PV_OK)
         st = bench_gemm(be, opt, rep);
     pv_backend_free(be);
+    bench_stream after;
+    if (st == PV_OK && bench_stream_measure(&after, 10) == 0)
+        bench_stream_merge(&rep->mem, &after);
     return st;
 }
 

@@ -4,8 +4,9 @@
  *                   the backend's best f32 GEMM rate over square sizes
  *                   512..2048 and the model's FFN shape (the rate at the
  *                   FFN shape alone is printed too)
- *   decode bound  = the host's all-core STREAM-style read bandwidth (best of
- *                   10) / bytes of f32 weights read per token
+ *   decode bound  = the host's all-core STREAM-style read bandwidth (best
+ *                   of 10 passes before and 10 after the forward passes)
+ *                   / bytes of f32 weights read per token
  * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak.
  * Prints a table, or JSON with --json. */
 #include "bench-util.h"
@@ -127,6 +128,12 @@ int main(int argc, char **argv)
     pv_llama_batch b = {.n_tokens = prompt, .tokens = tokens, .token_seq = seq, .token_pos = pos,
                         .n_seqs = 1, .max_chunks = max_chunks, .slot_tables = tables,
                         .kv_pool = pool, .n_slots = n_slots, .n_logits = 1, .logit_rows = &last};
+    /* STREAM before the forward passes and after them: the higher of each. */
+    bench_stream mem;
+    if (bench_stream_measure(&mem, 10) != 0) {
+        fprintf(stderr, "bench-model: cannot allocate the STREAM arrays\n");
+        return 1;
+    }
     double t_prefill[16], t_decode[16];
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
         double t0 = bench_now_s();
@@ -167,12 +174,13 @@ int main(int argc, char **argv)
         gemm_peak = rate > gemm_peak ? rate : gemm_peak;
     }
     bench_cpu cpu;
-    bench_stream mem;
     bench_cpu_detect(&cpu);
-    if (bench_stream_measure(&mem, 10) != 0) {
+    bench_stream after;
+    if (bench_stream_measure(&after, 10) != 0) {
         fprintf(stderr, "bench-model: cannot allocate the STREAM arrays\n");
         return 1;
     }
+    bench_stream_merge(&mem, &after);
     double prefill_bound = gemm_peak * 1e9 / flops_per_token;
     double decode_bound = mem.read.best * 1e9 / (weight_params * 4.0);
 
