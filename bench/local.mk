@@ -2,3 +2,4 @@
 include bench/backend.mk
 include bench/cache.mk
 include bench/models.mk
+include bench/engine.mk

@@ -1,0 +1,6 @@
+# The engine's benchmark: multi-turn time to first token (pensieve vs
+# stateless), engine overhead per decode iteration, batched decode.
+noinst_PROGRAMS += bench/bench-engine
+bench_bench_engine_SOURCES = bench/bench-engine.c bench/bench-util.h
+bench_bench_engine_CFLAGS = $(AM_CFLAGS)
+bench_bench_engine_LDADD = $(PV_LINK)
