@@ -275,6 +275,15 @@ static pv_status dly_event_wait(pv_backend *be, pv_event *ev)
     return PV_OK;
 }
 
+static pv_status dly_event_query(pv_backend *be, pv_event *ev, int *done)
+{
+    dly_state *d = state_of(be);
+    pthread_mutex_lock(&d->mu);
+    *done = d->completed >= ticket_of(ev);
+    pthread_mutex_unlock(&d->mu);
+    return PV_OK;
+}
+
 static void dly_event_free(pv_backend *be, pv_event *ev)
 {
     free(ev);
@@ -432,6 +441,7 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.event_record = dly_event_record;
     d->ops.queue_wait = dly_queue_wait;
     d->ops.event_wait = dly_event_wait;
+    d->ops.event_query = dly_event_query;
     d->ops.event_free = dly_event_free;
     d->ops.finish = dly_finish;
     d->ops.attention = dly_attention;
