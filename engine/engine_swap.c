@@ -176,6 +176,16 @@ pv_status pv_engine_swap_out_issue(pv_engine *e)
 {
     if (e->cfg.mode != PV_MODE_PENSIEVE || !e->host_pool)
         return PV_OK;
+    /* A batch still in flight is left to land: the next iteration looks
+     * again, so the host never waits here for swap traffic. */
+    if (e->out.in_flight) {
+        int done = 0;
+        pv_status qs = pv_event_query(e->out.done, &done);
+        if (qs != PV_OK)
+            return qs;
+        if (!done)
+            return PV_OK;
+    }
     pv_status st = pv_engine_swap_out_reap(e);
     if (st != PV_OK)
         return st;
