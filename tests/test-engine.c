@@ -195,6 +195,165 @@ static void partial_chunk_from_host(void)
     eu_model_free(&m);
 }
 
+/* ---- sampling, stop strings, idle timeout ------------------------------------------- */
+
+typedef struct text_out {
+    char text[4096];
+    size_t n;
+    int done;
+    pv_status st;
+    pv_turn_result res;
+} text_out;
+
+static void text_on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    (void)token;
+    text_out *t = user;
+    if (t->n + len < sizeof t->text) {
+        memcpy(t->text + t->n, text, len);
+        t->n += len;
+        t->text[t->n] = '\0';
+    }
+}
+
+static void text_on_done(void *user, pv_status st, const pv_turn_result *res)
+{
+    text_out *t = user;
+    t->done++;
+    t->st = st;
+    t->res = *res;
+}
+
+static pv_status one_turn(pv_engine *e, const char *id, const int32_t *toks, size_t n, const pv_sampling *s,
+                          text_out *out)
+{
+    pv_turn t = {.tokens = toks, .n_tokens = n, .sampling = *s};
+    pv_turn_callbacks cb = {text_on_token, text_on_done, out};
+    memset(out, 0, sizeof *out);
+    pv_status st = pv_engine_submit(e, id, &t, &cb, NULL);
+    return st == PV_OK ? pv_engine_run(e) : st;
+}
+
+static double fake_now;
+static double fake_clock(void *ctx)
+{
+    (void)ctx;
+    return fake_now;
+}
+
+static void sampling_and_stops(void)
+{
+    eu_model m;
+    pv_status st = eu_model_init(&m, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
+    if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m);
+        return;
+    }
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    uint64_t slot = pv_llama_slot_bytes(m.model);
+    cc.host_bytes = 64 * slot;
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+
+    /* Sampled turns: the same seed draws the same tokens in stateless mode
+     * and in pensieve mode under pressure; another seed draws others. */
+    static eu_turn turns[N_TURNS];
+    eu_script(turns, N_SESSIONS, 2, m.tok.n_vocab, 3, 20, 10);
+    int n = N_SESSIONS * 2;
+    static text_out outs[3][N_SESSIONS * 2];
+    for (int run = 0; run < 3; run++) {
+        ec.mode = run == 1 ? PV_MODE_PENSIEVE : PV_MODE_STATELESS;
+        cc.device_bytes = (run == 1 ? 24 : 1024) * slot;
+        pv_engine *e = NULL;
+        if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) != PV_OK)
+            break;
+        for (int i = 0; i < n && st == PV_OK; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "s%d", turns[i].session);
+            pv_sampling s;
+            pv_sampling_defaults(&s);
+            s.temperature = 0.9f;
+            s.top_p = 0.9f;
+            s.seed = run == 2 ? 99 : 5;
+            s.max_tokens = turns[i].max_tokens;
+            s.ignore_eos = 1;
+            st = one_turn(e, id, turns[i].prompt, (size_t)turns[i].n_prompt, &s, &outs[run][i]);
+        }
+        pv_engine_free(e);
+    }
+    int same = st == PV_OK, differs = 0;
+    for (int i = 0; i < n; i++) {
+        same &= outs[0][i].n == outs[1][i].n && memcmp(outs[0][i].text, outs[1][i].text, outs[0][i].n) == 0;
+        differs |= outs[0][i].n != outs[2][i].n || memcmp(outs[0][i].text, outs[2][i].text, outs[0][i].n) != 0;
+    }
+    ok(same, "sampled turns (temperature 0.9, top-p 0.9): pensieve mode under pressure draws stateless mode's "
+       "tokens (%s)", st == PV_OK ? "ok" : pv_last_error());
+    ok(differs, "another seed draws other tokens");
+
+    /* Stop strings: the answer ends just before the first occurrence of a
+     * string taken from the middle of the unstopped answer, and the string
+     * itself is never streamed. */
+    cc.device_bytes = 1024 * slot;
+    ec.mode = PV_MODE_PENSIEVE;
+    pv_engine *e = NULL;
+    text_out full, cut;
+    pv_sampling s;
+    pv_sampling_defaults(&s);
+    s.max_tokens = 40;
+    s.ignore_eos = 1;
+    s.temperature = 1.0f; /* varied text (greedy repeats one token here); same seed, same draws */
+    s.seed = 17;
+    if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) == PV_OK)
+        st = one_turn(e, "full", turns[0].prompt, (size_t)turns[0].n_prompt, &s, &full);
+    char stop[8] = "";
+    if (st == PV_OK && full.n > 12) {
+        /* Three bytes whose first occurrence is well inside the answer. */
+        for (size_t at = full.n / 2; at + 3 <= full.n; at++) {
+            memcpy(stop, full.text + at, 3);
+            const char *hit = strstr(full.text, stop);
+            if (hit && hit - full.text >= 4)
+                break;
+        }
+        const char *stops[] = {"never-in-the-answer", stop};
+        s.stop = stops;
+        s.n_stop = 2;
+        st = one_turn(e, "cut", turns[0].prompt, (size_t)turns[0].n_prompt, &s, &cut);
+    }
+    const char *first = st == PV_OK ? strstr(full.text, stop) : NULL;
+    size_t expect = first ? (size_t)(first - full.text) : 0;
+    ok(st == PV_OK && first && cut.n == expect && memcmp(cut.text, full.text, expect) == 0 &&
+           cut.res.finish == PV_FINISH_STOP && !strstr(cut.text, stop),
+       "a stop string ends the answer before it (%zu of %zu bytes streamed, finish %s)", cut.n, full.n,
+       pv_finish_reason_name(cut.res.finish));
+    pv_engine_free(e);
+
+    /* Idle timeout on an injected clock. */
+    ec.idle_timeout_s = 10;
+    ec.clock = fake_clock;
+    fake_now = 100;
+    s.stop = NULL;
+    s.n_stop = 0;
+    s.max_tokens = 3;
+    size_t tokens = 0;
+    if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) == PV_OK)
+        st = one_turn(e, "idle", turns[0].prompt, 5, &s, &full);
+    fake_now = 105;
+    pv_engine_step(e, NULL);
+    int kept = pv_engine_session_tokens(e, "idle", &tokens) == PV_OK && tokens == 8;
+    fake_now = 111;
+    pv_engine_step(e, NULL);
+    pv_engine_stats es;
+    pv_engine_stats_get(e, &es);
+    pv_cache_stats cs;
+    pv_cache_stats_get(pv_engine_cache(e), &cs);
+    ok(st == PV_OK && kept && pv_engine_session_tokens(e, "idle", &tokens) == PV_ERR_NOT_FOUND &&
+           es.sessions_timed_out == 1 && cs.sessions == 0 && cs.used_bytes[PV_TIER_DEVICE] == 0,
+       "a session idle past the timeout is ended, its KV freed (kept at 5 s: %d)", kept);
+    pv_engine_free(e);
+    eu_model_free(&m);
+}
+
 /* ---- bad input ------------------------------------------------------------------ */
 
 static void bad_input(void)
@@ -320,6 +479,7 @@ int main(void)
         equivalence(backends[b], PV_F16);
     }
     partial_chunk_from_host();
+    sampling_and_stops();
     bad_input();
     return tap_done();
 }
