@@ -387,9 +387,15 @@ void pv_engine_free(pv_engine *e)
 {
     if (!e)
         return;
-    /* Requests still queued or running are abandoned without callbacks. */
-    for (size_t i = 0; i < e->n_running; i++)
+    /* Requests still queued or running are abandoned without callbacks;
+     * copies in flight land before their buffers go. */
+    for (size_t i = 0; i < e->n_running; i++) {
+        if (e->running[i]->layer_ready || e->running[i]->n_swap_in)
+            pv_engine_swap_in_finish(e, e->running[i]);
         pv_engine_request_free(e->running[i]);
+    }
+    if (e->be)
+        pv_backend_finish(e->be);
     for (pv_request *r = e->wait_head, *next; r; r = next) {
         next = r->next;
         pv_engine_request_free(r);
