@@ -466,6 +466,16 @@ static void bad_input(void)
        (int)rr[2].status);
     ok(pv_engine_pending(e) == 0 && pv_engine_check(e) == PV_OK && pv_engine_end_session(e, "big") == PV_OK,
        "nothing stays queued; invariants hold; the session can be ended");
+    /* Freed mid-turn: one running, one queued (LeakSanitizer checks the rest). */
+    eu_result r1, r2;
+    memset(&r1, 0, sizeof r1);
+    memset(&r2, 0, sizeof r2);
+    pv_turn_callbacks c1 = {eu_on_token, eu_on_done, &r1}, c2 = {eu_on_token, eu_on_done, &r2};
+    t.n_tokens = 20;
+    t.sampling.max_tokens = 8;
+    int mid = pv_engine_submit(e, "x", &t, &c1, NULL) == PV_OK && pv_engine_step(e, NULL) == PV_OK &&
+              pv_engine_submit(e, "y", &t, &c2, NULL) == PV_OK && pv_engine_pending(e) == 2;
+    ok(mid && r1.done == 0 && r2.done == 0, "an engine with a turn running and one queued");
     pv_engine_free(e);
     pv_engine_free(NULL);
     eu_model_free(&m);
