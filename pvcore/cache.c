@@ -682,21 +682,32 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
     return PV_OK;
 }
 
+/* The record of (chunk, layer), or NULL for a chunk never stored. */
+static pv_status find_record(const pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                             const char *fn, const pv_chunk_rec **rec)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, fn, &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, fn, chunk, layer)) != PV_OK)
+        return st;
+    const pv_session *s = &cache->sessions[h];
+    *rec = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
+    return PV_OK;
+}
+
 pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
                           pv_tier *tier, uint32_t *slot)
 {
-    uint32_t h;
-    pv_status st = find_session(cache, id, "pv_cache_lookup", &h);
+    const pv_chunk_rec *r;
+    pv_status st = find_record(cache, id, chunk, layer, "pv_cache_lookup", &r);
     if (st != PV_OK)
-        return st;
-    if ((st = check_chunk_args(cache, "pv_cache_lookup", chunk, layer)) != PV_OK)
         return st;
     if (!tier)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_lookup: tier is NULL");
-    const pv_session *s = &cache->sessions[h];
     pv_tier where = PV_TIER_NONE;
     uint32_t at = PV_NONE32;
-    const pv_chunk_rec *r = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
     if (r) {
         where = (pv_tier)r->tier;
         at = r->slot;
@@ -714,6 +725,23 @@ pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk, uint3
     *tier = where;
     if (slot)
         *slot = at;
+    return PV_OK;
+}
+
+pv_status pv_cache_peek(const pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                        pv_tier *tier, uint32_t *slot, uint32_t *shadow_slot)
+{
+    const pv_chunk_rec *r;
+    pv_status st = find_record(cache, id, chunk, layer, "pv_cache_peek", &r);
+    if (st != PV_OK)
+        return st;
+    if (!tier)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_peek: tier is NULL");
+    *tier = r ? (pv_tier)r->tier : PV_TIER_NONE;
+    if (slot)
+        *slot = r && r->tier < PV_SLOT_TIERS ? r->slot : UINT32_MAX;
+    if (shadow_slot)
+        *shadow_slot = r && r->shadowed ? pv_rec_shadow(cache, r) : UINT32_MAX;
     return PV_OK;
 }
 

@@ -301,6 +301,9 @@ static void null_arguments(void)
     NULL_CASE(pv_cache_lookup(NULL, "s", 0, 0, &tier, NULL));
     NULL_CASE(pv_cache_lookup(cache, NULL, 0, 0, &tier, NULL));
     NULL_CASE(pv_cache_lookup(cache, "s", 0, 0, NULL, NULL));
+    NULL_CASE(pv_cache_peek(NULL, "s", 0, 0, &tier, NULL, NULL));
+    NULL_CASE(pv_cache_peek(cache, NULL, 0, 0, &tier, NULL, NULL));
+    NULL_CASE(pv_cache_peek(cache, "s", 0, 0, NULL, NULL, NULL));
     NULL_CASE(pv_cache_retention_value(NULL, "s", 0, 0, &v));
     NULL_CASE(pv_cache_retention_value(cache, NULL, 0, 0, &v));
     NULL_CASE(pv_cache_retention_value(cache, "s", 0, 0, NULL));
@@ -451,8 +454,49 @@ static void concurrent_loads(void)
     unlink(ld[1].path);
 }
 
+/* pv_cache_peek tells a shadowed chunk from a device one and counts no hit. */
+static void peek(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = test_cache(PV_POLICY_PENSIEVE, 1, 4, 4, &clk);
+    uint32_t slot;
+    pv_tier tier;
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    pv_cache_session_open(cache, "s");
+    for (uint32_t c = 0; c < 4; c++)
+        pv_cache_store_chunk(cache, "s", c, 0, PV_TIER_DEVICE, &slot);
+    clk.now = 10;
+    /* 4 of 4 device slots used, above the high-water mark: chunk 0 copies out. */
+    pv_status st = pv_cache_plan_swap_out(cache, 1, &plan);
+    if (st == PV_OK && plan.n_moves == 1)
+        st = pv_cache_complete(cache, plan.moves, 1);
+    pv_cache_stats before, after;
+    pv_cache_stats_get(cache, &before);
+    pv_tier t0 = PV_TIER_NONE, t1 = PV_TIER_NONE, t9 = PV_TIER_DEVICE;
+    uint32_t s0 = 0, sh0 = 0, s1 = 0, sh1 = 0;
+    if (st == PV_OK)
+        st = pv_cache_peek(cache, "s", 0, 0, &t0, &s0, &sh0);
+    if (st == PV_OK)
+        st = pv_cache_peek(cache, "s", 1, 0, &t1, &s1, &sh1);
+    if (st == PV_OK)
+        st = pv_cache_peek(cache, "s", 9, 0, &t9, NULL, NULL);
+    pv_cache_stats_get(cache, &after);
+    ok(st == PV_OK && plan.n_moves == 1 && t0 == PV_TIER_HOST && s0 != UINT32_MAX && sh0 != UINT32_MAX &&
+           t1 == PV_TIER_DEVICE && sh1 == UINT32_MAX && t9 == PV_TIER_NONE,
+       "peek: a shadowed chunk is HOST with its shadow slot, a device chunk DEVICE, a missing one NONE "
+       "(%s; %zu moves; chunk 0 %s slot %u shadow %u, chunk 1 %s, chunk 9 %s)", st == PV_OK ? "ok" : pv_last_error(),
+       plan.n_moves, pv_tier_name(t0), s0, sh0, pv_tier_name(t1), pv_tier_name(t9));
+    ok(memcmp(&before, &after, sizeof before) == 0, "peek counts no hit or miss");
+    st = pv_cache_lookup(cache, "s", 0, 0, &tier, &slot);
+    ok(st == PV_OK && tier == PV_TIER_DEVICE && slot == sh0, "lookup reads the same chunk at its shadow");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
+    peek();
     concurrent_loads();
     sparse_index();
     null_arguments();

@@ -181,6 +181,14 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk,
 pv_status pv_cache_lookup(pv_cache *cache, const char *id, uint32_t chunk,
                           uint32_t layer, pv_tier *tier, uint32_t *slot);
 
+/* Where a chunk is, for views and checks: like pv_cache_lookup but
+ * counting nothing. *tier is the chunk's own tier (HOST for a chunk whose
+ * DEVICE shadow is still held), PV_TIER_NONE if never stored; *slot (may be
+ * NULL) its slot in DEVICE or HOST, else UINT32_MAX; *shadow_slot (may be
+ * NULL) the shadow's DEVICE slot, else UINT32_MAX. */
+pv_status pv_cache_peek(const pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                        pv_tier *tier, uint32_t *slot, uint32_t *shadow_slot);
+
 /* The chunk's retention value now (INFINITY when idle time is zero). */
 pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chunk,
                                    uint32_t layer, double *value);
