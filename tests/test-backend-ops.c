@@ -945,6 +945,9 @@ static void run_all(ctx *c)
         {1, 1, 1, 0, 0, 0}, {7, 13, 5, 1, 0, 3}, {33, 64, 17, 0, 1, 1}, {64, 31, 128, 1, 1, 0}, {128, 96, 200, 0, 0, 5},
         /* one row: a decode step, which the CPU backend runs as GEMV */
         {1, 96, 200, 0, 1, 3}, {1, 50, 70, 1, 0, 2}, {1, 33, 17, 1, 1, 0}, {1, 40, 24, 0, 0, 1},
+        /* a decode batch against weights [n][k]: the CPU's small-m kernel
+         * (even and odd row counts, padded leading dimensions) */
+        {2, 96, 200, 0, 1, 3}, {3, 36, 48, 0, 1, 0}, {16, 192, 64, 0, 1, 2}, {32, 40, 576, 0, 1, 1},
     };
     for (size_t i = 0; i < sizeof gemms / sizeof gemms[0]; i++) {
         check_gemm(c, &gemms[i], PV_F32);

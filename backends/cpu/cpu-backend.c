@@ -204,6 +204,10 @@ static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
     const float *A = pv_cpu_elem_ptr(a->a, a->a_off, sizeof(float));
     const float *B = pv_cpu_elem_ptr(a->b, a->b_off, sizeof(float));
     float *C = pv_cpu_elem_ptr(a->c, a->c_off, sizeof(float));
+    /* A decode batch against weights stored [n][k]: sgemm would pack all of
+     * B on every call, which costs as much as the products at a few rows. */
+    if (pv_cpu_gemm_small(a, A, B, C))
+        return PV_OK;
     /* One row of C (a decode step) is a matrix-vector product: sgemm would
      * first pack all of B, doubling the memory traffic that bounds decode. */
     if (a->m == 1 && a->k > 0) {

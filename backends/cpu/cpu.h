@@ -24,6 +24,12 @@ static inline int pv_cpu_thread_id(void) { return 0; }
 
 extern const pv_backend_ops pv_cpu_backend_ops;
 
+/* C = alpha * A B^T + beta * C for 2..PV_CPU_SMALL_M rows of A against
+ * weights B stored [n][k] (decode-sized linear layers; cpu-gemm-small.c).
+ * Returns 0, doing nothing, for any other shape: the caller uses BLAS then. */
+#define PV_CPU_SMALL_M 32
+int pv_cpu_gemm_small(const pv_gemm_args *a, const float *A, const float *B, float *C);
+
 /* Paged KV: attention over the slot pool and writes of new K/V rows
  * (cpu-attention.c). */
 pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a);
