@@ -86,10 +86,10 @@ static void gguf_seeds(void)
 {
     pv_gguf_writer w;
     if (pv_gguf_writer_init(&w, 3, 0) != PV_OK)
-        die("empty.gguf", pv_last_error());
-    put_writer("empty.gguf", &w);
-    gguf_all_types("types-v3.gguf", 3, 0);
-    gguf_all_types("types-v2-align64.gguf", 2, 64);
+        die("empty", pv_last_error());
+    put_writer("empty", &w);
+    gguf_all_types("types-v3", 3, 0);
+    gguf_all_types("types-v2-align64", 2, 64);
 
     /* A whole (tiny) model: hyperparameters, vocabulary, merges, template. */
     pv_synth_config c;
@@ -103,8 +103,8 @@ static void gguf_seeds(void)
     uint8_t *img;
     uint64_t size;
     if (pv_synth_to_memory(&c, &img, &size) != PV_OK)
-        die("synth.gguf", pv_last_error());
-    put("gguf", "synth.gguf", img, (size_t)size);
+        die("synth", pv_last_error());
+    put("gguf", "synth", img, (size_t)size);
     free(img);
 }
 
