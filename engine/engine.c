@@ -457,7 +457,7 @@ void pv_engine_request_free(pv_request *r)
     for (size_t i = 0; i < r->sampling.n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
-    pv_ivec_free(&r->todo);
+    pv_ivec_free(&r->feed);
     free(r->slots);
     free(r->layer_ready);
     free(r->swap_in);
@@ -516,21 +516,21 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     }
     /* The turn's input: tokens decided earlier but not yet run, then the
      * new prompt. */
-    if ((st = pv_ivec_append(&r->todo, s->pending.v, s->pending.n)) != PV_OK)
+    if ((st = pv_ivec_append(&r->feed, s->pending.v, s->pending.n)) != PV_OK)
         goto fail;
     if (turn->n_tokens)
-        st = pv_ivec_append(&r->todo, turn->tokens, turn->n_tokens);
+        st = pv_ivec_append(&r->feed, turn->tokens, turn->n_tokens);
     else
-        st = pv_engine_render_turn(e, s, turn, &r->todo);
+        st = pv_engine_render_turn(e, s, turn, &r->feed);
     if (st != PV_OK)
         goto fail;
     /* One token at least must fit after the prompt. */
-    uint64_t total = (uint64_t)s->history.n + r->todo.n;
+    uint64_t total = (uint64_t)s->history.n + r->feed.n;
     if (total + 1 > e->n_ctx) {
         st = pv_error(PV_ERR_INVALID_ARG,
                       "pv_engine_submit: session \"%.64s\": %zu tokens of history + %zu of this turn "
                       "leave no room to generate within the model's context of %u tokens",
-                      session, s->history.n, r->todo.n, e->n_ctx);
+                      session, s->history.n, r->feed.n, e->n_ctx);
         goto fail;
     }
     if (cb)
@@ -541,7 +541,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     r->t_submit = pv_engine_now(e);
     r->result.request_id = r->id;
     r->result.context_tokens = (uint32_t)s->history.n;
-    r->result.new_tokens = (uint32_t)r->todo.n;
+    r->result.new_tokens = (uint32_t)r->feed.n;
     s->request = r;
     s->last_active = r->t_submit;
     if (e->wait_tail)

@@ -58,10 +58,10 @@ struct pv_request {
     /* Tokens still to run through the model at positions from the
      * session's history length on: the turn's prompt, then each sampled
      * token in turn. */
-    pv_ivec todo;
-    size_t todo_done;       /* of todo, already forwarded */
+    pv_ivec feed;
+    size_t fed;             /* of feed, already forwarded */
     /* Recovery: history[0, recompute) run again at positions 0.. before
-     * todo; recompute_done of them forwarded. */
+     * feed; recompute_done of them forwarded. */
     uint32_t recompute, recompute_done;
     /* DEVICE slots of this request's context: [n_layers][cap_chunks],
      * -1 = none yet. */

@@ -3,7 +3,7 @@
  *
  * A running request's work is a list of tokens to run at explicit
  * positions: first the history it must recompute (positions 0..R-1, the
- * session's dropped leading chunks), then its todo list (the new prompt,
+ * session's dropped leading chunks), then its feed list (the new prompt,
  * then each sampled token) from the history's end on. One iteration takes
  * one token from every request with a single token left (decode), then
  * prefill pieces first come first served until the token budget is spent,
@@ -162,7 +162,7 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
     if (R > H)
         R = H;
     const uint32_t L = e->n_layers, Rc = div_up(R, e->chunk_tokens), Hc = div_up(H, e->chunk_tokens);
-    const uint32_t end_chunks = div_up(H + (r->todo.n - r->todo_done), e->chunk_tokens);
+    const uint32_t end_chunks = div_up(H + (r->feed.n - r->fed), e->chunk_tokens);
     /* New DEVICE slots: recomputed chunks, host chunks to swap in (those
      * with a device shadow are read there), chunks of the new tokens. */
     uint64_t need = (uint64_t)Rc * L + (view.records[PV_TIER_HOST] - view.shadows) +
@@ -294,7 +294,7 @@ static void end_turn(pv_engine *e, pv_request *r, pv_status status)
     pv_esession *s = r->session;
     /* Tokens decided but not run stay for the next turn. */
     s->pending.n = 0;
-    pv_status st = pv_ivec_append(&s->pending, r->todo.v + r->todo_done, r->todo.n - r->todo_done);
+    pv_status st = pv_ivec_append(&s->pending, r->feed.v + r->fed, r->feed.n - r->fed);
     if (status == PV_OK && st != PV_OK)
         status = st;
     s->request = NULL;
@@ -417,14 +417,14 @@ static pv_status wait_layer(void *ctx, uint32_t layer)
 
 static uint64_t work_left(const pv_request *r)
 {
-    return (uint64_t)(r->recompute - r->recompute_done) + (r->todo.n - r->todo_done);
+    return (uint64_t)(r->recompute - r->recompute_done) + (r->feed.n - r->fed);
 }
 
 /* Appends `take` tokens of r to the batch, with DEVICE slots for them. */
 static pv_status add_piece(pv_engine *e, pv_request *r, uint32_t take, size_t *n_tok)
 {
     const pv_esession *s = r->session;
-    uint32_t rec = r->recompute_done, todo = (uint32_t)r->todo_done;
+    uint32_t rec = r->recompute_done, feed = (uint32_t)r->fed;
     for (uint32_t k = 0; k < take; k++) {
         uint64_t pos;
         int32_t token;
@@ -432,8 +432,8 @@ static pv_status add_piece(pv_engine *e, pv_request *r, uint32_t take, size_t *n
             pos = rec;
             token = s->history.v[rec++];
         } else {
-            pos = s->history.n + (todo - r->todo_done);
-            token = r->todo.v[todo++];
+            pos = s->history.n + (feed - r->fed);
+            token = r->feed.v[feed++];
         }
         /* Recomputed chunks have their slots from admission. */
         if (pos >= r->recompute) {
@@ -543,11 +543,11 @@ static pv_status advance(pv_engine *e, size_t n_seqs, const uint32_t *take_of)
             rec = take;
         r->recompute_done += rec;
         e->stats.recomputed_tokens += rec;
-        size_t from = r->todo_done, n = take - rec;
-        pv_status st = pv_ivec_append(&s->history, r->todo.v + from, n);
+        size_t from = r->fed, n = take - rec;
+        pv_status st = pv_ivec_append(&s->history, r->feed.v + from, n);
         if (st != PV_OK)
             return st;
-        r->todo_done += n;
+        r->fed += n;
         if (take == 1 && rec == 0 && r->generated > 0)
             e->stats.decode_tokens++;
         else
@@ -573,7 +573,7 @@ static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
         r->t_first = now;
     r->t_last = now;
     r->generated++;
-    pv_status st = pv_ivec_push(&r->todo, token); /* run next, or pending */
+    pv_status st = pv_ivec_push(&r->feed, token); /* run next, or pending */
     if (st != PV_OK)
         return st;
     int stopped = 0;
