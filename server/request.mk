@@ -1,0 +1,2 @@
+# The request parser (server/request.h).
+noinst_HEADERS += server/request.h
