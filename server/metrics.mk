@@ -1,2 +1,3 @@
 # Metrics and their Prometheus exposition (server/metrics.h).
 noinst_HEADERS += server/metrics.h
+server_libpvserver_la_SOURCES += server/metrics.c

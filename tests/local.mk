@@ -8,3 +8,4 @@ include tests/integration.mk
 include tests/engine.mk
 include tests/fuzz/local.mk
 include tests/chat.mk
+include tests/serve-metrics.mk
