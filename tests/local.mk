@@ -9,3 +9,4 @@ include tests/engine.mk
 include tests/fuzz/local.mk
 include tests/chat.mk
 include tests/serve-metrics.mk
+include tests/serve-openai.mk
