@@ -394,6 +394,111 @@ pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_
     return PV_OK;
 }
 
+/* One past the highest chunk below end that holds a record in some tier,
+ * or 0. Missing blocks and pages are skipped whole, so the walk costs the
+ * session's page table, not the chunk indices. */
+static uint32_t stored_end(const pv_cache *cache, const pv_session *s, uint32_t end)
+{
+    while (end > 0) {
+        uint32_t c = end - 1, b = c >> PV_BLOCK_SHIFT;
+        if (b >= s->n_blocks || !s->index[b]) {
+            end = b << PV_BLOCK_SHIFT;
+            continue;
+        }
+        const pv_chunk_rec *page = s->index[b][(c >> PV_PAGE_SHIFT) % PV_BLOCK_PAGES];
+        if (!page) {
+            end = c & ~(PV_PAGE_CHUNKS - 1);
+            continue;
+        }
+        for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+            if (page[(size_t)(c % PV_PAGE_CHUNKS) * cache->cfg.n_layers + l].tier != PV_TIER_NONE)
+                return end;
+        end = c;
+    }
+    return 0;
+}
+
+/* Frees the index pages wholly at or past s->n_chunks (they hold no record
+ * any more) and the blocks left without a page, so the index follows the
+ * chunks held after a truncation too. */
+static void index_trim(pv_session *s)
+{
+    uint32_t first_page = (s->n_chunks + PV_PAGE_CHUNKS - 1) >> PV_PAGE_SHIFT;
+    uint32_t n_blocks = (first_page + PV_BLOCK_PAGES - 1) / PV_BLOCK_PAGES;
+    for (uint32_t b = first_page / PV_BLOCK_PAGES; b < s->n_blocks; b++) {
+        if (!s->index[b])
+            continue;
+        uint32_t p = b == first_page / PV_BLOCK_PAGES ? first_page % PV_BLOCK_PAGES : 0;
+        for (; p < PV_BLOCK_PAGES; p++) {
+            free(s->index[b][p]);
+            s->index[b][p] = NULL;
+        }
+        if (b >= n_blocks) {
+            free(s->index[b]);
+            s->index[b] = NULL;
+        }
+    }
+    if (n_blocks == 0) {
+        free(s->index);
+        s->index = NULL;
+    } else if (n_blocks < s->n_blocks) {
+        /* A shrink that fails keeps the longer directory, still valid;
+         * pv_index_ensure regrows it and clears the new entries. */
+        pv_chunk_rec ***index = realloc(s->index, (size_t)n_blocks * sizeof *index);
+        if (index)
+            s->index = index;
+    }
+    s->n_blocks = n_blocks;
+}
+
+pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_tokens)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_truncate", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (n_tokens >= s->n_tokens)
+        return PV_OK;
+    if (s->pins)
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_session_truncate: session \"%.64s\" is pinned %u times; cutting its "
+                        "history to %u of %zu tokens waits for the unpin",
+                        id, s->pins, n_tokens, s->n_tokens);
+    uint32_t ct = cache->cfg.chunk_tokens;
+    /* Chunks from `keep` on hold no kept token. */
+    uint32_t keep = n_tokens / ct + (n_tokens % ct != 0);
+    uint32_t old_end = s->n_chunks;
+    if (keep > old_end)
+        keep = old_end;
+    /* Refuse before changing anything: a copy in flight holds both slots. */
+    if (s->copy_src[PV_TIER_DEVICE] || s->copy_src[PV_TIER_HOST])
+        for (uint32_t c = pv_chunk_next_below(s, keep, old_end); c < old_end;
+             c = pv_chunk_next_below(s, c + 1, old_end))
+            for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+                if (pv_rec(cache, s, c, l)->copying)
+                    return pv_error(PV_ERR_BUSY,
+                                    "pv_cache_session_truncate: chunk %u layer %u of \"%.64s\" is "
+                                    "under copy, past the cut at token %u (chunks from %u go); "
+                                    "complete or abort the copy first",
+                                    c, l, id, n_tokens, keep);
+    /* Leads are found below n_chunks: lowered first, a freed lead finds no
+     * successor in the chunks being freed (O(1) instead of a scan). */
+    s->n_chunks = keep;
+    for (uint32_t c = pv_chunk_next_below(s, keep, old_end); c < old_end;
+         c = pv_chunk_next_below(s, c + 1, old_end))
+        for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+            pv_rec_exit(cache, s, c, l);
+    s->n_chunks = stored_end(cache, s, keep);
+    index_trim(s);
+    s->n_tokens = n_tokens;
+    if (s->committed_tokens > n_tokens)
+        s->committed_tokens = n_tokens;
+    /* The weighted policy's costs follow n_chunks: frontiers are redone. */
+    pv_session_refresh(cache, s);
+    return PV_OK;
+}
+
 pv_status pv_cache_append_tokens(pv_cache *cache, const char *id, const int32_t *tokens,
                                  size_t n_tokens)
 {

@@ -137,6 +137,17 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
             }
         }
     }
+    /* n_chunks is the highest chunk holding a record + 1 (the view's count,
+     * the weighted policy's position weight). */
+    if (s->n_chunks) {
+        const pv_chunk_rec *last = pv_rec(cache, s, s->n_chunks - 1, 0);
+        uint32_t l = 0;
+        while (last && l < n_layers && last[l].tier == PV_TIER_NONE)
+            l++;
+        if (!last || l == n_layers)
+            FAIL("session index", "session \"%s\": n_chunks %u but chunk %u holds no record", s->id,
+                 s->n_chunks, s->n_chunks - 1);
+    }
     for (int t = 0; t < 3; t++) {
         if (count[t] != s->records[t])
             FAIL("record counters", "session \"%s\": %u %s records counted, counter says %u", s->id, count[t],

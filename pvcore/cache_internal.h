@@ -129,12 +129,10 @@ static inline pv_chunk_rec *pv_rec(const pv_cache *cache, const pv_session *s,
     return &page[(size_t)(chunk % PV_PAGE_CHUNKS) * cache->cfg.n_layers + layer];
 }
 
-/* The first chunk index >= chunk below s->n_chunks whose page exists, or
- * s->n_chunks: loops over a session's chunks skip the holes with
- *   for (c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) */
-static inline uint32_t pv_chunk_next(const pv_session *s, uint32_t chunk)
+/* The first chunk index >= chunk below end whose page exists, or end. */
+static inline uint32_t pv_chunk_next_below(const pv_session *s, uint32_t chunk, uint32_t end)
 {
-    while (chunk < s->n_chunks) {
+    while (chunk < end) {
         uint32_t b = chunk >> PV_BLOCK_SHIFT;
         if (b >= s->n_blocks)
             break;
@@ -145,7 +143,15 @@ static inline uint32_t pv_chunk_next(const pv_session *s, uint32_t chunk)
         else
             return chunk;
     }
-    return s->n_chunks;
+    return end;
+}
+
+/* The first chunk index >= chunk below s->n_chunks whose page exists, or
+ * s->n_chunks: loops over a session's chunks skip the holes with
+ *   for (c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) */
+static inline uint32_t pv_chunk_next(const pv_session *s, uint32_t chunk)
+{
+    return pv_chunk_next_below(s, chunk, s->n_chunks);
 }
 
 /* The DEVICE shadow slot of a record, or PV_NONE32. */

@@ -2,7 +2,8 @@
  * sessions with small budgets, so every path runs (evictions both ways,
  * drops, two-phase copies, pins, ends, errors, and the device shadows that
  * completed ahead-of-time copies leave: hit, reclaimed by evictions and
- * stores, invalidated by stores, drops and ends). After EVERY operation
+ * stores, invalidated by stores, drops, ends and truncations) and the
+ * truncations of edited turns. After EVERY operation
  * pv_cache_check() must pass and the whole state must match a shadow model
  * (where each chunk should be, which device shadows are held, which calls
  * must fail and how). The model has its own copy of the eviction policy
@@ -21,6 +22,7 @@
 enum {
     NAMES = 240,       /* session ids drawn from s000..s239 */
     CHUNKS = 4,
+    CHUNK_TOKENS = 4,
     LAYERS = 2,
     DEVICE_SLOTS = 48,
     HOST_SLOTS = 64,
@@ -51,14 +53,20 @@ typedef struct shadow_session {
     uint8_t copying[CHUNKS][LAYERS];
     uint8_t dev_copy[CHUNKS][LAYERS]; /* a HOST chunk's device shadow is held */
     size_t n_tokens;
+    uint32_t committed;   /* from the last save, capped by truncations */
     double last_active;   /* open, touch, pin, unpin and save set it */
     uint32_t n_chunks;    /* highest chunk index stored + 1 (weighted cost) */
 } shadow_session;
 
 /* How device shadows came and went, so the run can show every path ran. */
 static struct {
-    uint64_t made, reclaimed_by_plan, reclaimed_by_store, replaced, dropped, ended;
+    uint64_t made, reclaimed_by_plan, reclaimed_by_store, replaced, dropped, ended, truncated;
 } dev_copies;
+
+/* How truncations went: records freed, refusals by reason, no-ops. */
+static struct {
+    uint64_t records, emptied, busy_pinned, busy_copy, noop;
+} cuts;
 
 static shadow_session shadow[NAMES];
 static uint8_t touched[NAMES]; /* sessions an operation changed, compared chunk by chunk */
@@ -418,6 +426,59 @@ static pv_status model_swap_in(int s)
     return PV_OK;
 }
 
+/* pv_cache_session_truncate as cache.h states it: the status it must
+ * return, and the model's state after it. Chunk c keeps its records iff it
+ * holds a kept token (c * chunk_tokens < n). */
+static pv_status model_truncate(int s, uint32_t n)
+{
+    shadow_session *m = &shadow[s];
+    if (!m->live)
+        return PV_ERR_NOT_FOUND;
+    if (n >= m->n_tokens) {
+        cuts.noop++;
+        return PV_OK;
+    }
+    if (m->pins) {
+        cuts.busy_pinned++;
+        return PV_ERR_BUSY;
+    }
+    for (uint32_t c = 0; c < CHUNKS; c++)
+        for (uint32_t l = 0; l < LAYERS; l++)
+            if ((uint64_t)c * model_cfg.chunk_tokens >= n && m->copying[c][l]) {
+                cuts.busy_copy++;
+                return PV_ERR_BUSY;
+            }
+    m->n_chunks = 0;
+    for (uint32_t c = 0; c < CHUNKS; c++)
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            if ((uint64_t)c * model_cfg.chunk_tokens >= n) {
+                cuts.records += m->tier[c][l] != PV_TIER_NONE;
+                dev_copies.truncated += m->dev_copy[c][l];
+                m->tier[c][l] = PV_TIER_NONE;
+                m->dev_copy[c][l] = 0;
+            } else if (m->tier[c][l] != PV_TIER_NONE) {
+                m->n_chunks = c + 1;
+            }
+        }
+    cuts.emptied += n == 0;
+    m->n_tokens = n;
+    if (m->committed > n)
+        m->committed = n;
+    return PV_OK;
+}
+
+/* The view's recompute_tokens: through the last chunk with a dropped
+ * layer, capped at the history. */
+static uint32_t model_recompute(int s)
+{
+    uint64_t through = 0;
+    for (uint32_t c = 0; c < CHUNKS; c++)
+        for (uint32_t l = 0; l < LAYERS; l++)
+            if (shadow[s].tier[c][l] == PV_TIER_DROPPED)
+                through = (uint64_t)(c + 1) * model_cfg.chunk_tokens;
+    return (uint32_t)(through < shadow[s].n_tokens ? through : shadow[s].n_tokens);
+}
+
 static uint32_t shadow_count(pv_tier tier, int with_reserved)
 {
     uint32_t n = 0;
@@ -469,6 +530,9 @@ static void compare_all(pv_cache *cache, uint64_t op, int full)
             memcmp(view.records, records, sizeof records) != 0 || view.pins != shadow[s].pins ||
             view.last_active != shadow[s].last_active)
             fail(op, "a session's records, shadows, bytes, pins or activity differ from the model's");
+        else if (view.n_tokens != shadow[s].n_tokens || view.committed_tokens != shadow[s].committed ||
+                 view.n_chunks != shadow[s].n_chunks || view.recompute_tokens != model_recompute(s))
+            fail(op, "a session's history, committed tokens, chunk count or recompute differ from the model's");
         used[PV_TIER_DEVICE] += want[PV_TIER_DEVICE];
         used[PV_TIER_HOST] += want[PV_TIER_HOST];
         held += shadows;
@@ -538,14 +602,19 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
     if (pick(4))
         clk->now += (double)(1 + pick(1000)) / 1000.0;
     pv_cache_plan_clear(plan);
-    int kind = (int)pick(22);
-    if (kind >= 3 && kind <= 7 && pick(4) == 0) {
-        /* Shadows are reclaimed soon: aim some stores and ends at them. */
+    int kind = (int)pick(24);
+    if (((kind >= 3 && kind <= 7) || kind >= 22) && pick(4) == 0) {
+        /* Shadows are reclaimed soon: aim some stores, ends and cuts at them. */
         int with = find_dev_copy(&c, &l);
         if (with >= 0) {
             s = with;
             id = names[s];
         }
+    }
+    if (kind >= 22 && n_inflight > 0 && pick(4) == 0) {
+        /* A cut through a copy in flight must be refused: aim some there. */
+        s = name_index(cache, inflight[pick((uint32_t)n_inflight)].session);
+        id = names[s];
     }
     touched[s] = 1;
     switch (kind) {
@@ -721,8 +790,10 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
             st = pv_cache_session_save(cache, id, committed);
             if (st != (committed <= shadow[s].n_tokens ? PV_OK : PV_ERR_INVALID_ARG))
                 fail(op, "save status");
-            if (st == PV_OK)
+            if (st == PV_OK) {
                 shadow[s].last_active = clk->now;
+                shadow[s].committed = committed;
+            }
             pv_cache_session_restore(cache, id, &a);
             pv_cache_session_restore(cache, id, &b);
             if (!same_view(&a, &b))
@@ -741,6 +812,25 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
             fail(op, "the session chosen for suspension is not the newest pinned one");
         pv_cache_admission adm;
         pv_cache_admit(cache, pick(DEVICE_SLOTS / 2), &adm);
+        break;
+    }
+    case 22: case 23: {
+        /* An edited turn: half the time the history first grows to cover
+         * every chunk the model tracks, so most cuts free something; a
+         * quarter of the cuts fall at or past the history's end. */
+        uint32_t span = CHUNKS * CHUNK_TOKENS;
+        if (shadow[s].live && shadow[s].n_tokens < span && pick(2)) {
+            int32_t tokens[CHUNKS * CHUNK_TOKENS] = {0};
+            size_t n = span - shadow[s].n_tokens;
+            if (pv_cache_append_tokens(cache, id, tokens, n) != PV_OK)
+                fail(op, "append before a cut failed");
+            else
+                shadow[s].n_tokens += n;
+        }
+        uint32_t n = pick(4) ? pick(span + 1) : (uint32_t)shadow[s].n_tokens + pick(3);
+        st = pv_cache_session_truncate(cache, id, n);
+        if (st != model_truncate(s, n))
+            fail(op, "truncate status differs from the model's");
         break;
     }
     default:
@@ -774,7 +864,7 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
     pv_cache_config_defaults(&cfg);
     cfg.policy = policy;
     cfg.alpha = 1e-4;
-    cfg.chunk_tokens = 4;
+    cfg.chunk_tokens = CHUNK_TOKENS;
     cfg.n_layers = LAYERS;
     cfg.slot_bytes = TEST_SLOT_BYTES;
     cfg.device_bytes = DEVICE_SLOTS * TEST_SLOT_BYTES;
@@ -793,6 +883,7 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
     model_cfg = cfg;
     model_clock = &clk;
     memset(&dev_copies, 0, sizeof dev_copies);
+    memset(&cuts, 0, sizeof cuts);
     failures = 0;
     pv_cache_plan plan;
     pv_cache_plan_init(&plan);
@@ -809,15 +900,21 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
              stats.dropped_chunks, stats.recomputed_chunks, stats.swap_out_delayed);
     tap_diag("%s: device shadows made %" PRIu64 ", hit %" PRIu64 ", reclaimed by evictions %" PRIu64
              " and stores %" PRIu64 ", replaced by stores %" PRIu64 ", dropped %" PRIu64
-             ", ended %" PRIu64,
+             ", ended %" PRIu64 ", truncated %" PRIu64,
              pv_policy_name(policy), dev_copies.made, stats.shadow_hits, dev_copies.reclaimed_by_plan,
-             dev_copies.reclaimed_by_store, dev_copies.replaced, dev_copies.dropped, dev_copies.ended);
+             dev_copies.reclaimed_by_store, dev_copies.replaced, dev_copies.dropped, dev_copies.ended,
+             dev_copies.truncated);
+    tap_diag("%s: truncations freed %" PRIu64 " records, emptied %" PRIu64 " sessions; busy %" PRIu64
+             " pinned, %" PRIu64 " under copy; %" PRIu64 " no-ops",
+             pv_policy_name(policy), cuts.records, cuts.emptied, cuts.busy_pinned, cuts.busy_copy, cuts.noop);
     tap_diag("%s: %" PRIu64 " victims differed from the model's by a rounding-level near-tie",
              pv_policy_name(policy), near_ties);
     int every_path = stats.swap_out_chunks && stats.swap_in_chunks && stats.dropped_chunks &&
                      stats.recomputed_chunks && stats.swap_out_delayed && stats.shadow_hits &&
                      dev_copies.reclaimed_by_plan && dev_copies.reclaimed_by_store &&
-                     dev_copies.replaced && dev_copies.dropped && dev_copies.ended;
+                     dev_copies.replaced && dev_copies.dropped && dev_copies.ended &&
+                     dev_copies.truncated && cuts.records && cuts.emptied && cuts.busy_pinned &&
+                     cuts.busy_copy && cuts.noop;
     if (!every_path)
         tap_diag("some path never ran");
     /* End every session the shadow can end, then nothing may remain. */

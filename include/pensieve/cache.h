@@ -135,12 +135,28 @@ pv_status pv_cache_unpin(pv_cache *cache, const char *id);
  * history are in the cache; counts a turn and marks the session active. */
 pv_status pv_cache_session_save(pv_cache *cache, const char *id, uint32_t committed_tokens);
 
+/* An edited earlier turn or a regenerated answer: keeps the first n_tokens
+ * tokens of the history. Chunks wholly past them are freed in every tier
+ * (DEVICE and HOST slots, DROPPED records, DEVICE shadows), their slots free
+ * at once; the chunk holding token n_tokens - 1 stays where it is (its rows
+ * past the cut are stale and are overwritten as the history grows again).
+ * committed_tokens is capped at n_tokens. The view then has n_chunks = the
+ * highest chunk index still stored + 1 (0 when none is: n_tokens 0 empties
+ * the session, which stays open) and a recompute_tokens found from the
+ * records left (at most n_tokens); turns and idle time are unchanged.
+ * n_tokens at or past the history length changes nothing (PV_OK, pinned or
+ * not). PV_ERR_NOT_FOUND for an unknown session; PV_ERR_BUSY, changing
+ * nothing, while the session is pinned or a chunk to be freed is under copy
+ * (a two-phase move not yet completed or aborted). Costs the chunks freed
+ * and the session's page table, not the cache. */
+pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_tokens);
+
 typedef struct pv_session_view {
     const int32_t *tokens;      /* the history; valid until this session changes */
     size_t n_tokens;
     uint32_t committed_tokens;  /* from the last save */
     uint32_t turns;
-    uint32_t n_chunks;          /* chunk indices stored so far (highest + 1) */
+    uint32_t n_chunks;          /* highest chunk index stored (any tier) + 1 */
     uint32_t records[3];        /* (chunk, layer) records per DEVICE, HOST, DROPPED */
     uint32_t recompute_tokens;  /* leading tokens to recompute: through the last
                                  * chunk with a dropped layer, capped at the history */

@@ -259,6 +259,12 @@ static const char *one_op(state *s, input *in)
         (void)pv_cache_choose_suspend(s->cache, &victim);
         return "choose_suspend";
     }
+    case 23:
+        /* One byte of cut: histories grow by at most 16 tokens an op, so
+         * cuts inside, at and past their end all come up. */
+        id = take_id(in);
+        (void)pv_cache_session_truncate(s->cache, id, take(in));
+        return "session_truncate";
     default: {
         pv_cache_stats stats;
         pv_cache_stats_get(s->cache, &stats);
