@@ -9,6 +9,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +40,7 @@ const char *pv_finish_reason_name(pv_finish_reason r)
     case PV_FINISH_STOP: return "stop";
     case PV_FINISH_LENGTH: return "length";
     case PV_FINISH_ERROR: return "error";
+    case PV_FINISH_CANCELLED: return "cancelled";
     default: return "none";
     }
 }
@@ -201,6 +203,17 @@ static pv_status session_close_cache(pv_engine *e, pv_esession *s)
     return st;
 }
 
+pv_status pv_engine_forget_session(pv_engine *e, pv_esession *s)
+{
+    /* A swap-out in flight may hold chunks of it. */
+    pv_status st = pv_engine_swap_out_reap(e);
+    if (st == PV_OK)
+        st = session_close_cache(e, s);
+    if (st == PV_OK)
+        session_destroy(e, s);
+    return st;
+}
+
 pv_status pv_engine_end_session(pv_engine *e, const char *session)
 {
     if (!e || !session)
@@ -211,11 +224,7 @@ pv_status pv_engine_end_session(pv_engine *e, const char *session)
     if (s->request)
         return pv_error(PV_ERR_BUSY, "pv_engine_end_session: session \"%.64s\" has a turn queued or running",
                         session);
-    pv_status st = session_close_cache(e, s);
-    if (st != PV_OK)
-        return st;
-    session_destroy(e, s);
-    return PV_OK;
+    return pv_engine_forget_session(e, s);
 }
 
 pv_status pv_engine_session_tokens(const pv_engine *e, const char *session, size_t *n_tokens)
@@ -236,7 +245,8 @@ void pv_engine_foreach_session(const pv_engine *e, void (*fn)(void *user, const 
         return;
     for (size_t i = 0; i < e->n_buckets; i++)
         for (const pv_esession *s = e->buckets[i]; s; s = s->next_in_bucket)
-            fn(user, s->id);
+            if (!s->anonymous)
+                fn(user, s->id);
 }
 
 /* Sessions idle past the timeout end, at most once a second of clock. */
@@ -248,15 +258,14 @@ pv_status pv_engine_expire_idle(pv_engine *e)
     if (now - e->last_idle_scan < 1.0 && e->last_idle_scan != 0)
         return PV_OK;
     e->last_idle_scan = now;
+    pv_status st;
     for (size_t i = 0; i < e->n_buckets; i++)
         for (pv_esession *s = e->buckets[i], *next; s; s = next) {
             next = s->next_in_bucket;
             if (s->request || now - s->last_active < e->cfg.idle_timeout_s)
                 continue;
-            pv_status st = session_close_cache(e, s);
-            if (st != PV_OK)
+            if ((st = pv_engine_forget_session(e, s)) != PV_OK)
                 return st;
-            session_destroy(e, s);
             e->stats.sessions_timed_out++;
         }
     return PV_OK;
@@ -465,11 +474,43 @@ void pv_engine_request_free(pv_request *r)
     free(r);
 }
 
+/* A whole conversation against the session's history and pending tokens:
+ * keeps their longest common prefix (short of the conversation's last
+ * token, which must run for its logits), drops the rest in every tier, and
+ * leaves the conversation's remainder in feed. */
+static pv_status continue_conversation(pv_engine *e, pv_esession *s, const pv_ivec *conv, pv_ivec *feed)
+{
+    const size_t H = s->history.n, known = H + s->pending.n, limit = conv->n - 1;
+    size_t p = 0;
+    while (p < limit && p < known && conv->v[p] == (p < H ? s->history.v[p] : s->pending.v[p - H]))
+        p++;
+    if (p < H) {
+        if (s->opened) {
+            /* A swap-out in flight may hold chunks past the cut. */
+            pv_status st = pv_engine_swap_out_reap(e);
+            if (st == PV_OK)
+                st = pv_cache_session_truncate(e->cache, s->id, (uint32_t)p);
+            if (st != PV_OK)
+                return st;
+        }
+        s->history.n = p;
+    }
+    /* Pending tokens are the conversation's own from the history's end to
+     * the prefix: they run again as the start of the feed. */
+    s->pending.n = 0;
+    return pv_ivec_append(feed, conv->v + s->history.n, conv->n - s->history.n);
+}
+
 pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *turn,
                            const pv_turn_callbacks *cb, uint64_t *request_id)
 {
-    if (!e || !session || !turn)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: engine, session and turn must not be NULL");
+    if (!e || !turn)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: engine and turn must not be NULL");
+    char anonymous_id[32];
+    if (!session) {
+        snprintf(anonymous_id, sizeof anonymous_id, "\x1f%" PRIu64, e->next_request_id);
+        session = anonymous_id;
+    }
     size_t id_len = strlen(session);
     if (id_len == 0 || id_len > PV_SESSION_ID_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: session id of %zu bytes (1 to %d allowed)",
@@ -493,8 +534,10 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                         session);
 
     pv_esession *s = NULL;
+    pv_ivec conv = {0};
     if ((st = session_get(e, session, &s)) != PV_OK)
         return st;
+    s->anonymous = session == anonymous_id;
     pv_request *r = calloc(1, sizeof *r);
     if (!r) {
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: request");
@@ -514,16 +557,34 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                 goto fail;
             }
     }
-    /* The turn's input: tokens decided earlier but not yet run, then the
-     * new prompt. */
-    if ((st = pv_ivec_append(&r->feed, s->pending.v, s->pending.n)) != PV_OK)
-        goto fail;
-    if (turn->n_tokens)
-        st = pv_ivec_append(&r->feed, turn->tokens, turn->n_tokens);
-    else
-        st = pv_engine_render_turn(e, s, turn, &r->feed);
-    if (st != PV_OK)
-        goto fail;
+    if (turn->whole_conversation) {
+        if (turn->n_tokens)
+            st = pv_ivec_append(&conv, turn->tokens, turn->n_tokens);
+        else
+            st = pv_engine_render_turn(e, s, turn, &conv);
+        if (st != PV_OK)
+            goto fail;
+        if (conv.n + 1 > e->n_ctx) {
+            st = pv_error(PV_ERR_INVALID_ARG,
+                          "pv_engine_submit: session \"%.64s\": a conversation of %zu tokens leaves no room "
+                          "to generate within the model's context of %u tokens",
+                          session, conv.n, e->n_ctx);
+            goto fail;
+        }
+        if ((st = continue_conversation(e, s, &conv, &r->feed)) != PV_OK)
+            goto fail;
+    } else {
+        /* The turn's input: tokens decided earlier but not yet run, then
+         * the new prompt. */
+        if ((st = pv_ivec_append(&r->feed, s->pending.v, s->pending.n)) != PV_OK)
+            goto fail;
+        if (turn->n_tokens)
+            st = pv_ivec_append(&r->feed, turn->tokens, turn->n_tokens);
+        else
+            st = pv_engine_render_turn(e, s, turn, &r->feed);
+        if (st != PV_OK)
+            goto fail;
+    }
     /* One token at least must fit after the prompt. */
     uint64_t total = (uint64_t)s->history.n + r->feed.n;
     if (total + 1 > e->n_ctx) {
@@ -533,6 +594,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                       session, s->history.n, r->feed.n, e->n_ctx);
         goto fail;
     }
+    pv_ivec_free(&conv);
     if (cb)
         r->cb = *cb;
     r->id = e->next_request_id++;
@@ -554,6 +616,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
         *request_id = r->id;
     return PV_OK;
 fail:
+    pv_ivec_free(&conv);
     pv_engine_request_free(r);
     if (!existing && s)
         session_destroy(e, s);

@@ -31,6 +31,7 @@ typedef struct pv_esession {
     pv_ivec pending;
     int opened;            /* the cache knows it (stateless mode closes it after each turn) */
     int turns;
+    int anonymous;         /* a NULL-session turn's own: forgotten when it ends */
     double last_active;
     pv_request *request;   /* the turn queued or running, or NULL */
     struct pv_esession *next_in_bucket;
@@ -155,6 +156,7 @@ pv_status pv_engine_swap_in_finish(pv_engine *e, pv_request *r);
 pv_status pv_engine_copy_slot(pv_engine *e, pv_tier from, uint32_t from_slot, uint32_t to_slot);
 
 /* engine_text.c: chat rendering, stop strings, sampling. */
+/* whole_conversation turns render as a first turn. */
 pv_status pv_engine_render_turn(pv_engine *e, pv_esession *s, const pv_turn *turn, pv_ivec *out);
 /* Streams a sampled token's text through the hold-back; *stopped when a
  * stop string completed. */
@@ -168,5 +170,11 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted);
 void pv_engine_request_free(pv_request *r);
 
 pv_esession *pv_engine_find_session(const pv_engine *e, const char *id);
+/* Frees a session's KV in every tier and forgets it (no turn may be queued
+ * or running). */
+pv_status pv_engine_forget_session(pv_engine *e, pv_esession *s);
+/* Ends every queued and running turn: cancelled (status PV_OK) or failed
+ * with status. */
+void pv_engine_end_all(pv_engine *e, pv_status status);
 
 #endif

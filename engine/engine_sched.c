@@ -309,12 +309,19 @@ static void end_turn(pv_engine *e, pv_request *r, pv_status status)
     if (status != PV_OK) {
         r->result.finish = PV_FINISH_ERROR;
         e->stats.turns_failed++;
+    } else if (r->result.finish == PV_FINISH_CANCELLED) {
+        e->stats.turns_cancelled++;
     } else {
         e->stats.turns_done++;
     }
     if (r->cb.on_done)
         r->cb.on_done(r->cb.user, status, &r->result);
     pv_engine_request_free(r);
+    /* A stateless turn's session goes with it. Should freeing fail (a
+     * backend error while a copy lands), the session stays unreachable by
+     * name until the engine is freed. */
+    if (s->anonymous)
+        (void)pv_engine_forget_session(e, s);
 }
 
 /* Unpins (and in stateless mode closes) the cache session of a request
@@ -366,6 +373,76 @@ static pv_status fail_request(pv_engine *e, pv_request *r, pv_status status)
     pv_error(status, "%s", msg);
     end_turn(e, r, status);
     return PV_OK;
+}
+
+/* Takes a request out of the running set or the waiting queue, keeping
+ * what ran as history. */
+static pv_status withdraw(pv_engine *e, pv_request *r)
+{
+    pv_esession *s = r->session;
+    if (r->state == PV_REQ_RUNNING) {
+        running_remove(e, r);
+        int mid_recovery = r->recompute_done < r->recompute;
+        pv_status st = release_session(e, r, !mid_recovery);
+        /* Recomputation that has not run left slots without KV: forget the
+         * cache's copy; the engine's history recovers it next turn. */
+        if (st == PV_OK && mid_recovery && s->opened) {
+            if ((st = pv_cache_end_session(e->cache, s->id, NULL)) == PV_OK)
+                s->opened = 0;
+        }
+        return st;
+    }
+    pv_request **p = &e->wait_head, *prev = NULL;
+    while (*p != r) {
+        prev = *p;
+        p = &(*p)->next;
+    }
+    *p = r->next;
+    if (e->wait_tail == r)
+        e->wait_tail = prev;
+    r->next = NULL;
+    e->n_waiting--;
+    return PV_OK;
+}
+
+pv_status pv_engine_cancel(pv_engine *e, uint64_t request_id)
+{
+    if (!e)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_cancel: engine is NULL");
+    pv_request *r = NULL;
+    for (size_t i = 0; i < e->n_running && !r; i++)
+        if (e->running[i]->id == request_id)
+            r = e->running[i];
+    for (pv_request *w = e->wait_head; w && !r; w = w->next)
+        if (w->id == request_id)
+            r = w;
+    if (!r)
+        return pv_error(PV_ERR_NOT_FOUND, "pv_engine_cancel: no queued or running turn %" PRIu64, request_id);
+    pv_status st = withdraw(e, r);
+    r->result.finish = PV_FINISH_CANCELLED;
+    end_turn(e, r, PV_OK);
+    return st;
+}
+
+void pv_engine_end_all(pv_engine *e, pv_status status)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", pv_last_error());
+    while (e->n_running || e->wait_head) {
+        pv_request *r = e->n_running ? e->running[0] : e->wait_head;
+        withdraw(e, r);
+        if (status == PV_OK)
+            r->result.finish = PV_FINISH_CANCELLED;
+        else
+            pv_error(status, "%s", msg);
+        end_turn(e, r, status);
+    }
+}
+
+void pv_engine_cancel_all(pv_engine *e)
+{
+    if (e)
+        pv_engine_end_all(e, PV_OK);
 }
 
 /* Decode ran out of device slots: the newest running request gives its

@@ -40,7 +40,7 @@ pv_status pv_engine_render_turn(pv_engine *e, pv_esession *s, const pv_turn *tur
         return pv_error(PV_ERR_UNSUPPORTED,
                         "pv_engine_submit: the model has no chat template this engine understands; "
                         "submit token ids instead");
-    int first = s->history.n == 0 && s->pending.n == 0;
+    int first = turn->whole_conversation || (s->history.n == 0 && s->pending.n == 0);
     pv_chat_template t = tok->chat;
     if (!first)
         t.default_system = NULL;

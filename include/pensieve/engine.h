@@ -73,7 +73,8 @@ typedef enum pv_finish_reason {
     PV_FINISH_NONE = 0,
     PV_FINISH_STOP,    /* an end token of the model or a stop string */
     PV_FINISH_LENGTH,  /* max_tokens, or the model's context is full */
-    PV_FINISH_ERROR    /* see the status handed to on_done */
+    PV_FINISH_ERROR,   /* see the status handed to on_done */
+    PV_FINISH_CANCELLED /* pv_engine_cancel (status PV_OK): what ran is history */
 } pv_finish_reason;
 
 const char *pv_finish_reason_name(pv_finish_reason r);
@@ -84,7 +85,8 @@ const char *pv_finish_reason_name(pv_finish_reason r);
 typedef struct pv_turn_result {
     uint64_t request_id;
     pv_finish_reason finish;
-    uint32_t context_tokens;   /* history before the turn */
+    uint32_t context_tokens;   /* history before the turn (whole_conversation:
+                                * the common prefix kept) */
     uint32_t reused_device;    /* history tokens read from DEVICE as they were */
     uint32_t reused_host;      /* history tokens swapped in from HOST */
     uint32_t recomputed;       /* history tokens recomputed (dropped, or stateless) */
@@ -111,13 +113,23 @@ typedef struct pv_turn_callbacks {
 /* A turn: either token ids (appended to the session's history as they are)
  * or chat messages (rendered with the model's chat template as the
  * continuation of the session's conversation: the first turn gets the
- * template's default system turn, later turns close the previous answer). */
+ * template's default system turn, later turns close the previous answer).
+ *
+ * With whole_conversation set, tokens or messages are the conversation from
+ * its start (as OpenAI clients send it every turn; messages are rendered as
+ * a first turn). The engine keeps the longest common prefix of the
+ * session's history and runs the rest: a conversation that extends the
+ * history prefills only the new part; one that diverges (an edited or
+ * regenerated turn) drops the stored tokens from the first difference on,
+ * in every tier, and recomputes from there. The last token is always run,
+ * for its logits. */
 typedef struct pv_turn {
     const int32_t *tokens;
     size_t n_tokens;
     const pv_chat_message *messages;
     size_t n_messages;
     pv_sampling sampling;
+    int whole_conversation;
 } pv_turn;
 
 typedef struct pv_engine pv_engine;
@@ -139,9 +151,21 @@ void pv_engine_free(pv_engine *e);
  * callback, for: an empty turn, a session with a turn still running
  * (PV_ERR_BUSY), a turn that would not fit the model's context
  * (PV_ERR_INVALID_ARG naming the lengths and the limit), bad sampling.
- * *request_id (may be NULL) identifies the turn in its result. */
+ * *request_id (may be NULL) identifies the turn in its result. A NULL
+ * session runs the turn alone, statelessly: a session of its own, ended
+ * when the turn ends (session ids starting with byte 0x1f are reserved for
+ * these). */
 pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *turn,
                            const pv_turn_callbacks *cb, uint64_t *request_id);
+
+/* Ends a queued or running turn now: on_done gets PV_OK with finish
+ * PV_FINISH_CANCELLED. Tokens already run stay in the session's history
+ * (what a client saw of a cancelled answer is kept). PV_ERR_NOT_FOUND when
+ * the turn is unknown or already ended. */
+pv_status pv_engine_cancel(pv_engine *e, uint64_t request_id);
+
+/* Cancels every queued and running turn (shutdown). */
+void pv_engine_cancel_all(pv_engine *e);
 
 /* One iteration: admit, run one forward pass, sample, stream, swap out
  * ahead of time. *worked (may be NULL) is 0 when there was nothing to do. An
@@ -166,7 +190,7 @@ pv_status pv_engine_session_tokens(const pv_engine *e, const char *session, size
 
 typedef struct pv_engine_stats {
     uint64_t iterations;
-    uint64_t turns_done, turns_failed;
+    uint64_t turns_done, turns_failed, turns_cancelled;
     uint64_t prefill_tokens;      /* tokens forwarded as prompt (new + recomputed) */
     uint64_t recomputed_tokens;   /* of which history recomputed */
     uint64_t decode_tokens;       /* tokens forwarded as decode steps */
@@ -194,6 +218,36 @@ pv_status pv_engine_check(pv_engine *e);
 /* Session names, for listings: calls fn for each session the engine knows. */
 void pv_engine_foreach_session(const pv_engine *e, void (*fn)(void *user, const char *session),
                                void *user);
+
+/* ---- the engine on a thread of its own (servers) ---------------------------------- */
+
+/* Runs an engine on a thread of its own: it steps while turns are pending
+ * and sleeps otherwise (waking at least once a second for the idle
+ * timeout). Other threads reach the engine only through
+ * pv_engine_loop_call; turn callbacks run on the loop's thread. A step that
+ * fails (a backend error) fails every pending turn with its status; the
+ * loop goes on serving calls. */
+typedef struct pv_engine_loop pv_engine_loop;
+
+pv_status pv_engine_loop_start(pv_engine_loop **out, pv_engine *e);
+
+/* Runs fn(e, arg) on the loop's thread between iterations and waits for
+ * it; returns fn's status, with its message (pv_last_error) carried to the
+ * calling thread. Calls run in the order made. PV_ERR_STATE after stop. */
+pv_status pv_engine_loop_call(pv_engine_loop *loop, pv_status (*fn)(pv_engine *e, void *arg),
+                              void *arg);
+
+/* Queues fn(e, arg) to run on the loop's thread and returns at once (for
+ * callers that must not block, such as an HTTP server's event threads); fn
+ * reports its own outcome. Fails only when the loop is stopping or out of
+ * memory, and then fn never runs. */
+pv_status pv_engine_loop_post(pv_engine_loop *loop, pv_status (*fn)(pv_engine *e, void *arg),
+                              void *arg);
+
+/* Stops the thread: pending turns are cancelled (their on_done runs), then
+ * the thread is joined and the loop freed. The engine stays the caller's.
+ * NULL: no-op. */
+void pv_engine_loop_stop(pv_engine_loop *loop);
 
 #ifdef __cplusplus
 }
