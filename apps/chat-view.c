@@ -158,7 +158,7 @@ static int print_session_grid(chat *ch, pv_cache *cache, const char *name, uint3
 
 int chat_print_cache(chat *ch, const char *only)
 {
-    pv_cache *cache = pv_engine_cache(ch->engine);
+    pv_cache *cache = pv_engine_cache(ch->stack.engine);
     pv_cache_stats cs;
     pv_status st = pv_cache_stats_get(cache, &cs);
     if (st != PV_OK)
@@ -170,14 +170,14 @@ int chat_print_cache(chat *ch, const char *only)
     print_legend(ch);
 
     name_list l = {0};
-    pv_engine_foreach_session(ch->engine, collect_name, &l);
+    pv_engine_foreach_session(ch->stack.engine, collect_name, &l);
     int rc = 0;
     if (l.failed) {
         fprintf(stderr, "pensieve-chat: /cache: out of memory listing sessions\n");
         rc = -1;
     } else {
         qsort(l.names, l.n, sizeof *l.names, by_name);
-        const uint32_t n_layers = pv_llama_hparams_of(ch->model)->n_layers;
+        const uint32_t n_layers = pv_llama_hparams_of(ch->stack.model)->n_layers;
         size_t shown = 0;
         for (size_t i = 0; i < l.n && rc == 0; i++) {
             if (only && strcmp(only, l.names[i]) != 0)
@@ -204,9 +204,9 @@ int chat_print_stats(chat *ch)
 {
     pv_engine_stats es;
     pv_cache_stats cs;
-    pv_status st = pv_engine_stats_get(ch->engine, &es);
+    pv_status st = pv_engine_stats_get(ch->stack.engine, &es);
     if (st == PV_OK)
-        st = pv_cache_stats_get(pv_engine_cache(ch->engine), &cs);
+        st = pv_cache_stats_get(pv_engine_cache(ch->stack.engine), &cs);
     if (st != PV_OK)
         return chat_error("/stats", st);
     const double busy = es.forward_s + es.schedule_s;
@@ -227,7 +227,7 @@ int chat_print_stats(chat *ch)
     printf("  time: forward %.3f s, scheduling %.3f s (%.1f%% of the engine's time)\n", es.forward_s,
            es.schedule_s, busy > 0 ? 100.0 * es.schedule_s / busy : 0.0);
 
-    printf("%scache%s (%s policy)\n", BOLD(ch), RESET(ch), pv_policy_name(ch->policy));
+    printf("%scache%s (%s policy)\n", BOLD(ch), RESET(ch), pv_policy_name(ch->stack.policy));
     for (int t = 0; t < PV_SLOT_TIERS; t++)
         printf("  %-7s %12s of %12s used, %llu records\n", pv_tier_name((pv_tier)t),
                fmt_size(cs.used_bytes[t]).s, fmt_size(cs.capacity_bytes[t]).s,

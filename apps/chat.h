@@ -4,8 +4,7 @@
 #ifndef PENSIEVE_APPS_CHAT_H
 #define PENSIEVE_APPS_CHAT_H
 
-#include <pensieve/cache.h>
-#include <pensieve/engine.h>
+#include "apps/setup.h"
 
 #include <stdint.h>
 
@@ -24,13 +23,7 @@ typedef struct chat_options {
 
 typedef struct chat {
     const chat_options *o;
-    pv_backend *be;
-    pv_llama *model;
-    pv_tokenizer tok;
-    int have_tok;
-    pv_engine *engine;
-    pv_policy policy;                    /* in effect, for /stats */
-    char model_name[256];
+    app_stack stack;                     /* backend, model, tokenizer, engine */
     char session[PV_SESSION_ID_MAX + 1]; /* the current conversation */
     unsigned next_name;                  /* for /new's chat-N names */
     uint64_t turns;                      /* submitted, for per-turn seeds */

@@ -58,58 +58,6 @@ static void print_commands(void)
 
 /* ---- option values: an empty or malformed value is an error naming the option */
 
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "%s: %s '%s' is not an integer in [%ld, %ld]\n", prog, opt, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *opt, const char *s, double lo, double hi, float *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || *end || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "%s: %s '%s' is not a number in [%g, %g]\n", prog, opt, s, lo, hi);
-        return -1;
-    }
-    *out = (float)v;
-    return 0;
-}
-
-/* Bytes with an optional K, M, G or T suffix (powers of 1024), as in the
- * cache's INI file. */
-static int parse_size(const char *opt, const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    int shift = 0;
-    if (end != s && *end && !end[1]) {
-        switch (*end) {
-        case 'k': case 'K': shift = 10; end++; break;
-        case 'm': case 'M': shift = 20; end++; break;
-        case 'g': case 'G': shift = 30; end++; break;
-        case 't': case 'T': shift = 40; end++; break;
-        default: break;
-        }
-    }
-    if (end == s || *end || errno || s[0] == '-' || v == 0 || v > (UINT64_MAX >> shift)) {
-        fprintf(stderr, "%s: %s '%s' is not a positive size (bytes, or a number with K, M, G or T)\n",
-                prog, opt, s);
-        return -1;
-    }
-    *out = (uint64_t)v << shift;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, chat_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_MODE, OPT_POLICY, OPT_DEVMEM, OPT_HOSTMEM,
@@ -157,10 +105,10 @@ static int parse_args(int argc, char **argv, chat_options *o)
             o->have_policy = 1;
             break;
         case OPT_DEVMEM:
-            if (parse_size("--device-mem", optarg, &o->device_bytes)) return -1;
+            if (app_opt_size(prog, "--device-mem", optarg, &o->device_bytes)) return -1;
             break;
         case OPT_HOSTMEM:
-            if (parse_size("--host-mem", optarg, &o->host_bytes)) return -1;
+            if (app_opt_size(prog, "--host-mem", optarg, &o->host_bytes)) return -1;
             break;
         case OPT_CONFIG: o->config = optarg; break;
         case OPT_KV:
@@ -172,17 +120,17 @@ static int parse_args(int argc, char **argv, chat_options *o)
             }
             break;
         case OPT_TEMP:
-            if (parse_float("--temperature", optarg, 0.0, 100.0, &o->temperature)) return -1;
+            if (app_opt_float(prog, "--temperature", optarg, 0.0, 100.0, &o->temperature)) return -1;
             break;
         case OPT_TOPP:
-            if (parse_float("--top-p", optarg, 1e-6, 1.0, &o->top_p)) return -1;
+            if (app_opt_float(prog, "--top-p", optarg, 1e-6, 1.0, &o->top_p)) return -1;
             break;
         case OPT_SEED:
-            if (parse_long("--seed", optarg, 0, INT32_MAX, &v)) return -1;
+            if (app_opt_long(prog, "--seed", optarg, 0, INT32_MAX, &v)) return -1;
             o->seed = (uint64_t)v;
             break;
         case 'n':
-            if (parse_long("-n/--max-tokens", optarg, 0, 1 << 20, &v)) return -1;
+            if (app_opt_long(prog, "-n/--max-tokens", optarg, 0, 1 << 20, &v)) return -1;
             o->max_tokens = (int32_t)v;
             break;
         case OPT_SCRIPT: o->script = optarg; break;
@@ -210,105 +158,28 @@ int chat_error(const char *what, pv_status st)
     return -1;
 }
 
-/* The file to load: --model, the synthetic model in memory, or the default
- * path. *image is the synthetic image to free after the model is built. */
-static pv_status open_model(chat *ch, pv_gguf *g, uint8_t **image)
-{
-    *image = NULL;
-    if (ch->o->synthetic) {
-        pv_synth_config sc;
-        pv_synth_config_default(&sc);
-        /* Room for a few turns of a scripted chat; the default 256 fills in two. */
-        sc.n_ctx = 2048;
-        uint64_t size;
-        pv_status st = pv_synth_to_memory(&sc, image, &size);
-        if (st != PV_OK)
-            return st;
-        snprintf(ch->model_name, sizeof ch->model_name, "the synthetic test model");
-        return pv_gguf_init_memory(g, *image, size);
-    }
-    char path[4096];
-    if (ch->o->model)
-        snprintf(path, sizeof path, "%s", ch->o->model);
-    else {
-        pv_status st = pv_default_model_path(path, sizeof path);
-        if (st != PV_OK)
-            return st;
-        if (access(path, R_OK) != 0)
-            return pv_error(PV_ERR_IO, "no model at %s: run scripts/get-model, or pass --model PATH "
-                            "(or --synthetic)", path);
-    }
-    const char *base = strrchr(path, '/');
-    snprintf(ch->model_name, sizeof ch->model_name, "%.200s", base ? base + 1 : path);
-    return pv_gguf_init(g, path);
-}
-
 int chat_init(chat *ch, const chat_options *o)
 {
     memset(ch, 0, sizeof *ch);
     ch->o = o;
     ch->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-
-    /* Cache settings: defaults, then --config, then the options. */
-    pv_cache_config cc;
-    pv_status st = pv_cache_config_defaults(&cc);
-    if (st == PV_OK && o->config)
-        st = pv_cache_config_load(&cc, o->config);
-    if (st != PV_OK)
-        return chat_error("--config", st);
-    if (o->have_policy)
-        cc.policy = o->policy;
-    if (o->device_bytes)
-        cc.device_bytes = o->device_bytes;
-    if (o->host_bytes)
-        cc.host_bytes = o->host_bytes;
-    ch->policy = cc.policy;
-
-    pv_gguf g;
-    uint8_t *image;
-    if ((st = open_model(ch, &g, &image)) != PV_OK) {
-        free(image);
-        return chat_error("model", st);
-    }
-    pv_llama_options lo;
-    pv_llama_options_default(&lo);
-    lo.kv_dtype = o->kv_dtype;
-    /* The model's slots are the cache's chunks: a chunk size from --config
-     * must reach the model, which the engine takes it from. */
-    lo.chunk_tokens = (int32_t)cc.chunk_tokens;
-    const char *what = "tokenizer";
-    if ((st = pv_tokenizer_init(&ch->tok, &g)) == PV_OK) {
-        ch->have_tok = 1;
-        what = "--backend";
-        if ((st = pv_backend_init(&ch->be, o->backend, 0)) == PV_OK) {
-            what = "model";
-            st = pv_llama_init(&ch->model, ch->be, &g, &lo);
-        }
-    }
-    pv_gguf_free(&g);
-    free(image);
-    if (st != PV_OK)
-        return chat_error(what, st);
-    if (!ch->tok.has_chat_template) {
-        fprintf(stderr, "%s: %s has no chat template this tokenizer understands\n", prog, ch->model_name);
+    app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config,
+                            .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy,
+                            .have_policy = o->have_policy, .device_bytes = o->device_bytes,
+                            .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype};
+    if (app_stack_init(&ch->stack, &so, prog) != 0)
+        return -1;
+    if (!ch->stack.tok.has_chat_template) {
+        fprintf(stderr, "%s: %s has no chat template this tokenizer understands\n", prog,
+                ch->stack.model_name);
         return -1;
     }
-
-    pv_engine_config ec;
-    pv_engine_config_defaults(&ec);
-    ec.mode = o->mode;
-    if ((st = pv_engine_init(&ch->engine, ch->be, ch->model, &ch->tok, &cc, &ec)) != PV_OK)
-        return chat_error("engine", st);
     return 0;
 }
 
 void chat_free(chat *ch)
 {
-    pv_engine_free(ch->engine);
-    pv_llama_free(ch->model);
-    if (ch->have_tok)
-        pv_tokenizer_free(&ch->tok);
-    pv_backend_free(ch->be);
+    app_stack_free(&ch->stack);
 }
 
 /* ---- the conversation loop ---------------------------------------------- */
@@ -354,12 +225,12 @@ static int chat_turn(chat *ch, const char *line)
     pv_turn_callbacks cb = {.on_token = on_token, .on_done = on_done, .user = ch};
 
     ch->done = 0;
-    pv_status st = pv_engine_submit(ch->engine, ch->session, &turn, &cb, NULL);
+    pv_status st = pv_engine_submit(ch->stack.engine, ch->session, &turn, &cb, NULL);
     if (st != PV_OK)
         return chat_error("turn", st);
     ch->turns++;
     /* Only this turn is in flight, so running the engine dry finishes it. */
-    if ((st = pv_engine_run(ch->engine)) != PV_OK) {
+    if ((st = pv_engine_run(ch->stack.engine)) != PV_OK) {
         printf("\n");
         chat_error("engine", st);
         return LINE_FATAL;
@@ -384,7 +255,7 @@ static void chat_new_session(chat *ch)
     size_t n;
     do
         snprintf(ch->session, sizeof ch->session, "chat-%u", ++ch->next_name);
-    while (pv_engine_session_tokens(ch->engine, ch->session, &n) == PV_OK);
+    while (pv_engine_session_tokens(ch->stack.engine, ch->session, &n) == PV_OK);
 }
 
 /* A '/' line. */
@@ -413,14 +284,14 @@ static int chat_command(chat *ch, const char *line)
         }
         snprintf(ch->session, sizeof ch->session, "%s", arg);
         size_t n = 0;
-        if (pv_engine_session_tokens(ch->engine, ch->session, &n) == PV_OK)
+        if (pv_engine_session_tokens(ch->stack.engine, ch->session, &n) == PV_OK)
             printf("switched to %s (%zu tokens of history)\n", ch->session, n);
         else
             printf("switched to %s (new)\n", ch->session);
         return LINE_OK;
     }
     if (IS("/end")) {
-        pv_status st = pv_engine_end_session(ch->engine, ch->session);
+        pv_status st = pv_engine_end_session(ch->stack.engine, ch->session);
         if (st != PV_OK)
             return chat_error("/end", st);
         printf("ended %s; ", ch->session);
@@ -477,7 +348,7 @@ static int run_script(chat *ch, const char *path)
 static int run_interactive(chat *ch)
 {
     printf("pensieve-chat: %s on %s, %s mode. /help lists the commands, /quit leaves.\n",
-           ch->model_name, ch->o->backend, pv_engine_mode_name(ch->o->mode));
+           ch->stack.model_name, ch->o->backend, pv_engine_mode_name(ch->o->mode));
     for (;;) {
         /* \001 and \002 tell readline the colour codes take no room. */
         char prompt[PV_SESSION_ID_MAX + 32];

@@ -1,0 +1,168 @@
+/* The applications' shared set-up: option values and the serving stack. */
+#include "apps/setup.h"
+
+#include <pensieve/gguf.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int app_opt_long(const char *prog, const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "%s: %s '%s' is not an integer in [%ld, %ld]\n", prog, opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int app_opt_float(const char *prog, const char *opt, const char *s, double lo, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "%s: %s '%s' is not a number in [%g, %g]\n", prog, opt, s, lo, hi);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+int app_opt_size(const char *prog, const char *opt, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int shift = 0;
+    if (end != s && *end && !end[1]) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; end++; break;
+        case 'm': case 'M': shift = 20; end++; break;
+        case 'g': case 'G': shift = 30; end++; break;
+        case 't': case 'T': shift = 40; end++; break;
+        default: break;
+        }
+    }
+    if (end == s || *end || errno || s[0] == '-' || v == 0 || v > (UINT64_MAX >> shift)) {
+        fprintf(stderr, "%s: %s '%s' is not a positive size (bytes, or a number with K, M, G or T)\n",
+                prog, opt, s);
+        return -1;
+    }
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int stack_error(const char *prog, const char *what, pv_status st)
+{
+    fprintf(stderr, "%s: %s: %s: %s\n", prog, what, pv_status_str(st), pv_last_error());
+    return -1;
+}
+
+/* The file to load: --model, the synthetic model in memory, or the default
+ * path. *image is the synthetic image to free after the model is built. */
+static pv_status open_model(app_stack *st, const app_stack_options *o, pv_gguf *g, uint8_t **image)
+{
+    *image = NULL;
+    if (o->synthetic) {
+        pv_synth_config sc;
+        pv_synth_config_default(&sc);
+        /* Room for a few turns of a conversation; the default 256 fills in two. */
+        sc.n_ctx = o->synthetic_n_ctx ? o->synthetic_n_ctx : 2048;
+        uint64_t size;
+        pv_status s = pv_synth_to_memory(&sc, image, &size);
+        if (s != PV_OK)
+            return s;
+        snprintf(st->model_name, sizeof st->model_name, "the synthetic test model");
+        snprintf(st->model_id, sizeof st->model_id, "synthetic");
+        return pv_gguf_init_memory(g, *image, size);
+    }
+    char path[4096];
+    if (o->model)
+        snprintf(path, sizeof path, "%s", o->model);
+    else {
+        pv_status s = pv_default_model_path(path, sizeof path);
+        if (s != PV_OK)
+            return s;
+        if (access(path, R_OK) != 0)
+            return pv_error(PV_ERR_IO, "no model at %s: run scripts/get-model, or pass --model PATH "
+                            "(or --synthetic)", path);
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    snprintf(st->model_name, sizeof st->model_name, "%.200s", base);
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    snprintf(st->model_id, sizeof st->model_id, "%.*s", (int)(n < 200 ? n : 200), base);
+    return pv_gguf_init(g, path);
+}
+
+int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
+{
+    memset(st, 0, sizeof *st);
+    /* Cache settings: defaults, then --config, then the options. */
+    pv_cache_config cc;
+    pv_status s = pv_cache_config_defaults(&cc);
+    if (s == PV_OK && o->config)
+        s = pv_cache_config_load(&cc, o->config);
+    if (s != PV_OK)
+        return stack_error(prog, "--config", s);
+    if (o->have_policy)
+        cc.policy = o->policy;
+    if (o->device_bytes)
+        cc.device_bytes = o->device_bytes;
+    if (o->host_bytes)
+        cc.host_bytes = o->host_bytes;
+    st->policy = cc.policy;
+
+    pv_gguf g;
+    uint8_t *image;
+    if ((s = open_model(st, o, &g, &image)) != PV_OK) {
+        free(image);
+        return stack_error(prog, "model", s);
+    }
+    pv_llama_options lo;
+    pv_llama_options_default(&lo);
+    lo.kv_dtype = o->kv_dtype;
+    /* The model's slots are the cache's chunks: a chunk size from --config
+     * must reach the model, which the engine takes it from. */
+    lo.chunk_tokens = (int32_t)cc.chunk_tokens;
+    const char *what = "tokenizer";
+    if ((s = pv_tokenizer_init(&st->tok, &g)) == PV_OK) {
+        st->have_tok = 1;
+        what = "--backend";
+        if ((s = pv_backend_init(&st->be, o->backend, 0)) == PV_OK) {
+            what = "model";
+            s = pv_llama_init(&st->model, st->be, &g, &lo);
+        }
+    }
+    pv_gguf_free(&g);
+    free(image);
+    if (s != PV_OK)
+        return stack_error(prog, what, s);
+
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    ec.mode = o->mode;
+    ec.idle_timeout_s = o->idle_timeout_s;
+    if ((s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, &cc, &ec)) != PV_OK)
+        return stack_error(prog, "engine", s);
+    return 0;
+}
+
+void app_stack_free(app_stack *st)
+{
+    pv_engine_free(st->engine);
+    pv_llama_free(st->model);
+    if (st->have_tok)
+        pv_tokenizer_free(&st->tok);
+    pv_backend_free(st->be);
+    memset(st, 0, sizeof *st);
+}

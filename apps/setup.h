@@ -1,0 +1,52 @@
+/* What the applications share: option values parsed with messages naming
+ * the option, and the serving stack (backend, model, tokenizer, engine)
+ * built from the common options. */
+#ifndef PENSIEVE_APPS_SETUP_H
+#define PENSIEVE_APPS_SETUP_H
+
+#include <pensieve/backend.h>
+#include <pensieve/cache.h>
+#include <pensieve/engine.h>
+#include <pensieve/llama.h>
+#include <pensieve/tokenizer.h>
+
+#include <stdint.h>
+
+/* Each prints "PROG: OPT 'S' is not ..." and returns -1 on a bad value. */
+int app_opt_long(const char *prog, const char *opt, const char *s, long lo, long hi, long *out);
+int app_opt_float(const char *prog, const char *opt, const char *s, double lo, double hi, float *out);
+/* Bytes with an optional K, M, G or T suffix (powers of 1024), as in the
+ * cache's INI file; positive. */
+int app_opt_size(const char *prog, const char *opt, const char *s, uint64_t *out);
+
+typedef struct app_stack_options {
+    const char *model, *backend, *config;
+    int synthetic;                     /* the tiny synthetic test model */
+    uint32_t synthetic_n_ctx;          /* its context (0: 2048) */
+    pv_engine_mode mode;
+    pv_policy policy;
+    int have_policy;                   /* --policy given: it overrides --config */
+    uint64_t device_bytes, host_bytes; /* 0: from --config or the defaults */
+    pv_dtype kv_dtype;
+    double idle_timeout_s;
+} app_stack_options;
+
+typedef struct app_stack {
+    pv_backend *be;
+    pv_llama *model;
+    pv_tokenizer tok;
+    int have_tok;
+    pv_engine *engine;
+    pv_policy policy;        /* in effect */
+    char model_name[256];    /* the file's base name, or "the synthetic test model" */
+    char model_id[256];      /* an id for APIs: the file name without .gguf, or "synthetic" */
+} app_stack;
+
+/* Cache settings (defaults, then --config, then the options), the model
+ * (--model, --synthetic, or the file scripts/get-model installs), backend,
+ * tokenizer and engine. Prints why not and returns -1; app_stack_free then
+ * releases what was set up. */
+int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog);
+void app_stack_free(app_stack *st);
+
+#endif
