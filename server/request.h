@@ -57,6 +57,8 @@ typedef struct pv_api_request {
     int seed_set;                /* seed given (else the server draws one) */
     int stream;
     int include_usage;           /* stream_options.include_usage */
+    int return_token_ids;        /* answer with the generated ids too (an
+                                  * extension, as vLLM's; for exact checks) */
     char *prompt_cache_key;      /* OpenAI's field; NULL when absent */
     char *session_id;            /* our field; NULL when absent */
     char *user;                  /* OpenAI's "user"; NULL when absent */
@@ -74,7 +76,7 @@ void pv_api_limits_default(pv_api_limits *lim);
 
 /* Parses and validates one body. On failure fills err (4xx, param naming the
  * field) and leaves *req empty (safe to free). The body need not be
- * NUL-terminated; it may hold any bytes. */
+ * NUL-terminated; it may hold any bytes. lim NULL: the defaults. */
 pv_status pv_api_parse(pv_api_kind kind, const char *body, size_t len, const pv_api_limits *lim,
                        pv_api_request *req, pv_api_error *err);
 void pv_api_request_free(pv_api_request *req); /* NULL: no-op; zeroes *req */

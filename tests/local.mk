@@ -9,4 +9,5 @@ include tests/engine.mk
 include tests/fuzz/local.mk
 include tests/chat.mk
 include tests/serve-metrics.mk
+include tests/serve-request.mk
 include tests/serve-openai.mk

@@ -4,7 +4,8 @@
 # libFuzzer's main. tests/fuzz/run-fuzz runs them (.ci/run does, 60 s each);
 # docs/fuzzing.md says how to run them longer and reproduce a crash. The
 # seed corpora under tests/fuzz/corpus/ are written by make-corpus.
-FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache
+FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache \
+	tests/fuzz/fuzz-request
 EXTRA_DIST += tests/fuzz/run-fuzz tests/fuzz/corpus
 
 if ENABLE_FUZZ
@@ -21,6 +22,10 @@ tests_fuzz_fuzz_tokenizer_LDADD = $(PV_LINK)
 tests_fuzz_fuzz_cache_SOURCES = tests/fuzz/fuzz-cache.c
 tests_fuzz_fuzz_cache_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
 tests_fuzz_fuzz_cache_LDADD = $(PV_LINK)
+tests_fuzz_fuzz_request_SOURCES = tests/fuzz/fuzz-request.c
+tests_fuzz_fuzz_request_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
+tests_fuzz_fuzz_request_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
+tests_fuzz_fuzz_request_LDADD = $(PV_SERVER_LINK)
 tests_fuzz_make_corpus_SOURCES = tests/fuzz/make-corpus.c
 tests_fuzz_make_corpus_LDADD = $(PV_LINK)
 
