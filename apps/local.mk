@@ -11,3 +11,9 @@ apps_pensieve_chat_CPPFLAGS = $(AM_CPPFLAGS) $(READLINE_CFLAGS)
 apps_pensieve_chat_LDADD = $(PV_LINK) $(READLINE_LIBS)
 # The quick start builds everything and ends in pensieve-chat.
 EXTRA_DIST += scripts/quickstart
+
+# pensieve-serve: the OpenAI-compatible HTTP server (server/).
+bin_PROGRAMS += apps/pensieve-serve
+apps_pensieve_serve_SOURCES = apps/pensieve-serve.c apps/setup.c
+apps_pensieve_serve_CPPFLAGS = $(AM_CPPFLAGS) $(MHD_CFLAGS)
+apps_pensieve_serve_LDADD = $(PV_SERVER_LINK)

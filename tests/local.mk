@@ -11,3 +11,4 @@ include tests/chat.mk
 include tests/serve-metrics.mk
 include tests/serve-request.mk
 include tests/serve-openai.mk
+include tests/serve.mk

@@ -1,0 +1,323 @@
+/* pensieve-serve: the OpenAI-compatible HTTP server. Options, the serving
+ * stack, and the signals that stop it; the serving itself is server/. */
+#include "apps/setup.h"
+#include "server/server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *prog = "pensieve-serve";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pensieve-serve [options]\n"
+            "  --model PATH              GGUF file (default: the one scripts/get-model installs)\n"
+            "  --synthetic               serve the tiny synthetic test model (no download)\n"
+            "  --backend NAME            cpu, opencl or cuda (default cpu)\n"
+            "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --port N                  port (default 8080; 0 = any free port)\n"
+            "  --port-file PATH          write the port to PATH once listening\n"
+            "  --mode MODE               pensieve, gpu-only or stateless (default pensieve)\n"
+            "  --policy NAME             eviction policy: pensieve, weighted or lru\n"
+            "  --config FILE             cache settings from the [cache] section of an INI file\n"
+            "  --device-mem SIZE         device tier budget, e.g. 512M, 2G\n"
+            "  --host-mem SIZE           host tier budget\n"
+            "  --kv f32|f16              KV cache type (default f32)\n"
+            "  --max-sessions N          named sessions at most (default 0 = no limit)\n"
+            "  --session-idle-timeout S  end sessions idle for S seconds (default 0 = never)\n"
+            "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/\n"
+            "  --api-keys FILE           one key per line; each key's sessions are its own\n"
+            "  --max-body SIZE           largest request body (default 8M)\n"
+            "  --threads N               HTTP threads (default 4)\n"
+            "  --model-id NAME           the model's id in /v1/models (default: the file name)\n"
+            "  -h, --help                this text\n");
+}
+
+typedef struct serve_options {
+    app_stack_options stack;
+    const char *host, *port_file, *keys_file, *model_id;
+    long port, threads, max_sessions;
+    uint64_t max_body;
+    char **keys;
+    size_t n_keys;
+} serve_options;
+
+static int add_key(serve_options *o, const char *key, const char *where)
+{
+    if (!*key) {
+        fprintf(stderr, "%s: %s: an empty API key\n", prog, where);
+        return -1;
+    }
+    char **k = realloc(o->keys, (o->n_keys + 1) * sizeof *k);
+    if (!k || !(k[o->n_keys] = strdup(key))) {
+        if (k)
+            o->keys = k;
+        fprintf(stderr, "%s: out of memory for API keys\n", prog);
+        return -1;
+    }
+    o->keys = k;
+    o->n_keys++;
+    return 0;
+}
+
+/* One key per line; blank lines and lines starting with '#' are skipped. */
+static int read_keys(serve_options *o, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "%s: --api-keys '%s': %s\n", prog, path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    unsigned no = 0;
+    int rc = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        no++;
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            fprintf(stderr, "%s: %s:%u: a key longer than %zu bytes\n", prog, path, no, sizeof line - 2);
+            rc = -1;
+            break;
+        }
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' '))
+            line[--n] = '\0';
+        if (n == 0 || line[0] == '#')
+            continue;
+        char where[64];
+        snprintf(where, sizeof where, "%s:%u", path, no);
+        rc = add_key(o, line, where);
+    }
+    fclose(f);
+    if (rc == 0 && o->n_keys == 0) {
+        fprintf(stderr, "%s: --api-keys '%s' holds no key\n", prog, path);
+        rc = -1;
+    }
+    return rc;
+}
+
+static int parse_args(int argc, char **argv, serve_options *o)
+{
+    enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
+           OPT_CONFIG, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
+           OPT_THREADS, OPT_MODELID };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, OPT_MODEL},
+        {"synthetic", no_argument, 0, OPT_SYNTH},
+        {"backend", required_argument, 0, OPT_BACKEND},
+        {"host", required_argument, 0, OPT_HOST},
+        {"port", required_argument, 0, OPT_PORT},
+        {"port-file", required_argument, 0, OPT_PORTFILE},
+        {"mode", required_argument, 0, OPT_MODE},
+        {"policy", required_argument, 0, OPT_POLICY},
+        {"config", required_argument, 0, OPT_CONFIG},
+        {"device-mem", required_argument, 0, OPT_DEVMEM},
+        {"host-mem", required_argument, 0, OPT_HOSTMEM},
+        {"kv", required_argument, 0, OPT_KV},
+        {"max-sessions", required_argument, 0, OPT_MAXSESS},
+        {"session-idle-timeout", required_argument, 0, OPT_IDLE},
+        {"api-key", required_argument, 0, OPT_KEY},
+        {"api-keys", required_argument, 0, OPT_KEYS},
+        {"max-body", required_argument, 0, OPT_BODY},
+        {"threads", required_argument, 0, OPT_THREADS},
+        {"model-id", required_argument, 0, OPT_MODELID},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    o->stack.backend = "cpu";
+    o->stack.mode = PV_MODE_PENSIEVE;
+    o->stack.kv_dtype = PV_F32;
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->threads = 4;
+    o->max_body = 8u << 20;
+    int c;
+    float idle;
+    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (optarg && !*optarg) {
+            const char *name = NULL;
+            for (const struct option *lo = longopts; !name && lo->name; lo++)
+                if (lo->val == c)
+                    name = lo->name;
+            fprintf(stderr, "%s: --%s needs a value, got an empty one\n", prog, name ? name : "option");
+            return -1;
+        }
+        switch (c) {
+        case OPT_MODEL: o->stack.model = optarg; break;
+        case OPT_SYNTH: o->stack.synthetic = 1; break;
+        case OPT_BACKEND: o->stack.backend = optarg; break;
+        case OPT_HOST: o->host = optarg; break;
+        case OPT_PORT:
+            if (app_opt_long(prog, "--port", optarg, 0, 65535, &o->port)) return -1;
+            break;
+        case OPT_PORTFILE: o->port_file = optarg; break;
+        case OPT_MODE:
+            if (pv_engine_mode_parse(optarg, &o->stack.mode) != PV_OK) {
+                fprintf(stderr, "%s: --mode '%s' is not pensieve, gpu-only or stateless\n", prog, optarg);
+                return -1;
+            }
+            break;
+        case OPT_POLICY:
+            if (pv_policy_parse(optarg, &o->stack.policy) != PV_OK) {
+                fprintf(stderr, "%s: --policy '%s' is not pensieve, weighted or lru\n", prog, optarg);
+                return -1;
+            }
+            o->stack.have_policy = 1;
+            break;
+        case OPT_CONFIG: o->stack.config = optarg; break;
+        case OPT_DEVMEM:
+            if (app_opt_size(prog, "--device-mem", optarg, &o->stack.device_bytes)) return -1;
+            break;
+        case OPT_HOSTMEM:
+            if (app_opt_size(prog, "--host-mem", optarg, &o->stack.host_bytes)) return -1;
+            break;
+        case OPT_KV:
+            if (strcmp(optarg, "f32") == 0) o->stack.kv_dtype = PV_F32;
+            else if (strcmp(optarg, "f16") == 0) o->stack.kv_dtype = PV_F16;
+            else {
+                fprintf(stderr, "%s: --kv '%s' is neither f32 nor f16\n", prog, optarg);
+                return -1;
+            }
+            break;
+        case OPT_MAXSESS:
+            if (app_opt_long(prog, "--max-sessions", optarg, 0, 1L << 30, &o->max_sessions)) return -1;
+            break;
+        case OPT_IDLE:
+            if (app_opt_float(prog, "--session-idle-timeout", optarg, 0, 1e9, &idle)) return -1;
+            o->stack.idle_timeout_s = idle;
+            break;
+        case OPT_KEY:
+            if (add_key(o, optarg, "--api-key")) return -1;
+            break;
+        case OPT_KEYS: o->keys_file = optarg; break;
+        case OPT_BODY:
+            if (app_opt_size(prog, "--max-body", optarg, &o->max_body)) return -1;
+            break;
+        case OPT_THREADS:
+            if (app_opt_long(prog, "--threads", optarg, 1, 1024, &o->threads)) return -1;
+            break;
+        case OPT_MODELID: o->model_id = optarg; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+        usage(stderr);
+        return -1;
+    }
+    if (o->stack.synthetic && o->stack.model) {
+        fprintf(stderr, "%s: --model and --synthetic exclude each other\n", prog);
+        return -1;
+    }
+    if (o->keys_file && read_keys(o, o->keys_file))
+        return -1;
+    return 0;
+}
+
+static void free_options(serve_options *o)
+{
+    for (size_t i = 0; i < o->n_keys; i++)
+        free(o->keys[i]);
+    free(o->keys);
+}
+
+static int write_port(const char *path, unsigned port)
+{
+    /* Written whole under another name, then renamed: a reader polling
+     * for the file never sees it half written. */
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%u\n", port) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+        fprintf(stderr, "%s: --port-file '%s': %s\n", prog, path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int stop_pipe[2];
+
+static void on_stop_signal(int sig)
+{
+    unsigned char b = (unsigned char)sig;
+    int saved = errno;
+    /* A full pipe means a stop is already pending: nothing to add. */
+    ssize_t written = write(stop_pipe[1], &b, 1);
+    (void)written;
+    errno = saved;
+}
+
+int main(int argc, char **argv)
+{
+    serve_options o;
+    if (parse_args(argc, argv, &o)) {
+        free_options(&o);
+        return 2;
+    }
+    /* Threads exist before main (OpenBLAS starts its pool when loaded),
+     * so a stop signal may land on any of them: the handler only writes to
+     * a pipe that main waits on. */
+    if (pipe(stop_pipe) != 0) {
+        fprintf(stderr, "%s: pipe: %s\n", prog, strerror(errno));
+        free_options(&o);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    app_stack st;
+    if (app_stack_init(&st, &o.stack, prog) != 0) {
+        app_stack_free(&st);
+        free_options(&o);
+        return 1;
+    }
+    pv_server_config sc;
+    pv_server_config_defaults(&sc);
+    sc.host = o.host;
+    sc.port = (uint16_t)o.port;
+    sc.threads = (unsigned)o.threads;
+    sc.max_body = (size_t)o.max_body;
+    sc.max_sessions = (size_t)o.max_sessions;
+    sc.api_keys = (const char *const *)o.keys;
+    sc.n_api_keys = o.n_keys;
+    sc.model_id = o.model_id ? o.model_id : st.model_id;
+    sc.n_ctx = pv_llama_hparams_of(st.model)->n_ctx_train;
+    sc.n_layers = pv_llama_hparams_of(st.model)->n_layers;
+    sc.log = stderr;
+    pv_server *srv = NULL;
+    pv_status s = pv_server_start(&srv, st.engine, &st.tok, &sc);
+    if (s != PV_OK) {
+        fprintf(stderr, "%s: %s: %s\n", prog, pv_status_str(s), pv_last_error());
+        app_stack_free(&st);
+        free_options(&o);
+        return 1;
+    }
+    unsigned port = pv_server_port(srv);
+    fprintf(stderr, "%s: serving %s (%s backend, %s mode) on http://%s:%u/v1%s\n", prog, sc.model_id,
+            o.stack.backend, pv_engine_mode_name(o.stack.mode), o.host, port,
+            o.n_keys ? ", API key required" : "");
+    int rc = 0;
+    if (o.port_file && write_port(o.port_file, port))
+        rc = 1;
+    unsigned char sig = 0;
+    while (rc == 0 && read(stop_pipe[0], &sig, 1) < 0 && errno == EINTR)
+        continue;
+    if (sig)
+        fprintf(stderr, "%s: %s: stopping\n", prog, sig == SIGINT ? "SIGINT" : "SIGTERM");
+    pv_server_stop(srv, 5.0);
+    app_stack_free(&st);
+    free_options(&o);
+    return rc;
+}

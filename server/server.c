@@ -1,0 +1,641 @@
+/* pensieve-serve's HTTP side: the daemon, routing, authentication, the
+ * session endpoints, /metrics and /health, the request log, and a clean
+ * stop. Completions are in server_turn.c. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "server/server_internal.h"
+
+#include <jansson.h>
+
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+void pv_server_config_defaults(pv_server_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "127.0.0.1";
+    cfg->threads = 4;
+    cfg->max_body = 8u << 20;
+    cfg->model_id = "pensieve";
+}
+
+/* ---- small helpers -------------------------------------------------------------- */
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int srv_buf_add(srv_buf *b, const char *s, size_t n)
+{
+    if (n > SIZE_MAX / 2 - b->n - 1)
+        return -1;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p)
+            return -1;
+        b->s = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = '\0';
+    return 0;
+}
+
+void srv_buf_free(srv_buf *b)
+{
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
+/* Length of the valid UTF-8 character at s (n bytes available): 1-4, 0 if
+ * it is a valid but incomplete start, -1 if invalid. */
+static int utf8_char(const unsigned char *s, size_t n)
+{
+    unsigned c = s[0];
+    int len;
+    unsigned min;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef)
+        len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4)
+        len = 4, min = 0x10000;
+    else
+        return -1;
+    unsigned cp = c & (0x3fu >> (len - 1));
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n)
+            return 0;
+        if ((s[i] & 0xc0) != 0x80)
+            return -1;
+        cp = cp << 6 | (s[i] & 0x3fu);
+        /* Reject overlong forms, surrogates and past U+10FFFF as soon as
+         * the second byte shows them, so a prefix is never held back. */
+        if (i == 1 && ((len == 3 && c == 0xe0 && s[1] < 0xa0) || (len == 3 && c == 0xed && s[1] > 0x9f) ||
+                       (len == 4 && c == 0xf0 && s[1] < 0x90) || (len == 4 && c == 0xf4 && s[1] > 0x8f)))
+            return -1;
+    }
+    return cp >= min ? len : -1;
+}
+
+int srv_utf8_clean(const char *s, size_t n, int partial, srv_buf *out, size_t *used)
+{
+    static const char replacement[] = "\xef\xbf\xbd";
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, run = 0; /* run: start of valid bytes not yet copied */
+    while (i < n) {
+        int len = utf8_char(u + i, n - i);
+        if (len > 0) {
+            i += (size_t)len;
+            continue;
+        }
+        if (len == 0 && partial)
+            break;
+        if (srv_buf_add(out, s + run, i - run) || srv_buf_add(out, replacement, 3))
+            return -1;
+        i++;
+        run = i;
+    }
+    if (srv_buf_add(out, s + run, i - run))
+        return -1;
+    if (used)
+        *used = i;
+    return 0;
+}
+
+/* ---- responses --------------------------------------------------------------------- */
+
+enum MHD_Result srv_respond(srv_req *r, int status, const char *content_type, char *body, size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, body ? body : (char *)"", body ? MHD_RESPMEM_MUST_FREE
+                                                                          : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (r->public_session)
+        MHD_add_response_header(resp, "X-Session-Id", r->public_session);
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    r->http_status = status;
+    r->state = RQ_ANSWERED;
+    enum MHD_Result ret = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+enum MHD_Result srv_respond_error(srv_req *r, const pv_api_error *err)
+{
+    char *body = pv_api_error_json(err);
+    return srv_respond(r, err->http_status, "application/json", body, body ? strlen(body) : 0);
+}
+
+static enum MHD_Result respond_json(srv_req *r, int status, json_t *j)
+{
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!body) {
+        pv_api_error err;
+        pv_api_fail(&err, 500, "server_error", NULL, NULL, "out of memory building the response");
+        return srv_respond_error(r, &err);
+    }
+    return srv_respond(r, status, "application/json", body, strlen(body));
+}
+
+/* ---- request contexts ---------------------------------------------------------------- */
+
+void srv_req_unref(srv_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&r->mu);
+    if (!last)
+        return;
+    pv_server *s = r->srv;
+    pv_api_request_free(&r->api);
+    free(r->tokens);
+    free(r->token_ids);
+    free(r->session);
+    free(r->path);
+    srv_buf_free(&r->body);
+    srv_buf_free(&r->text);
+    srv_buf_free(&r->out);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    pthread_mutex_lock(&s->mu);
+    s->open_requests--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static srv_req *req_new(pv_server *s, struct MHD_Connection *conn, const char *method, const char *url)
+{
+    srv_req *r = calloc(1, sizeof *r);
+    if (!r || !(r->path = strdup(url))) {
+        free(r);
+        return NULL;
+    }
+    r->srv = s;
+    r->conn = conn;
+    r->refs = 1;
+    r->t_start = srv_now();
+    snprintf(r->method, sizeof r->method, "%s", method);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->open_requests++;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+/* ---- authentication ------------------------------------------------------------------ */
+
+/* Compares without an early exit, so timing tells nothing of a key. */
+static int same_secret(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char diff = na != nb;
+    for (size_t i = 0; i < na; i++)
+        diff |= (unsigned char)(a[i] ^ b[i % (nb ? nb : 1)]);
+    return diff == 0;
+}
+
+/* 0 when authorized (r->key_index set), else an error response is due. */
+static int authorize(srv_req *r, pv_api_error *err)
+{
+    pv_server *s = r->srv;
+    if (s->cfg.n_api_keys == 0)
+        return 0;
+    const char *h = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) {
+        pv_api_fail(err, 401, "invalid_request_error", NULL, "missing_api_key",
+                    "You didn't provide an API key: send it as 'Authorization: Bearer KEY'.");
+        return -1;
+    }
+    const char *key = h + 7;
+    int found = -1;
+    for (size_t i = 0; i < s->cfg.n_api_keys; i++)
+        if (same_secret(key, s->keys[i]) && found < 0)
+            found = (int)i;
+    if (found < 0) {
+        pv_api_fail(err, 401, "invalid_request_error", NULL, "invalid_api_key", "Incorrect API key provided.");
+        return -1;
+    }
+    r->key_index = (unsigned)found;
+    return 0;
+}
+
+/* ---- /health, /metrics, /v1/models --------------------------------------------------- */
+
+typedef struct snapshot_call {
+    pv_server *srv;
+    pv_metrics_snapshot snap;
+} snapshot_call;
+
+static pv_status take_snapshot(pv_engine *e, void *arg)
+{
+    snapshot_call *c = arg;
+    pv_status st = pv_engine_stats_get(e, &c->snap.engine);
+    if (st == PV_OK)
+        st = pv_cache_stats_get(pv_engine_cache(e), &c->snap.cache);
+    /* Requests waiting for their session's turn in progress are queued
+     * too, from a client's point of view. */
+    for (const srv_req *r = c->srv->parked; r; r = r->next_parked)
+        c->snap.engine.waiting++;
+    return st;
+}
+
+static enum MHD_Result serve_metrics(srv_req *r)
+{
+    snapshot_call c;
+    memset(&c, 0, sizeof c);
+    c.srv = r->srv;
+    char *text = NULL;
+    size_t len = 0;
+    pv_status st = pv_engine_loop_call(r->srv->loop, take_snapshot, &c);
+    if (st == PV_OK)
+        st = pv_metrics_render(r->srv->metrics, &c.snap, &text, &len);
+    if (st != PV_OK) {
+        pv_api_error err;
+        pv_api_fail(&err, 500, "server_error", NULL, NULL, "metrics: %s", pv_last_error());
+        return srv_respond_error(r, &err);
+    }
+    return srv_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+}
+
+static enum MHD_Result serve_models(srv_req *r)
+{
+    json_t *model = json_pack("{s:s, s:s, s:I, s:s}", "id", r->srv->model_id, "object", "model", "created",
+                              (json_int_t)0, "owned_by", "pensieve");
+    return respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model));
+}
+
+/* ---- /v1/sessions/{id} ------------------------------------------------------------------ */
+
+typedef struct session_call {
+    const char *engine_id;
+    int remove;
+    size_t tokens;
+    pv_session_view view;
+    int have_view;
+    uint32_t n_layers;
+    json_t *chunks; /* [{"index", "device", "host", "dropped"}] */
+} session_call;
+
+static pv_status session_op(pv_engine *e, void *arg)
+{
+    session_call *c = arg;
+    if (c->remove)
+        return pv_engine_end_session(e, c->engine_id);
+    pv_status st = pv_engine_session_tokens(e, c->engine_id, &c->tokens);
+    if (st != PV_OK)
+        return st;
+    pv_cache *cache = pv_engine_cache(e);
+    /* A session whose KV was freed (stateless mode) has no cache view. */
+    if (pv_cache_session_restore(cache, c->engine_id, &c->view) != PV_OK)
+        return PV_OK;
+    c->have_view = 1;
+    if (!(c->chunks = json_array()))
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "session view");
+    for (uint32_t ch = 0; ch < c->view.n_chunks; ch++) {
+        json_int_t per_tier[3] = {0, 0, 0};
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+            pv_tier tier;
+            if (pv_cache_peek(cache, c->engine_id, ch, l, &tier, NULL, NULL) == PV_OK && tier >= 0 &&
+                tier < 3)
+                per_tier[tier]++;
+        }
+        json_array_append_new(c->chunks, json_pack("{s:i, s:I, s:I, s:I}", "index", (int)ch, "device",
+                                                   per_tier[PV_TIER_DEVICE], "host", per_tier[PV_TIER_HOST],
+                                                   "dropped", per_tier[PV_TIER_DROPPED]));
+    }
+    return PV_OK;
+}
+
+/* The engine's name for a client's session: namespaced by API key, so one
+ * key's ids never reach another's KV. */
+static char *engine_session_id(unsigned key_index, const char *id)
+{
+    size_t n = strlen(id) + 16;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%u:%s", key_index, id);
+    return s;
+}
+
+static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
+{
+    pv_api_error err;
+    if (!*id || strlen(id) > 128) {
+        pv_api_fail(&err, 400, "invalid_request_error", "session_id", NULL,
+                    "a session id is 1 to 128 bytes; got %zu", strlen(id));
+        return srv_respond_error(r, &err);
+    }
+    session_call c;
+    memset(&c, 0, sizeof c);
+    c.remove = remove;
+    c.n_layers = r->srv->cfg.n_layers;
+    char *engine_id = engine_session_id(r->key_index, id);
+    if (!engine_id) {
+        pv_api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_respond_error(r, &err);
+    }
+    c.engine_id = engine_id;
+    pv_status st = pv_engine_loop_call(r->srv->loop, session_op, &c);
+    free(engine_id);
+    if (st == PV_ERR_NOT_FOUND) {
+        json_decref(c.chunks);
+        pv_api_fail(&err, 404, "not_found_error", "session_id", "session_not_found",
+                    "No session '%.128s' (it never existed, was deleted, or timed out).", id);
+        return srv_respond_error(r, &err);
+    }
+    if (st == PV_ERR_BUSY) {
+        json_decref(c.chunks);
+        pv_api_fail(&err, 409, "invalid_request_error", "session_id", "session_busy",
+                    "Session '%.128s' has a request in progress; try again when it ends.", id);
+        return srv_respond_error(r, &err);
+    }
+    if (st != PV_OK) {
+        json_decref(c.chunks);
+        pv_api_fail(&err, 500, "server_error", NULL, NULL, "session: %s", pv_last_error());
+        return srv_respond_error(r, &err);
+    }
+    if (remove)
+        return respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "session.deleted",
+                                              "deleted", 1));
+    json_t *j = json_pack("{s:s, s:s, s:I}", "id", id, "object", "session", "tokens", (json_int_t)c.tokens);
+    if (j && c.have_view) {
+        json_object_set_new(j, "turns", json_integer(c.view.turns));
+        json_object_set_new(j, "chunk_tokens_saved", json_integer(c.view.committed_tokens));
+        json_object_set_new(j, "records", json_pack("{s:I, s:I, s:I}", "device",
+                                                    (json_int_t)c.view.records[PV_TIER_DEVICE], "host",
+                                                    (json_int_t)c.view.records[PV_TIER_HOST], "dropped",
+                                                    (json_int_t)c.view.records[PV_TIER_DROPPED]));
+        json_object_set_new(j, "bytes", json_pack("{s:I, s:I}", "device",
+                                                  (json_int_t)c.view.held_bytes[PV_TIER_DEVICE], "host",
+                                                  (json_int_t)c.view.held_bytes[PV_TIER_HOST]));
+        json_object_set_new(j, "chunks", c.chunks);
+    } else {
+        json_decref(c.chunks);
+    }
+    return respond_json(r, 200, j);
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+static enum MHD_Result route(srv_req *r)
+{
+    pv_server *s = r->srv;
+    pv_api_error err;
+    const char *path = r->path, *m = r->method;
+    int get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0, del = strcmp(m, "DELETE") == 0;
+    if (r->too_large) {
+        pv_api_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
+                    "The request body exceeds the server's limit of %zu bytes (--max-body).", s->cfg.max_body);
+        return srv_respond_error(r, &err);
+    }
+    /* Health and metrics are for operators and load balancers, open as in
+     * vLLM and llama.cpp's server; the API needs the key. */
+    if (strcmp(path, "/health") == 0 && get)
+        return respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
+    if (strcmp(path, "/metrics") == 0 && get)
+        return serve_metrics(r);
+    if (strncmp(path, "/v1/", 4) == 0 && authorize(r, &err) != 0)
+        return srv_respond_error(r, &err);
+    if (strcmp(path, "/v1/chat/completions") == 0 && post)
+        return srv_turn_start(r, PV_API_CHAT);
+    if (strcmp(path, "/v1/completions") == 0 && post)
+        return srv_turn_start(r, PV_API_COMPLETION);
+    if (strcmp(path, "/v1/models") == 0 && get)
+        return serve_models(r);
+    if (strncmp(path, "/v1/sessions/", 13) == 0 && (get || del))
+        return serve_session(r, path + 13, del);
+    int known = strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
+                strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
+                strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/sessions/", 13) == 0;
+    if (known)
+        pv_api_fail(&err, 405, "invalid_request_error", NULL, "method_not_allowed",
+                    "Method %s is not allowed on %.200s.", m, path);
+    else
+        pv_api_fail(&err, 404, "invalid_request_error", NULL, "unknown_url", "Unknown request URL: %s %.200s.",
+                    m, path);
+    return srv_respond_error(r, &err);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    pv_server *s = cls;
+    srv_req *r = *con_cls;
+    if (!r) {
+        if (!(r = req_new(s, conn, method, url)))
+            return MHD_NO;
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!r->too_large && r->body.n + *upload_data_size > s->cfg.max_body)
+            r->too_large = 1;
+        if (r->too_large)
+            srv_buf_free(&r->body);
+        else if (srv_buf_add(&r->body, upload_data, *upload_data_size))
+            return MHD_NO;
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (r->state == RQ_SUBMITTING)
+        return srv_turn_resume(r);
+    if (r->state != RQ_BODY)
+        return MHD_YES;
+    return route(r);
+}
+
+/* ---- the end of a request: log, metrics, cancellation ------------------------------------- */
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    pv_server *s = cls;
+    srv_req *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    srv_turn_connection_closed(r);
+    pthread_mutex_lock(&r->mu);
+    int status = r->http_status;
+    uint32_t prompt = (uint32_t)r->n_tokens, generated = r->generated;
+    uint32_t cached = r->done ? r->result.reused_device + r->result.reused_host : 0;
+    pthread_mutex_unlock(&r->mu);
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200)
+        status = 499; /* the client went away first (nginx's convention) */
+    double ms = (srv_now() - r->t_start) * 1e3;
+    pv_metrics_request_done(s->metrics, status ? status : 499, prompt, cached, generated);
+    if (s->cfg.log)
+        fprintf(s->cfg.log, "%s %s %d prompt=%u cached=%u generated=%u %.1f ms\n", r->method, r->path,
+                status ? status : 499, prompt, cached, generated, ms);
+    srv_req_unref(r);
+}
+
+/* libmicrohttpd's own messages (a client gone mid-response, ...) go to
+ * the request log, not to whatever stderr the embedding program has. */
+__attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    pv_server *s = cls;
+    if (!s->cfg.log)
+        return;
+    fputs("http: ", s->cfg.log);
+    vfprintf(s->cfg.log, fmt, ap);
+}
+
+/* ---- start and stop --------------------------------------------------------------------------- */
+
+static void free_server(pv_server *s)
+{
+    if (s->keys)
+        for (size_t i = 0; i < s->cfg.n_api_keys; i++)
+            free(s->keys[i]);
+    free(s->keys);
+    free(s->host);
+    free(s->model_id);
+    pv_metrics_free(s->metrics);
+    pthread_cond_destroy(&s->idle);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer *tok,
+                          const pv_server_config *cfg)
+{
+    if (!out || !engine || !tok || !cfg)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: NULL argument");
+    *out = NULL;
+    if (cfg->threads == 0 || cfg->threads > 1024)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: %u threads (1 to 1024)", cfg->threads);
+    if (cfg->max_body == 0)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: max_body is 0");
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(cfg->port);
+    if (inet_pton(AF_INET, cfg->host ? cfg->host : "127.0.0.1", &addr.sin_addr) != 1)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: host \"%.64s\" is not an IPv4 address",
+                        cfg->host);
+    pv_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: %zu bytes", sizeof *s);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    s->cfg = *cfg;
+    s->engine = engine;
+    s->tok = tok;
+    s->next_id = (uint64_t)time(NULL) << 20;
+    pv_status st = pv_metrics_init(&s->metrics);
+    if (st != PV_OK) {
+        free_server(s);
+        return st;
+    }
+    s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
+    s->model_id = strdup(cfg->model_id ? cfg->model_id : "pensieve");
+    s->keys = cfg->n_api_keys ? calloc(cfg->n_api_keys, sizeof *s->keys) : NULL;
+    int oom = !s->host || !s->model_id || (cfg->n_api_keys && !s->keys);
+    for (size_t i = 0; i < cfg->n_api_keys && !oom; i++)
+        oom = !(s->keys[i] = strdup(cfg->api_keys[i]));
+    if (oom) {
+        free_server(s);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: configuration copies");
+    }
+    s->cfg.host = s->host;
+    s->cfg.model_id = s->model_id;
+    s->cfg.api_keys = (const char *const *)s->keys;
+    if ((st = pv_engine_loop_start(&s->loop, engine)) != PV_OK) {
+        free_server(s);
+        return st;
+    }
+    s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                                  MHD_USE_ERROR_LOG,
+                              0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                              MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)cfg->threads,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                              (unsigned int)600, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+    if (!s->mhd) {
+        pv_engine_loop_stop(s->loop);
+        free_server(s);
+        return pv_error(PV_ERR_IO, "pv_server_start: cannot listen on %.64s:%u (in use, or not allowed)",
+                        cfg->host ? cfg->host : "127.0.0.1", (unsigned)cfg->port);
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : cfg->port;
+    *out = s;
+    return PV_OK;
+}
+
+uint16_t pv_server_port(const pv_server *s)
+{
+    return s ? s->port : 0;
+}
+
+pv_status pv_server_engine_call(pv_server *s, pv_status (*fn)(pv_engine *e, void *arg), void *arg)
+{
+    if (!s)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_engine_call: server is NULL");
+    return pv_engine_loop_call(s->loop, fn, arg);
+}
+
+static pv_status cancel_everything(pv_engine *e, void *arg)
+{
+    srv_turn_release_parked(arg);
+    pv_engine_cancel_all(e);
+    return PV_OK;
+}
+
+void pv_server_stop(pv_server *s, double grace_s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_mutex_unlock(&s->mu);
+    /* No new connections; turns in flight end (their responses close). */
+    MHD_socket listen = MHD_quiesce_daemon(s->mhd);
+    if (listen != MHD_INVALID_SOCKET)
+        close(listen);
+    pv_engine_loop_call(s->loop, cancel_everything, s);
+    double until = srv_now() + grace_s;
+    pthread_mutex_lock(&s->mu);
+    while (s->open_requests > 0 && srv_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 20 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->idle, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(s->mhd);
+    pv_engine_loop_stop(s->loop);
+    free_server(s);
+}

@@ -1,0 +1,685 @@
+/* pensieve-serve end to end, in process: the server over the synthetic
+ * model, driven by libcurl. Completions plain and streamed, sessions
+ * (cached prompt tokens, the stateless answer, divergence, DELETE), every
+ * kind of bad input answered with its 4xx while the server keeps serving,
+ * 32 concurrent clients over 8 sessions, and a client that leaves
+ * mid-stream (its turn is cancelled, no slot stays held). */
+#include "server/server.h"
+
+#include "engine-util.h"
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_CTX 2048
+
+typedef struct http_resp {
+    long status;
+    char *body;
+    size_t n;
+    size_t abort_after; /* stream: stop reading after this many bytes (0: never) */
+} http_resp;
+
+static size_t on_body(char *p, size_t size, size_t n, void *user)
+{
+    http_resp *r = user;
+    size_t len = size * n;
+    char *b = realloc(r->body, r->n + len + 1);
+    if (!b)
+        return 0;
+    memcpy(b + r->n, p, len);
+    r->body = b;
+    r->n += len;
+    b[r->n] = '\0';
+    if (r->abort_after && r->n >= r->abort_after)
+        return 0; /* the client hangs up */
+    return len;
+}
+
+/* One request; headers is a NULL-terminated list (may be NULL). */
+static int http(int port, const char *method, const char *path, const char *body, size_t body_len,
+                const char *const *headers, http_resp *out)
+{
+    memset(out, 0, sizeof *out);
+    CURL *c = curl_easy_init();
+    if (!c)
+        return -1;
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    for (size_t i = 0; headers && headers[i]; i++)
+        h = curl_slist_append(h, headers[i]);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)body_len);
+    }
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &out->status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return rc == CURLE_OK || rc == CURLE_WRITE_ERROR ? 0 : -1;
+}
+
+static void resp_free(http_resp *r)
+{
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static long post(int port, const char *path, const char *body, const char *const *headers, http_resp *out)
+{
+    if (http(port, "POST", path, body, strlen(body), headers, out) != 0)
+        return -1;
+    return out->status;
+}
+
+/* ---- answers ---------------------------------------------------------------------- */
+
+typedef struct answer {
+    long status;
+    char content[4096];
+    int32_t ids[512];
+    int n_ids;
+    long prompt, completion, cached;
+    char finish[16];
+    char error_code[64], error_param[64];
+} answer;
+
+static void read_answer(const http_resp *r, answer *a)
+{
+    memset(a, 0, sizeof *a);
+    a->status = r->status;
+    json_t *j = json_loadb(r->body ? r->body : "", r->n, 0, NULL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(ch, "message");
+    const char *text = msg ? json_string_value(json_object_get(msg, "content"))
+                           : json_string_value(json_object_get(ch, "text"));
+    snprintf(a->content, sizeof a->content, "%s", text ? text : "");
+    const char *fin = json_string_value(json_object_get(ch, "finish_reason"));
+    snprintf(a->finish, sizeof a->finish, "%s", fin ? fin : "");
+    json_t *ids = json_object_get(ch, "token_ids");
+    for (size_t i = 0; i < json_array_size(ids) && a->n_ids < 512; i++)
+        a->ids[a->n_ids++] = (int32_t)json_integer_value(json_array_get(ids, i));
+    json_t *u = json_object_get(j, "usage");
+    a->prompt = (long)json_integer_value(json_object_get(u, "prompt_tokens"));
+    a->completion = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+    a->cached = (long)json_integer_value(
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    json_t *err = json_object_get(j, "error");
+    const char *code = json_string_value(json_object_get(err, "code"));
+    const char *param = json_string_value(json_object_get(err, "param"));
+    snprintf(a->error_code, sizeof a->error_code, "%s", code ? code : "");
+    snprintf(a->error_param, sizeof a->error_param, "%s", param ? param : "");
+    json_decref(j);
+}
+
+/* A chat request body: messages alternate user/assistant from the list. */
+static char *chat_body(const char *const *turns, int n_turns, int max_tokens, const char *extra)
+{
+    json_t *msgs = json_array();
+    for (int i = 0; i < n_turns; i++)
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", i % 2 ? "assistant" : "user", "content",
+                                              turns[i]));
+    json_t *j = json_pack("{s:s, s:o, s:i, s:f, s:b, s:b}", "model", "synthetic", "messages", msgs,
+                          "max_tokens", max_tokens, "temperature", 0.0, "return_token_ids", 1, "ignore_eos", 1);
+    if (extra) {
+        json_t *x = json_loads(extra, 0, NULL);
+        json_object_update(j, x);
+        json_decref(x);
+    }
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+static long chat(int port, const char *const *turns, int n_turns, int max_tokens, const char *extra,
+                 const char *const *headers, answer *a)
+{
+    char *body = chat_body(turns, n_turns, max_tokens, extra);
+    http_resp r;
+    post(port, "/v1/chat/completions", body, headers, &r);
+    read_answer(&r, a);
+    resp_free(&r);
+    free(body);
+    return a->status;
+}
+
+static int same_ids(const answer *a, const answer *b)
+{
+    return a->n_ids > 0 && a->n_ids == b->n_ids && memcmp(a->ids, b->ids, (size_t)a->n_ids * sizeof a->ids[0]) == 0;
+}
+
+/* The content of an event stream, and whether it ended properly. */
+static void read_stream(const char *body, char *content, size_t cap, int *events, int *done, int *usage_chunk,
+                        char *finish, size_t fcap)
+{
+    content[0] = finish[0] = '\0';
+    *events = *done = *usage_chunk = 0;
+    size_t len = 0;
+    for (const char *p = body ? strstr(body, "data: ") : NULL; p; p = strstr(p + 1, "data: ")) {
+        const char *end = strstr(p, "\n\n");
+        if (!end)
+            break;
+        if (strncmp(p + 6, "[DONE]", 6) == 0) {
+            *done = 1;
+            break;
+        }
+        json_t *j = json_loadb(p + 6, (size_t)(end - p - 6), 0, NULL);
+        (*events)++;
+        json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+        if (!ch && json_is_object(json_object_get(j, "usage")))
+            *usage_chunk = 1;
+        json_t *delta = json_object_get(ch, "delta");
+        const char *t = delta ? json_string_value(json_object_get(delta, "content"))
+                              : json_string_value(json_object_get(ch, "text"));
+        if (t) {
+            size_t n = strlen(t);
+            if (len + n < cap) {
+                memcpy(content + len, t, n + 1);
+                len += n;
+            }
+        }
+        const char *f = json_string_value(json_object_get(ch, "finish_reason"));
+        if (f)
+            snprintf(finish, fcap, "%s", f);
+        json_decref(j);
+    }
+}
+
+/* ---- the server ----------------------------------------------------------------------- */
+
+typedef struct rig {
+    eu_model m;
+    pv_engine *e;
+    pv_server *srv;
+    int port;
+} rig;
+
+static int rig_start(rig *g, const char *const *keys, size_t n_keys, size_t max_body)
+{
+    memset(g, 0, sizeof *g);
+    if (eu_model_init(&g->m, "cpu", 2, N_CTX, PV_F32, 16) != PV_OK)
+        return -1;
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    cc.device_bytes = 4u << 20;
+    cc.host_bytes = 4u << 20;
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    if (pv_engine_init(&g->e, g->m.be, g->m.model, &g->m.tok, &cc, &ec) != PV_OK)
+        return -1;
+    pv_server_config sc;
+    pv_server_config_defaults(&sc);
+    sc.port = 0;
+    sc.api_keys = keys;
+    sc.n_api_keys = n_keys;
+    sc.model_id = "synthetic";
+    sc.n_ctx = N_CTX;
+    sc.n_layers = 2;
+    if (max_body)
+        sc.max_body = max_body;
+    if (pv_server_start(&g->srv, g->e, &g->m.tok, &sc) != PV_OK)
+        return -1;
+    g->port = pv_server_port(g->srv);
+    return 0;
+}
+
+static void rig_stop(rig *g)
+{
+    pv_server_stop(g->srv, 5.0);
+    pv_engine_free(g->e);
+    eu_model_free(&g->m);
+}
+
+static pv_status engine_check(pv_engine *e, void *arg)
+{
+    return pv_engine_check(e);
+}
+
+typedef struct stats_call {
+    pv_engine_stats es;
+    pv_cache_stats cs;
+} stats_call;
+
+static pv_status get_stats(pv_engine *e, void *arg)
+{
+    stats_call *c = arg;
+    pv_engine_stats_get(e, &c->es);
+    return pv_cache_stats_get(pv_engine_cache(e), &c->cs);
+}
+
+static int healthy(int port)
+{
+    http_resp r;
+    int ok_ = http(port, "GET", "/health", NULL, 0, NULL, &r) == 0 && r.status == 200;
+    resp_free(&r);
+    return ok_;
+}
+
+/* ---- tests ----------------------------------------------------------------------------- */
+
+static void test_completions(rig *g)
+{
+    static const char *const hello[] = {"hello there"};
+    answer a, b;
+    chat(g->port, hello, 1, 8, NULL, NULL, &a);
+    ok(a.status == 200 && a.completion == 8 && a.n_ids == 8 &&
+           strcmp(a.finish, "length") == 0 && a.prompt > 0,
+       "chat completion: 200, 8 tokens, finish length, prompt %ld tokens", a.prompt);
+    chat(g->port, hello, 1, 8, NULL, NULL, &b);
+    ok(same_ids(&a, &b), "greedy answers repeat token for token");
+
+    char *body = chat_body(hello, 1, 8, "{\"stream\": true, \"stream_options\": {\"include_usage\": true}}");
+    http_resp r;
+    post(g->port, "/v1/chat/completions", body, NULL, &r);
+    free(body);
+    char content[4096], finish[16];
+    int events, done, usage;
+    read_stream(r.body, content, sizeof content, &events, &done, &usage, finish, sizeof finish);
+    ok(r.status == 200 && done && usage && strcmp(content, a.content) == 0 && strcmp(finish, "length") == 0,
+       "streamed chat: %d events end with usage and [DONE]; content equals the plain answer", events);
+    resp_free(&r);
+
+    const char *cbody = "{\"model\":\"synthetic\",\"prompt\":\"once upon a time\",\"max_tokens\":6,"
+                        "\"temperature\":0,\"ignore_eos\":true}";
+    answer c;
+    post(g->port, "/v1/completions", cbody, NULL, &r);
+    read_answer(&r, &c);
+    resp_free(&r);
+    ok(c.status == 200 && c.completion == 6 && c.content[0], "completion of a raw prompt: 6 tokens");
+    char sbody[256];
+    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true}", (int)strlen(cbody) - 1, cbody);
+    post(g->port, "/v1/completions", sbody, NULL, &r);
+    read_stream(r.body, content, sizeof content, &events, &done, &usage, finish, sizeof finish);
+    ok(r.status == 200 && done && strcmp(content, c.content) == 0, "streamed completion equals the plain one");
+    resp_free(&r);
+
+    http(g->port, "GET", "/v1/models", NULL, 0, NULL, &r);
+    ok(r.status == 200 && r.body && strstr(r.body, "\"synthetic\""), "/v1/models lists the model");
+    resp_free(&r);
+}
+
+static void test_sessions(rig *g)
+{
+    static const char *const t1[] = {"tell me about tiers"};
+    answer a1, a2, s2, fresh;
+    const char *h1[] = {"X-Session-Id: conv-1", NULL};
+    chat(g->port, t1, 1, 12, NULL, h1, &a1);
+    ok(a1.status == 200 && a1.cached == 0, "session turn 1: nothing cached yet");
+    const char *t2[] = {t1[0], a1.content, "and what about recomputation"};
+    chat(g->port, t2, 3, 12, NULL, h1, &a2);
+    chat(g->port, t2, 3, 12, NULL, NULL, &s2);
+    ok(a2.status == 200 && a2.cached >= a1.prompt, "session turn 2 reports %ld cached prompt tokens (turn 1's prompt was %ld)",
+       a2.cached, a1.prompt);
+    ok(s2.cached == 0 && same_ids(&a2, &s2), "turn 2's tokens equal the stateless answer (%d tokens)", a2.n_ids);
+
+    /* prompt_cache_key and session_id reach the same kind of session */
+    answer k1, k2;
+    chat(g->port, t1, 1, 12, "{\"prompt_cache_key\": \"conv-2\"}", NULL, &k1);
+    const char *t2k[] = {t1[0], k1.content, "and what about recomputation"};
+    chat(g->port, t2k, 3, 12, "{\"prompt_cache_key\": \"conv-2\"}", NULL, &k2);
+    ok(k2.cached >= k1.prompt && same_ids(&k2, &s2), "prompt_cache_key: cached %ld, same answer", k2.cached);
+
+    /* An edited first turn diverges: the session keeps only the common
+     * prefix and answers as a fresh conversation would. */
+    const char *edited[] = {"tell me about caches", a1.content, "and what about recomputation"};
+    answer d;
+    chat(g->port, edited, 3, 12, NULL, h1, &d);
+    chat(g->port, edited, 3, 12, NULL, NULL, &fresh);
+    ok(d.status == 200 && same_ids(&d, &fresh), "an edited earlier turn gives the fresh conversation's tokens");
+    ok(d.cached > 0 && d.cached < a1.prompt, "it reuses only the common prefix (%ld of %ld tokens)", d.cached,
+       d.prompt);
+    http_resp r;
+    http(g->port, "GET", "/v1/sessions/conv-1", NULL, 0, NULL, &r);
+    json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
+    long tokens = (long)json_integer_value(json_object_get(j, "tokens"));
+    ok(r.status == 200 && tokens == d.prompt + d.completion && json_array_size(json_object_get(j, "chunks")) > 0,
+       "GET /v1/sessions/conv-1: %ld tokens (prompt + answer of the edited turn), its chunks' tiers", tokens);
+    json_decref(j);
+    resp_free(&r);
+
+    /* The same messages again on the session: only the new part runs */
+    const char *t3[] = {edited[0], edited[1], edited[2], d.content, "one more"};
+    answer e3, f3;
+    chat(g->port, t3, 5, 8, NULL, h1, &e3);
+    chat(g->port, t3, 5, 8, NULL, NULL, &f3);
+    ok(e3.cached >= d.prompt && same_ids(&e3, &f3), "the diverged session goes on: cached %ld, stateless answer",
+       e3.cached);
+
+    http(g->port, "DELETE", "/v1/sessions/conv-1", NULL, 0, NULL, &r);
+    ok(r.status == 200, "DELETE /v1/sessions/conv-1: 200");
+    resp_free(&r);
+    http(g->port, "GET", "/v1/sessions/conv-1", NULL, 0, NULL, &r);
+    ok(r.status == 404, "then GET: 404");
+    resp_free(&r);
+    http(g->port, "DELETE", "/v1/sessions/conv-1", NULL, 0, NULL, &r);
+    ok(r.status == 404, "and DELETE again: 404");
+    resp_free(&r);
+}
+
+typedef struct bad_case {
+    const char *what, *path, *body;
+    long status;
+    const char *param; /* expected error param, NULL: not checked */
+} bad_case;
+
+static void test_bad_input(rig *g)
+{
+    char *long_prompt = malloc(3 * N_CTX * 4 + 128);
+    char *p = long_prompt + sprintf(long_prompt, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 3 * N_CTX; i++)
+        p += sprintf(p, "%c ", 'a' + i % 26);
+    sprintf(p, "\"}]}");
+    char big[70000];
+    memset(big, ' ', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    memcpy(big, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 55);
+    const bad_case cases[] = {
+        {"malformed JSON", "/v1/chat/completions", "{\"model\": \"m\", \"messages\": [", 400, NULL},
+        {"a body over --max-body", "/v1/chat/completions", big, 413, NULL},
+        {"temperature of the wrong type", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "temperature"},
+        {"an unknown role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
+         "messages[0].role"},
+        {"empty messages", "/v1/chat/completions", "{\"messages\":[]}", 400, "messages"},
+        {"max_tokens 0", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "max_tokens"},
+        {"max_tokens past the context", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400, "max_tokens"},
+        {"temperature out of range", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature"},
+        {"a prompt past the context", "/v1/chat/completions", long_prompt, 400, "messages"},
+        {"invalid UTF-8", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}",
+         400, NULL},
+        {"n = 2", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
+        {"a completion without a prompt", "/v1/completions", "{\"model\":\"m\"}", 400, "prompt"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        http_resp r;
+        post(g->port, cases[i].path, cases[i].body, NULL, &r);
+        answer a;
+        read_answer(&r, &a);
+        json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
+        json_t *err = json_object_get(j, "error");
+        int shaped = json_is_string(json_object_get(err, "message")) && json_is_string(json_object_get(err, "type")) &&
+                     json_object_get(err, "param") && json_object_get(err, "code");
+        ok(r.status == cases[i].status && shaped && (!cases[i].param || strcmp(a.error_param, cases[i].param) == 0) &&
+               healthy(g->port),
+           "%s: %ld (want %ld), OpenAI error body, param '%s'; /health still 200", cases[i].what, r.status,
+           cases[i].status, a.error_param);
+        json_decref(j);
+        resp_free(&r);
+    }
+    free(long_prompt);
+    http_resp r;
+    http(g->port, "DELETE", "/v1/sessions/nobody", NULL, 0, NULL, &r);
+    ok(r.status == 404 && healthy(g->port), "DELETE of an unknown session: 404");
+    resp_free(&r);
+    http(g->port, "GET", "/v1/nothing-here", NULL, 0, NULL, &r);
+    ok(r.status == 404, "an unknown path: 404");
+    resp_free(&r);
+    http(g->port, "GET", "/v1/chat/completions", NULL, 0, NULL, &r);
+    ok(r.status == 405, "GET on a POST endpoint: 405");
+    resp_free(&r);
+}
+
+static void test_api_keys(void)
+{
+    static const char *const keys[] = {"key-alice", "key-bob"};
+    rig g;
+    if (rig_start(&g, keys, 2, 0) != 0) {
+        ok(0, "server with API keys: %s", pv_last_error());
+        return;
+    }
+    static const char *const hi[] = {"hi"};
+    answer a;
+    ok(chat(g.port, hi, 1, 4, NULL, NULL, &a) == 401, "no API key: 401");
+    const char *wrong[] = {"Authorization: Bearer key-mallory", NULL};
+    ok(chat(g.port, hi, 1, 4, NULL, wrong, &a) == 401 && strcmp(a.error_code, "invalid_api_key") == 0,
+       "a wrong API key: 401 invalid_api_key");
+    const char *alice[] = {"Authorization: Bearer key-alice", "X-Session-Id: shared-name", NULL};
+    const char *bob[] = {"Authorization: Bearer key-bob", NULL};
+    ok(chat(g.port, hi, 1, 4, NULL, alice, &a) == 200, "alice's key: 200");
+    http_resp r;
+    http(g.port, "GET", "/v1/sessions/shared-name", NULL, 0, bob, &r);
+    ok(r.status == 404, "bob cannot see alice's session of the same name (404)");
+    resp_free(&r);
+    http(g.port, "GET", "/v1/sessions/shared-name", NULL, 0, alice, &r);
+    ok(r.status == 200, "alice can (200)");
+    resp_free(&r);
+    ok(healthy(g.port), "/health needs no key");
+    rig_stop(&g);
+}
+
+/* ---- concurrency ---------------------------------------------------------------------- */
+
+typedef struct client {
+    int port, index;
+    answer got, want;
+    int stream;
+    long status;
+} client;
+
+static void *run_client(void *arg)
+{
+    client *c = arg;
+    char first[64], header[64];
+    snprintf(first, sizeof first, "question %d about chunk %d", c->index % 8, c->index);
+    snprintf(header, sizeof header, "X-Session-Id: crowd-%d", c->index % 8);
+    const char *turns[] = {first};
+    const char *h[] = {header, NULL};
+    c->status = chat(c->port, turns, 1, 6 + c->index % 5, NULL, h, &c->got);
+    return NULL;
+}
+
+static void test_concurrency(rig *g)
+{
+    enum { N = 32 };
+    client cl[N];
+    pthread_t t[N];
+    for (int i = 0; i < N; i++) {
+        memset(&cl[i], 0, sizeof cl[i]);
+        cl[i].port = g->port;
+        cl[i].index = i;
+        pthread_create(&t[i], NULL, run_client, &cl[i]);
+    }
+    for (int i = 0; i < N; i++)
+        pthread_join(t[i], NULL);
+    int good = 0;
+    for (int i = 0; i < N; i++) {
+        char first[64];
+        snprintf(first, sizeof first, "question %d about chunk %d", i % 8, i);
+        const char *turns[] = {first};
+        chat(g->port, turns, 1, 6 + i % 5, NULL, NULL, &cl[i].want);
+        if (cl[i].status == 200 && cl[i].got.completion == 6 + i % 5 && same_ids(&cl[i].got, &cl[i].want))
+            good++;
+        else
+            tap_diag("client %d: status %ld, %ld tokens", i, cl[i].status, cl[i].got.completion);
+    }
+    ok(good == N, "32 concurrent clients over 8 sessions: %d complete answers equal to the stateless ones", good);
+    ok(pv_server_engine_call(g->srv, engine_check, NULL) == PV_OK, "engine and cache invariants hold: %s",
+       pv_last_error());
+}
+
+static void test_disconnect(rig *g)
+{
+    stats_call before, after;
+    pv_server_engine_call(g->srv, get_stats, &before);
+    const char *body = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go on\"}],"
+                       "\"max_tokens\":1500,\"ignore_eos\":true,\"stream\":true}";
+    const char *h[] = {"X-Session-Id: leaver", NULL};
+    http_resp r;
+    memset(&r, 0, sizeof r);
+    CURL *c = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", g->port);
+    struct curl_slist *hl = curl_slist_append(NULL, h[0]);
+    r.abort_after = 600; /* a few events, then hang up */
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    CURLcode rc = curl_easy_perform(c);
+    curl_slist_free_all(hl);
+    curl_easy_cleanup(c);
+    ok(rc == CURLE_WRITE_ERROR && r.n >= 600, "the client hung up mid-stream after %zu bytes", r.n);
+    resp_free(&r);
+    /* The server notices at its next write; the cancellation runs between
+     * iterations. */
+    int settled = 0;
+    for (int i = 0; i < 500 && !settled; i++) {
+        pv_server_engine_call(g->srv, get_stats, &after);
+        settled = after.es.running == 0 && after.es.waiting == 0 &&
+                  after.es.turns_cancelled == before.es.turns_cancelled + 1;
+        if (!settled)
+            usleep(10000);
+    }
+    ok(settled, "its turn was cancelled (%llu cancelled), nothing runs or waits",
+       (unsigned long long)after.es.turns_cancelled);
+    ok(after.es.decode_tokens - before.es.decode_tokens < 1500, "it stopped early: %llu of 1500 tokens decoded",
+       (unsigned long long)(after.es.decode_tokens - before.es.decode_tokens));
+    http(g->port, "GET", "/v1/sessions/leaver", NULL, 0, NULL, &r);
+    json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
+    long tokens = (long)json_integer_value(json_object_get(j, "tokens"));
+    ok(r.status == 200 && tokens > 0 && tokens < 1500, "its session keeps what ran (%ld tokens)", tokens);
+    json_decref(j);
+    resp_free(&r);
+    ok(pv_server_engine_call(g->srv, engine_check, NULL) == PV_OK, "invariants hold after the cancellation: %s",
+       pv_last_error());
+    http(g->port, "GET", "/metrics", NULL, 0, NULL, &r);
+    ok(r.status == 200 && r.body && strstr(r.body, "pensieve_requests_running 0") &&
+           strstr(r.body, "pensieve_time_to_first_token_seconds_bucket"),
+       "/metrics: nothing running; latency histograms present");
+    resp_free(&r);
+    /* A stateless stream that is abandoned frees every slot it had. */
+    pv_server_engine_call(g->srv, get_stats, &before);
+    c = curl_easy_init();
+    memset(&r, 0, sizeof r);
+    r.abort_after = 600;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    resp_free(&r);
+    settled = 0;
+    for (int i = 0; i < 500 && !settled; i++) {
+        pv_server_engine_call(g->srv, get_stats, &after);
+        settled = after.es.running == 0 && after.es.turns_cancelled == before.es.turns_cancelled + 1;
+        if (!settled)
+            usleep(10000);
+    }
+    ok(settled && after.cs.used_bytes[PV_TIER_DEVICE] <= before.cs.used_bytes[PV_TIER_DEVICE] &&
+           after.es.sessions == before.es.sessions,
+       "an abandoned stateless stream frees its slots (device %llu -> %llu bytes) and its session",
+       (unsigned long long)before.cs.used_bytes[PV_TIER_DEVICE],
+       (unsigned long long)after.cs.used_bytes[PV_TIER_DEVICE]);
+}
+
+typedef struct long_client {
+    int port, stream;
+    http_resp r;
+    volatile size_t *progress;
+} long_client;
+
+static size_t on_long_body(char *p, size_t size, size_t n, void *user)
+{
+    long_client *c = user;
+    size_t len = on_body(p, size, n, &c->r);
+    *c->progress = c->r.n;
+    return len;
+}
+
+static void *run_long_client(void *arg)
+{
+    long_client *c = arg;
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go on\"}],"
+             "\"max_tokens\":1900,\"ignore_eos\":true,\"stream\":%s}",
+             c->stream ? "true" : "false");
+    CURL *h = curl_easy_init();
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", c->port);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_long_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->r.status);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* SIGINT/SIGTERM's path: a stop with a stream and a plain request in
+ * flight ends both promptly, each with its proper ending. */
+static void test_shutdown(void)
+{
+    rig g;
+    if (rig_start(&g, NULL, 0, 0) != 0) {
+        ok(0, "server for the shutdown test: %s", pv_last_error());
+        return;
+    }
+    volatile size_t progress = 0, ignored = 0;
+    long_client streaming = {.port = g.port, .stream = 1, .progress = &progress};
+    long_client plain = {.port = g.port, .stream = 0, .progress = &ignored};
+    pthread_t ts, tp;
+    pthread_create(&ts, NULL, run_long_client, &streaming);
+    pthread_create(&tp, NULL, run_long_client, &plain);
+    for (int i = 0; i < 1000 && progress < 400; i++)
+        usleep(5000);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pv_server_stop(g.srv, 5.0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    pthread_join(ts, NULL);
+    pthread_join(tp, NULL);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    ok(s < 2.0, "the stop took %.3f s with two turns in flight", s);
+    ok(streaming.r.status == 200 && streaming.r.body && strstr(streaming.r.body, "shutting_down") &&
+           strstr(streaming.r.body, "data: [DONE]"),
+       "the stream ends with an error event and [DONE]");
+    ok(plain.r.status == 503, "the plain request gets 503 (got %ld)", plain.r.status);
+    resp_free(&streaming.r);
+    resp_free(&plain.r);
+    pv_engine_free(g.e);
+    eu_model_free(&g.m);
+}
+
+int main(void)
+{
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return tap_skip_all("libcurl does not initialise");
+    rig g;
+    if (rig_start(&g, NULL, 0, 64 * 1024) != 0) {
+        fprintf(stderr, "server: %s\n", pv_last_error());
+        return 1;
+    }
+    test_completions(&g);
+    test_sessions(&g);
+    test_bad_input(&g);
+    test_concurrency(&g);
+    test_disconnect(&g);
+    rig_stop(&g);
+    test_api_keys();
+    test_shutdown();
+    curl_global_cleanup();
+    return tap_done();
+}
