@@ -12,3 +12,11 @@ TESTS += tests/test-engine-pipeline
 tests_test_engine_pipeline_SOURCES = tests/test-engine-pipeline.c tests/engine-util.h tests/delay-backend.c
 tests_test_engine_pipeline_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_engine_pipeline_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
+
+# Whole-conversation turns (common prefix kept, divergence truncated in
+# every tier), cancellation, NULL sessions and the engine loop's thread.
+check_PROGRAMS += tests/test-engine-conversation
+TESTS += tests/test-engine-conversation
+tests_test_engine_conversation_SOURCES = tests/test-engine-conversation.c tests/engine-util.h
+tests_test_engine_conversation_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_conversation_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
