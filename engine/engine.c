@@ -515,6 +515,9 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     if (id_len == 0 || id_len > PV_SESSION_ID_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: session id of %zu bytes (1 to %d allowed)",
                         id_len, PV_SESSION_ID_MAX);
+    if (session != anonymous_id && session[0] == '\x1f')
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_submit: session ids starting with byte 0x1f are reserved for NULL-session turns");
     if ((turn->n_tokens == 0) == (turn->n_messages == 0))
         return pv_error(PV_ERR_INVALID_ARG,
                         "pv_engine_submit: a turn needs tokens or messages, not %s (%zu tokens, %zu messages)",

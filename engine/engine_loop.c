@@ -7,7 +7,6 @@
 
 #include "engine/engine_internal.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,17 +65,19 @@ static void *loop_main(void *arg)
         if (l->stopping)
             break;
         if (pv_engine_pending(l->e) == 0) {
-            /* Idle: sleep until a call, but wake for the idle timeout. */
+            /* Idle: end sessions past the idle timeout (at most once a
+             * second, however often calls wake the loop), then sleep until
+             * a call comes or the next check is due. */
+            pthread_mutex_unlock(&l->mu);
+            if (pv_engine_expire_idle(l->e) != PV_OK)
+                fprintf(stderr, "pensieve engine: idle sessions: %s\n", pv_last_error());
+            pthread_mutex_lock(&l->mu);
+            if (l->head || l->stopping)
+                continue;
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
             until.tv_sec += 1;
-            int rc = pthread_cond_timedwait(&l->wake, &l->mu, &until);
-            if (rc == ETIMEDOUT && !l->head) {
-                pthread_mutex_unlock(&l->mu);
-                if (pv_engine_expire_idle(l->e) != PV_OK)
-                    fprintf(stderr, "pensieve engine: idle sessions: %s\n", pv_last_error());
-                pthread_mutex_lock(&l->mu);
-            }
+            pthread_cond_timedwait(&l->wake, &l->mu, &until);
             continue;
         }
         pthread_mutex_unlock(&l->mu);

@@ -105,7 +105,9 @@ typedef struct pv_turn_callbacks {
      * cannot; the stop string itself is never delivered. */
     void (*on_token)(void *user, int32_t token, const char *text, size_t len);
     /* The turn ended: PV_OK, or the error (pv_last_error() on this thread
-     * says why). Called exactly once per accepted submit. */
+     * says why). Called exactly once per accepted submit. Callbacks run
+     * inside pv_engine_step and must not call the engine (to cancel from
+     * a callback, post the cancel: pv_engine_loop_post). */
     void (*on_done)(void *user, pv_status status, const pv_turn_result *result);
     void *user;
 } pv_turn_callbacks;
