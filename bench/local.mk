@@ -3,3 +3,4 @@ include bench/backend.mk
 include bench/cache.mk
 include bench/models.mk
 include bench/engine.mk
+include bench/serve.mk
