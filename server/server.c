@@ -347,9 +347,9 @@ static char *engine_session_id(unsigned key_index, const char *id)
 static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
 {
     pv_api_error err;
-    if (!*id || strlen(id) > 128) {
+    if (!srv_session_id_ok(id)) {
         pv_api_fail(&err, 400, "invalid_request_error", "session_id", NULL,
-                    "a session id is 1 to 128 bytes; got %zu", strlen(id));
+                    "A session id is 1 to 128 bytes of UTF-8 without control characters.");
         return srv_respond_error(r, &err);
     }
     session_call c;

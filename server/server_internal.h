@@ -106,6 +106,8 @@ typedef struct srv_req {
 } srv_req;
 
 double srv_now(void);
+/* A client's session id: 1 to 128 bytes of UTF-8, no control characters. */
+int srv_session_id_ok(const char *id);
 void srv_req_unref(srv_req *r);
 
 /* Queues a JSON (or any) response; takes ownership of body. */

@@ -283,7 +283,7 @@ void srv_turn_connection_closed(srv_req *r)
 
 /* ---- the HTTP thread's side: starting a turn -------------------------------------------------- */
 
-static int session_id_ok(const char *id)
+int srv_session_id_ok(const char *id)
 {
     size_t n = strlen(id);
     if (n == 0 || n > 128)
@@ -386,7 +386,7 @@ enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind)
     /* The session: the X-Session-Id header, else our session_id field,
      * else OpenAI's prompt_cache_key. */
     const char *hdr = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "X-Session-Id");
-    if (hdr && !session_id_ok(hdr)) {
+    if (hdr && !srv_session_id_ok(hdr)) {
         pv_api_fail(&err, 400, "invalid_request_error", "X-Session-Id", NULL,
                     "X-Session-Id must be 1 to 128 bytes of UTF-8 without control characters.");
         return srv_respond_error(r, &err);

@@ -427,6 +427,9 @@ static void test_bad_input(rig *g)
     http(g->port, "DELETE", "/v1/sessions/nobody", NULL, 0, NULL, &r);
     ok(r.status == 404 && healthy(g->port), "DELETE of an unknown session: 404");
     resp_free(&r);
+    http(g->port, "GET", "/v1/sessions/bad%ff%01id", NULL, 0, NULL, &r);
+    ok(r.status == 400 && healthy(g->port), "a session id of invalid UTF-8 in the path: 400 (got %ld)", r.status);
+    resp_free(&r);
     http(g->port, "GET", "/v1/nothing-here", NULL, 0, NULL, &r);
     ok(r.status == 404, "an unknown path: 404");
     resp_free(&r);
