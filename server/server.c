@@ -482,6 +482,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
+    srv_unwatch(r);
     srv_turn_connection_closed(r);
     pthread_mutex_lock(&r->mu);
     int status = r->http_status;
@@ -585,6 +586,13 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
         return pv_error(PV_ERR_IO, "pv_server_start: cannot listen on %.64s:%u (in use, or not allowed)",
                         cfg->host ? cfg->host : "127.0.0.1", (unsigned)cfg->port);
     }
+    if (pthread_create(&s->watcher, NULL, srv_watcher_main, s) != 0) {
+        MHD_stop_daemon(s->mhd);
+        pv_engine_loop_stop(s->loop);
+        free_server(s);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: cannot start the hang-up watcher thread");
+    }
+    s->watcher_running = 1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : cfg->port;
     *out = s;
@@ -635,6 +643,12 @@ void pv_server_stop(pv_server *s, double grace_s)
         pthread_cond_timedwait(&s->idle, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);
+    /* The watcher reads connections: it stops before they go. */
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    if (s->watcher_running)
+        pthread_join(s->watcher, NULL);
     MHD_stop_daemon(s->mhd);
     pv_engine_loop_stop(s->loop);
     free_server(s);

@@ -26,6 +26,9 @@ struct pv_server {
     struct srv_req *parked;
     pthread_mutex_t mu;        /* guards the fields below */
     pthread_cond_t idle;       /* open_requests fell */
+    struct srv_req *watched;   /* turns whose sockets the watcher polls */
+    pthread_t watcher;
+    int watcher_running;
     size_t open_requests;
     uint64_t next_id;          /* response ids, seeds */
     int stopping;
@@ -80,10 +83,13 @@ typedef struct srv_req {
     long long created;
 
     struct srv_req *next_parked; /* engine thread only */
+    struct srv_req *next_watched; /* under srv->mu */
+    int watched, hangup_seen;     /* under srv->mu */
 
     /* shared with the engine thread, under mu */
     int suspended;             /* the connection is suspended: resume to go on */
     int gone;                  /* the connection ended: nothing reaches it any more */
+    int client_left;           /* the watcher saw the client hang up */
     int submitted;             /* the engine accepted the turn: request_id is valid */
     int submit_failed;
     pv_api_error submit_error;
@@ -120,6 +126,13 @@ enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind);
 enum MHD_Result srv_turn_resume(srv_req *r);
 /* The connection ended (any reason): cancel a turn still running. */
 void srv_turn_connection_closed(srv_req *r);
+/* The watcher: a suspended connection is not read by libmicrohttpd, so a
+ * client that hangs up while its turn waits or prefills (or while a plain
+ * answer is generated) would go unnoticed until the answer is written.
+ * The watcher polls those sockets and cancels the turns of clients gone. */
+void srv_watch(srv_req *r);
+void srv_unwatch(srv_req *r);
+void *srv_watcher_main(void *arg);
 /* On the engine thread, at shutdown: requests still parked get 503. */
 void srv_turn_release_parked(pv_server *s);
 

@@ -6,6 +6,7 @@
  * Hand-offs: the HTTP thread suspends its connection while it waits for
  * the engine; the engine thread's callbacks buffer text under the
  * request's mutex and resume the connection when there is news for it. */
+#define _GNU_SOURCE /* POLLRDHUP: a peer's hang-up, told apart from data */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -15,6 +16,7 @@
 #include <jansson.h>
 
 #include <inttypes.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -194,9 +196,15 @@ static int try_submit(pv_engine *e, srv_req *r, int unparked)
 {
     pv_server *s = r->srv;
     pthread_mutex_lock(&r->mu);
-    int gone = r->gone;
+    int gone = r->gone, left = r->client_left;
     pthread_mutex_unlock(&r->mu);
     if (gone) {
+        srv_req_unref(r);
+        return 0;
+    }
+    if (left) {
+        /* Answered only so the connection resumes and closes. */
+        submit_failed(r, 499, "invalid_request_error", "client_closed_request", "The client closed the request.");
         srv_req_unref(r);
         return 0;
     }
@@ -279,6 +287,76 @@ void srv_turn_connection_closed(srv_req *r)
     c->request_id = id;
     if (pv_engine_loop_post(r->srv->loop, cancel_turn, c) != PV_OK)
         free(c);
+}
+
+/* ---- the watcher ---------------------------------------------------------------------------------- */
+
+void srv_watch(srv_req *r)
+{
+    pv_server *s = r->srv;
+    pthread_mutex_lock(&s->mu);
+    r->watched = 1;
+    r->next_watched = s->watched;
+    s->watched = r;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_unwatch(srv_req *r)
+{
+    pv_server *s = r->srv;
+    pthread_mutex_lock(&s->mu);
+    if (r->watched) {
+        srv_req **p = &s->watched;
+        while (*p != r)
+            p = &(*p)->next_watched;
+        *p = r->next_watched;
+        r->watched = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Called with srv->mu held: the connection stays until srv_unwatch. */
+static void check_hangup(srv_req *r)
+{
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info)
+        return;
+    struct pollfd pfd = {.fd = info->connect_fd, .events = POLLRDHUP};
+    if (poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        return;
+    r->hangup_seen = 1;
+    pthread_mutex_lock(&r->mu);
+    r->client_left = 1;
+    int cancel = r->submitted && !r->done;
+    uint64_t id = r->request_id;
+    pthread_mutex_unlock(&r->mu);
+    cancel_call *c = cancel ? malloc(sizeof *c) : NULL;
+    if (c) {
+        c->request_id = id;
+        if (pv_engine_loop_post(r->srv->loop, cancel_turn, c) != PV_OK)
+            free(c);
+    }
+}
+
+void *srv_watcher_main(void *arg)
+{
+    pv_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        for (srv_req *r = s->watched; r; r = r->next_watched)
+            if (!r->hangup_seen)
+                check_hangup(r);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->idle, &s->mu, &until);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* ---- the HTTP thread's side: starting a turn -------------------------------------------------- */
@@ -421,6 +499,7 @@ enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind)
     r->suspended = 1;
     MHD_suspend_connection(r->conn);
     pthread_mutex_unlock(&r->mu);
+    srv_watch(r);
     return MHD_YES;
 }
 

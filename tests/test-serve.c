@@ -198,6 +198,13 @@ static void read_stream(const char *body, char *content, size_t cap, int *events
     }
 }
 
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* ---- the server ----------------------------------------------------------------------- */
 
 typedef struct rig {
@@ -207,10 +214,10 @@ typedef struct rig {
     int port;
 } rig;
 
-static int rig_start(rig *g, const char *const *keys, size_t n_keys, size_t max_body)
+static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t n_keys, size_t max_body)
 {
     memset(g, 0, sizeof *g);
-    if (eu_model_init(&g->m, "cpu", 2, N_CTX, PV_F32, 16) != PV_OK)
+    if (eu_model_init(&g->m, "cpu", n_layers, N_CTX, PV_F32, 16) != PV_OK)
         return -1;
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
@@ -227,7 +234,7 @@ static int rig_start(rig *g, const char *const *keys, size_t n_keys, size_t max_
     sc.n_api_keys = n_keys;
     sc.model_id = "synthetic";
     sc.n_ctx = N_CTX;
-    sc.n_layers = 2;
+    sc.n_layers = n_layers;
     if (max_body)
         sc.max_body = max_body;
     if (pv_server_start(&g->srv, g->e, &g->m.tok, &sc) != PV_OK)
@@ -442,7 +449,7 @@ static void test_api_keys(void)
 {
     static const char *const keys[] = {"key-alice", "key-bob"};
     rig g;
-    if (rig_start(&g, keys, 2, 0) != 0) {
+    if (rig_start(&g, 2, keys, 2, 0) != 0) {
         ok(0, "server with API keys: %s", pv_last_error());
         return;
     }
@@ -597,6 +604,7 @@ static void test_disconnect(rig *g)
 
 typedef struct long_client {
     int port, stream;
+    const char *session; /* X-Session-Id, or NULL */
     http_resp r;
     volatile size_t *progress;
 } long_client;
@@ -620,7 +628,11 @@ static void *run_long_client(void *arg)
     CURL *h = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", c->port);
+    char header[96];
+    snprintf(header, sizeof header, "X-Session-Id: %s", c->session ? c->session : "");
+    struct curl_slist *hl = c->session ? curl_slist_append(NULL, header) : NULL;
     curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_long_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, c);
@@ -628,7 +640,68 @@ static void *run_long_client(void *arg)
     curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->r.status);
     curl_easy_cleanup(h);
+    curl_slist_free_all(hl);
     return NULL;
+}
+
+/* A plain request that waits behind its session's turn in progress, and
+ * whose client gives up meanwhile: nothing is written to a waiting
+ * connection, so only the hang-up watcher can tell; the request must
+ * never run. */
+static void test_abandoned_wait(void)
+{
+    /* Deep enough that the first turn surely outlasts the second's
+     * client (about 2 s of decoding). */
+    rig rg, *g = &rg;
+    if (rig_start(g, 24, NULL, 0, 0) != 0) {
+        ok(0, "server for the abandoned-wait test: %s", pv_last_error());
+        return;
+    }
+    stats_call before, after;
+    pv_server_engine_call(g->srv, get_stats, &before);
+    volatile size_t progress = 0;
+    long_client first = {.port = g->port, .stream = 1, .session = "queue", .progress = &progress};
+    pthread_t t;
+    double t0 = wall_s();
+    pthread_create(&t, NULL, run_long_client, &first);
+    for (int i = 0; i < 1000 && progress < 300; i++)
+        usleep(2000);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", g->port);
+    CURL *c = curl_easy_init();
+    http_resp r;
+    memset(&r, 0, sizeof r);
+    struct curl_slist *hl = curl_slist_append(NULL, "X-Session-Id: queue");
+    const char *plain = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"later\"}],"
+                        "\"max_tokens\":50,\"ignore_eos\":true}";
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, plain);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 100L);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    curl_slist_free_all(hl);
+    resp_free(&r);
+    pthread_join(t, NULL);
+    double first_s = wall_s() - t0;
+    int settled = 0;
+    for (int i = 0; i < 300 && !settled; i++) {
+        pv_server_engine_call(g->srv, get_stats, &after);
+        settled = after.es.running == 0 && after.es.waiting == 0;
+        if (!settled)
+            usleep(10000);
+    }
+    uint64_t turns = (after.es.turns_done + after.es.turns_cancelled + after.es.turns_failed) -
+                     (before.es.turns_done + before.es.turns_cancelled + before.es.turns_failed);
+    ok(rc == CURLE_OPERATION_TIMEDOUT && first.r.status == 200 && settled && turns == 1,
+       "a waiting request whose client left never runs: %llu turn(s) for the session, the first answer "
+       "complete (%.2f s, %zu bytes)",
+       (unsigned long long)turns, first_s, first.r.n);
+    resp_free(&first.r);
+    rig_stop(g);
 }
 
 /* SIGINT/SIGTERM's path: a stop with a stream and a plain request in
@@ -636,7 +709,7 @@ static void *run_long_client(void *arg)
 static void test_shutdown(void)
 {
     rig g;
-    if (rig_start(&g, NULL, 0, 0) != 0) {
+    if (rig_start(&g, 2, NULL, 0, 0) != 0) {
         ok(0, "server for the shutdown test: %s", pv_last_error());
         return;
     }
@@ -671,7 +744,7 @@ int main(void)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return tap_skip_all("libcurl does not initialise");
     rig g;
-    if (rig_start(&g, NULL, 0, 64 * 1024) != 0) {
+    if (rig_start(&g, 2, NULL, 0, 64 * 1024) != 0) {
         fprintf(stderr, "server: %s\n", pv_last_error());
         return 1;
     }
@@ -681,6 +754,7 @@ int main(void)
     test_concurrency(&g);
     test_disconnect(&g);
     rig_stop(&g);
+    test_abandoned_wait();
     test_api_keys();
     test_shutdown();
     curl_global_cleanup();
