@@ -18,6 +18,7 @@
  * not a test: make check never runs it. */
 #include "apps/setup.h"
 #include "bench/bench-util.h"
+#include "server/buf.h"
 #include "server/server.h"
 
 #include <curl/curl.h>
@@ -49,35 +50,6 @@ typedef struct opts {
 } opts;
 
 /* ---- small helpers ---------------------------------------------------------------- */
-
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-} sbuf;
-
-static int sb_add(sbuf *b, const char *s, size_t n)
-{
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p)
-            return -1;
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-    return 0;
-}
-
-static void sb_free(sbuf *b)
-{
-    free(b->s);
-    memset(b, 0, sizeof *b);
-}
 
 /* The median (q = 0.5) or a nearest-rank quantile of v[0..n), from a
  * sorted copy, so the caller's order (pairs) survives; 0 when n is 0. */
@@ -184,18 +156,18 @@ static char *make_text(const bench *b, int seed, long n)
     const size_t len = sizeof corpus - 1; /* it ends with a space: it wraps around cleanly */
     size_t at = (size_t)(strchr(corpus + (size_t)seed * 151 % len, ' ') - corpus);
     char head[32];
-    sbuf s = {0};
-    int rc = sb_add(&s, head, (size_t)snprintf(head, sizeof head, "Note %d:", seed));
+    srv_buf s = {0};
+    int rc = srv_buf_add(&s, head, (size_t)snprintf(head, sizeof head, "Note %d:", seed));
     long have = 0;
     while (rc == 0 && (have = count_tokens(&b->st.tok, s.s, s.n)) >= 0 && have < n)
         /* Four words (each with the space before it) at a time: an encode
          * per word would be quadratic. */
         for (int words = 0; rc == 0 && words < 4; words += corpus[at] == ' ') {
-            rc = sb_add(&s, &corpus[at], 1);
+            rc = srv_buf_add(&s, &corpus[at], 1);
             at = (at + 1) % len;
         }
     if (rc || have < 0) {
-        sb_free(&s);
+        srv_buf_free(&s);
         return NULL;
     }
     return s.s;
@@ -294,14 +266,14 @@ typedef struct exchange {
     long prompt_tokens, completion_tokens, cached_tokens;
     int saw_usage, saw_done;
     char error[256];
-    sbuf raw;     /* bytes received and not yet parsed */
-    sbuf content; /* delta.content, concatenated */
+    srv_buf raw;     /* bytes received and not yet parsed */
+    srv_buf content; /* delta.content, concatenated */
 } exchange;
 
 static void exchange_free(exchange *x)
 {
-    sb_free(&x->raw);
-    sb_free(&x->content);
+    srv_buf_free(&x->raw);
+    srv_buf_free(&x->content);
 }
 
 static void on_event(exchange *x, const char *data, size_t len, double now)
@@ -321,7 +293,7 @@ static void on_event(exchange *x, const char *data, size_t len, double now)
     if (text && *text) {
         if (x->t_first_content == 0)
             x->t_first_content = now;
-        sb_add(&x->content, text, strlen(text));
+        srv_buf_add(&x->content, text, strlen(text));
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
@@ -342,7 +314,7 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *user)
     size_t len = size * nmemb;
     if (x->t_first_byte == 0)
         x->t_first_byte = now;
-    if (sb_add(&x->raw, p, len))
+    if (srv_buf_add(&x->raw, p, len))
         return 0;
     size_t start = 0;
     for (char *end; (end = strstr(x->raw.s + start, "\n\n")) != NULL;) {

@@ -9,5 +9,5 @@ server_libpvserver_la_LIBADD = $(MHD_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 PV_SERVER_LINK = server/libpvserver.la $(PV_LINK)
 include server/request.mk
 include server/metrics.mk
-noinst_HEADERS += server/server.h server/server_internal.h
+noinst_HEADERS += server/server.h server/server_internal.h server/buf.h
 server_libpvserver_la_SOURCES += server/server.c server/server_turn.c

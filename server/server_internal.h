@@ -4,6 +4,7 @@
 #ifndef PV_SERVER_INTERNAL_H
 #define PV_SERVER_INTERNAL_H
 
+#include "server/buf.h"
 #include "server/metrics.h"
 #include "server/request.h"
 #include "server/server.h"
@@ -34,14 +35,6 @@ struct pv_server {
     int stopping;
 };
 
-/* A growable byte buffer. */
-typedef struct srv_buf {
-    char *s;
-    size_t n, cap;
-} srv_buf;
-
-int srv_buf_add(srv_buf *b, const char *s, size_t n); /* 0, or -1 out of memory */
-void srv_buf_free(srv_buf *b);
 
 /* Bytes as valid UTF-8 (what JSON strings need): invalid bytes become
  * U+FFFD. With `partial`, an incomplete character at the end is left out
