@@ -57,11 +57,43 @@ const char *pv_dtype_name(pv_dtype dtype)
     return dtype == PV_F16 ? "f16" : "f32";
 }
 
+int pv_wtype_block(pv_wtype type, uint32_t *block_elems, uint32_t *block_bytes)
+{
+    uint32_t elems, bytes;
+    switch (type) {
+    case PV_W_F32: elems = 1; bytes = 4; break;
+    case PV_W_F16:
+    case PV_W_BF16: elems = 1; bytes = 2; break;
+    case PV_W_Q8_0: elems = 32; bytes = 34; break;
+    case PV_W_Q4_0: elems = 32; bytes = 18; break;
+    case PV_W_Q4_1: elems = 32; bytes = 20; break;
+    default: return 0;
+    }
+    if (block_elems)
+        *block_elems = elems;
+    if (block_bytes)
+        *block_bytes = bytes;
+    return 1;
+}
+
+const char *pv_wtype_name(pv_wtype type)
+{
+    switch (type) {
+    case PV_W_F32: return "F32";
+    case PV_W_F16: return "F16";
+    case PV_W_BF16: return "BF16";
+    case PV_W_Q8_0: return "Q8_0";
+    case PV_W_Q4_0: return "Q4_0";
+    case PV_W_Q4_1: return "Q4_1";
+    }
+    return "unknown";
+}
+
 const char *pv_op_name(pv_op op)
 {
     static const char *const op_names[PV_OP_COUNT] = {
         "gemm", "attention", "kv_write", "slot_gather", "slot_scatter", "embed_gather",
-        "rmsnorm", "rope", "swiglu", "add", "softmax", "argmax", "sample_top_p",
+        "rmsnorm", "rope", "swiglu", "add", "softmax", "argmax", "sample_top_p", "qmatmul",
     };
     return (op >= 0 && op < PV_OP_COUNT) ? op_names[op] : "unknown op";
 }
@@ -173,6 +205,14 @@ int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     return be->ops->supports(be, op, dtype);
 }
 
+int pv_backend_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
+{
+    if (!be || (op != PV_OP_QMATMUL && op != PV_OP_EMBED_GATHER) || !pv_wtype_block(t, NULL, NULL) ||
+        !be->ops->supports_weights)
+        return 0;
+    return be->ops->supports_weights(be, op, t);
+}
+
 /* ---- validation helpers ----------------------------------------------------
  * Each returns PV_OK or records a message naming the op, the argument, the
  * value and the limit. */
@@ -199,6 +239,19 @@ static pv_status need_host_array(pv_op op, const char *arg, const void *ptr)
 {
     if (!ptr)
         return pv_error(PV_ERR_INVALID_ARG, "%s: %s is NULL", pv_op_name(op), arg);
+    return PV_OK;
+}
+
+static pv_status need_weights(const pv_backend *be, pv_op op, pv_wtype t)
+{
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: backend is NULL", pv_op_name(op));
+    if (!pv_wtype_block(t, NULL, NULL))
+        return pv_error(PV_ERR_INVALID_ARG, "%s: weight type %d is not a known weight type", pv_op_name(op),
+                        (int)t);
+    if (!pv_backend_supports_weights(be, op, t))
+        return pv_error(PV_ERR_UNSUPPORTED, "%s: backend '%s' does not support weight type %s",
+                        pv_op_name(op), be->ops->name, pv_wtype_name(t));
     return PV_OK;
 }
 
@@ -660,14 +713,41 @@ pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     return be->ops->slot_scatter(be, a);
 }
 
+/* `elems` elements of weight type t from element offset off fit in buf;
+ * both are whole blocks (checked by the caller). */
+static pv_status need_weight_extent(const pv_backend *be, pv_op op, const char *arg, const pv_buffer *buf,
+                                    pv_wtype t, uint64_t off, uint64_t elems)
+{
+    uint32_t block_elems = 1, block_bytes = 4;
+    pv_wtype_block(t, &block_elems, &block_bytes);
+    return need_extent(be, op, arg, buf, off / block_elems, elems / block_elems, block_bytes);
+}
+
+/* A weight row of n elements must be whole blocks of type t, and so must the
+ * buffer offset: GGUF stores no partial block. */
+static pv_status need_whole_blocks(pv_op op, pv_wtype t, const char *n_name, int64_t n, const char *off_name,
+                                   uint64_t off)
+{
+    uint32_t block_elems = 1;
+    pv_wtype_block(t, &block_elems, NULL);
+    if (n % block_elems != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = %" PRId64 " is not a multiple of %s's block of %u elements",
+                        pv_op_name(op), n_name, n, pv_wtype_name(t), block_elems);
+    if (off % block_elems != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = %" PRIu64 " is not a multiple of %s's block of %u elements",
+                        pv_op_name(op), off_name, off, pv_wtype_name(t), block_elems);
+    return PV_OK;
+}
+
 pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     const pv_op op = PV_OP_EMBED_GATHER;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "embed_gather: args is NULL");
-    TRY(need_supported(be, op, a->table_dtype));
+    TRY(need_weights(be, op, a->table_type));
     TRY(need_positive(op, "n_rows", a->n_rows));
     TRY(need_positive(op, "dim", a->dim));
+    TRY(need_whole_blocks(op, a->table_type, "dim", a->dim, "table_off", a->table_off));
     if (a->n_ids < 0)
         return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids = %d must be >= 0", a->n_ids);
     if (a->n_ids == 0)
@@ -680,9 +760,46 @@ pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     uint64_t table_elems = 0, out_elems = 0;
     TRY(PRODUCT(op, "table", "n_rows x dim", &table_elems, a->n_rows, a->dim));
     TRY(PRODUCT(op, "out", "n_ids x dim", &out_elems, a->n_ids, a->dim));
-    TRY(need_extent(be, op, "table", a->table, a->table_off, table_elems, pv_dtype_size(a->table_dtype)));
+    TRY(need_weight_extent(be, op, "table", a->table, a->table_type, a->table_off, table_elems));
     TRY(need_extent(be, op, "out", a->out, a->out_off, out_elems, 4));
     return be->ops->embed_gather(be, a);
+}
+
+pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    const pv_op op = PV_OP_QMATMUL;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul: args is NULL");
+    TRY(need_weights(be, op, a->w_type));
+    if (a->n_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul: n_tokens = %" PRId64 " must be >= 0", a->n_tokens);
+    TRY(need_positive(op, "n_in", a->n_in));
+    TRY(need_positive(op, "n_out", a->n_out));
+    TRY(need_whole_blocks(op, a->w_type, "n_in", a->n_in, "w_off", a->w_off));
+    /* Kernels index rows and columns with 32-bit ints, as the BLAS calls do. */
+    const int64_t dims[3] = {a->n_tokens, a->n_in, a->n_out};
+    static const char *const dim_names[3] = {"n_tokens", "n_in", "n_out"};
+    for (int i = 0; i < 3; i++)
+        if (dims[i] > INT32_MAX)
+            return pv_error(PV_ERR_UNSUPPORTED, "qmatmul: %s = %" PRId64 " exceeds %d", dim_names[i], dims[i],
+                            INT32_MAX);
+    if (a->n_tokens == 0)
+        return PV_OK;
+    uint64_t w_elems = 0, x_elems = 0, y_elems = 0;
+    TRY(PRODUCT(op, "w", "n_out x n_in", &w_elems, a->n_out, a->n_in));
+    TRY(PRODUCT(op, "x", "n_tokens x n_in", &x_elems, a->n_tokens, a->n_in));
+    TRY(PRODUCT(op, "y", "n_tokens x n_out", &y_elems, a->n_tokens, a->n_out));
+    TRY(need_weight_extent(be, op, "w", a->w, a->w_type, a->w_off, w_elems));
+    TRY(need_extent(be, op, "x", a->x, a->x_off, x_elems, 4));
+    TRY(need_extent(be, op, "y", a->y, a->y_off, y_elems, 4));
+    /* y is written while x (and w) are still read. */
+    const pv_buffer *ins[2] = {a->x, a->w};
+    const uint64_t in_begin[2] = {a->x_off * 4, 0}, in_end[2] = {(a->x_off + x_elems) * 4, a->w->bytes};
+    const char *const in_names[2] = {"x", "w"};
+    for (int i = 0; i < 2; i++)
+        if (ins[i] == a->y && a->y_off * 4 < in_end[i] && in_begin[i] < (a->y_off + y_elems) * 4)
+            return pv_error(PV_ERR_INVALID_ARG, "qmatmul: y overlaps %s in the same buffer", in_names[i]);
+    return be->ops->qmatmul(be, a);
 }
 
 pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)

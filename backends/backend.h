@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 2 /* 2: event_query; queue contract above */
+#define PV_BACKEND_API_VERSION 3 /* 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -43,6 +43,31 @@ typedef enum pv_dtype {
 
 size_t pv_dtype_size(pv_dtype dtype);
 const char *pv_dtype_name(pv_dtype dtype);
+
+/* Weight storage types: the model's tensors stay in their GGUF (ggml) block
+ * format on the device, with ggml's type ids. A row of n elements is n /
+ * block_elems blocks; a block is, little-endian, with f16 scales:
+ *   F32   1 x f32                   F16 1 x f16      BF16 1 x bf16
+ *   Q8_0  32 elems, 34 bytes: f16 d, int8 q[32];          x[j] = d * q[j]
+ *   Q4_0  32 elems, 18 bytes: f16 d, uint8 qs[16];        x[j] = d * ((qs[j] & 15) - 8),
+ *                                                         x[j + 16] = d * ((qs[j] >> 4) - 8)
+ *   Q4_1  32 elems, 20 bytes: f16 d, f16 m, uint8 qs[16]; x[j] = d * (qs[j] & 15) + m,
+ *                                                         x[j + 16] = d * (qs[j] >> 4) + m
+ * PV_W_F32 and PV_W_F16 equal PV_F32 and PV_F16. */
+typedef enum pv_wtype {
+    PV_W_F32 = 0,
+    PV_W_F16 = 1,
+    PV_W_Q4_0 = 2,
+    PV_W_Q4_1 = 3,
+    PV_W_Q8_0 = 8,
+    PV_W_BF16 = 30
+} pv_wtype;
+
+/* "F32", "Q4_1", ...; "unknown" for an id not listed above. */
+const char *pv_wtype_name(pv_wtype type);
+/* Elements and bytes of one block of `type`; 0 (and nothing written) for an
+ * unknown type. */
+int pv_wtype_block(pv_wtype type, uint32_t *block_elems, uint32_t *block_bytes);
 
 typedef enum pv_mem_kind {
     PV_MEM_DEVICE = 0, /* device memory (the DEVICE tier's pool lives here) */
@@ -64,6 +89,7 @@ typedef enum pv_op {
     PV_OP_SOFTMAX,
     PV_OP_ARGMAX,
     PV_OP_SAMPLE_TOP_P,
+    PV_OP_QMATMUL,       /* y = x W^T with W in a weight type (pv_wtype) */
     PV_OP_COUNT
 } pv_op;
 
@@ -201,14 +227,29 @@ typedef struct pv_slot_copy_args {
     const int32_t *slots; int32_t n_slots_moved; /* host */
 } pv_slot_copy_args;
 
-/* out[i][:] = table[ids[i]][:] as f32; the table is f32 or f16. */
+/* out[i][:] = table[ids[i]][:] as f32; the table is in any weight type the
+ * backend supports for this op (pv_backend_supports_weights); dim is a
+ * multiple of the type's block, and table_off (in elements) too. */
 typedef struct pv_embed_gather_args {
-    pv_dtype table_dtype;
+    pv_wtype table_type;
     int64_t n_rows, dim;
     const pv_buffer *table; uint64_t table_off;
     const int32_t *ids; int32_t n_ids; /* host */
     pv_buffer *out; uint64_t out_off;
 } pv_embed_gather_args;
+
+/* y[T][n_out] = x[T][n_in] W^T: the model's linear layers, with the weight
+ * matrix W[n_out][n_in] row-major in weight type w_type (row r is n_in /
+ * block_elems blocks from element offset w_off + r * n_in; n_in and w_off
+ * are multiples of the block). Accumulation is in f32 over the dequantised
+ * weights; decode-sized T reads each weight byte once per call. */
+typedef struct pv_qmatmul_args {
+    pv_wtype w_type;
+    int64_t n_tokens, n_in, n_out;
+    const pv_buffer *w; uint64_t w_off; /* [n_out][n_in] in w_type, elements */
+    const pv_buffer *x; uint64_t x_off; /* [n_tokens][n_in] f32 */
+    pv_buffer *y; uint64_t y_off;       /* [n_tokens][n_out] f32 */
+} pv_qmatmul_args;
 
 /* out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * weight[:]; in place allowed. */
 typedef struct pv_rmsnorm_args {
@@ -287,6 +328,9 @@ typedef struct pv_backend_ops {
     pv_status (*init)(pv_backend *be);
     void (*free)(pv_backend *be);
     int (*supports)(const pv_backend *be, pv_op op, pv_dtype dtype);
+    /* For the ops that read weights (PV_OP_QMATMUL, PV_OP_EMBED_GATHER):
+     * whether weight type t is supported. */
+    int (*supports_weights)(const pv_backend *be, pv_op op, pv_wtype t);
 
     pv_status (*buffer_alloc)(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf);
     void (*buffer_free)(pv_backend *be, pv_buffer *buf);
@@ -323,6 +367,7 @@ typedef struct pv_backend_ops {
     pv_status (*softmax)(pv_backend *be, const pv_softmax_args *a);
     pv_status (*argmax)(pv_backend *be, const pv_argmax_args *a);
     pv_status (*sample_top_p)(pv_backend *be, const pv_sample_args *a);
+    pv_status (*qmatmul)(pv_backend *be, const pv_qmatmul_args *a);
 } pv_backend_ops;
 
 struct pv_backend {
@@ -347,6 +392,8 @@ void pv_backend_free(pv_backend *be);
 
 pv_status pv_backend_device_count(const char *name, int *count);
 int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype);
+/* Whether op (PV_OP_QMATMUL or PV_OP_EMBED_GATHER) reads weights of type t. */
+int pv_backend_supports_weights(const pv_backend *be, pv_op op, pv_wtype t);
 
 pv_status pv_buffer_init(pv_buffer **out, pv_backend *be, pv_mem_kind kind, uint64_t bytes);
 void pv_buffer_free(pv_buffer *buf);
@@ -374,6 +421,7 @@ pv_status pv_add(pv_backend *be, const pv_add_args *a);
 pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a);
+pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);

@@ -356,7 +356,7 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
     const pv_llama_hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
 
-    pv_embed_gather_args e = {.table_dtype = PV_F32, .n_rows = hp->n_vocab, .dim = hp->n_embd,
+    pv_embed_gather_args e = {.table_type = PV_W_F32, .n_rows = hp->n_vocab, .dim = hp->n_embd,
                               .table = m->tok_embd, .ids = b->tokens, .n_ids = T, .out = m->x};
     if ((st = pv_embed_gather(m->be, &e)) != PV_OK)
         return st;
@@ -367,7 +367,7 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
         return PV_OK;
 
     /* Only the rows that want logits go through the output projection. */
-    pv_embed_gather_args pick = {.table_dtype = PV_F32, .n_rows = T, .dim = hp->n_embd,
+    pv_embed_gather_args pick = {.table_type = PV_W_F32, .n_rows = T, .dim = hp->n_embd,
                                  .table = m->x, .ids = b->logit_rows, .n_ids = b->n_logits,
                                  .out = m->sel};
     if ((st = pv_embed_gather(m->be, &pick)) != PV_OK ||

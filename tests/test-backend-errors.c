@@ -281,7 +281,7 @@ static void other_op_cases(const char *name, pv_backend *be)
 
     int32_t ids[3] = {0, 7, 8};
     pv_embed_gather_args eg = {
-        .table_dtype = PV_F32, .n_rows = 8, .dim = 8, .table = x.buf, .table_off = x.off,
+        .table_type = PV_W_F32, .n_rows = 8, .dim = 8, .table = x.buf, .table_off = x.off,
         .ids = ids, .n_ids = 3, .out = out.buf, .out_off = out.off,
     };
     expect(name, "embed_gather ids[2] = 8 of 8 rows", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
@@ -331,7 +331,7 @@ static void other_op_cases(const char *name, pv_backend *be)
                               .x = out.buf, .x_off = out.off, .pos = zeros}; /* 2^4 x 2^30 x 2^30 = 2^64 */
     expect(name, "rope 16 tokens x 2^30 heads x head_dim 2^30", pv_rope(be, &huge_rope), PV_ERR_INVALID_ARG,
            NAMES("n_tokens x n_heads x head_dim", "1073741824"), &out);
-    pv_embed_gather_args huge_embed = {.table_dtype = PV_F32, .n_rows = 1, .dim = (int64_t)1 << 62,
+    pv_embed_gather_args huge_embed = {.table_type = PV_W_F32, .n_rows = 1, .dim = (int64_t)1 << 62,
                                        .table = x.buf, .table_off = x.off, .ids = zeros, .n_ids = 4,
                                        .out = out.buf, .out_off = out.off};
     expect(name, "embed_gather 4 ids x dim 2^62", pv_embed_gather(be, &huge_embed), PV_ERR_INVALID_ARG,

@@ -431,7 +431,7 @@ static pv_status run_embed(pv_backend *be, pv_dtype dtype, const void *table, in
         st = tensor_init(&to, be, PV_MEM_DEVICE, sizeof(float), (uint64_t)n_ids * (uint64_t)dim, NULL);
     if (st == PV_OK) {
         pv_embed_gather_args a = {
-            .table_dtype = dtype, .n_rows = n_rows, .dim = dim, .table = tt.buf, .table_off = tt.off,
+            .table_type = (pv_wtype)dtype, .n_rows = n_rows, .dim = dim, .table = tt.buf, .table_off = tt.off,
             .ids = ids, .n_ids = n_ids, .out = to.buf, .out_off = to.off,
         };
         st = pv_embed_gather(be, &a);

@@ -8,6 +8,7 @@
 #include "backends/cpu/cpu.h"
 
 #include <cblas.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,15 +68,51 @@ static pv_status cpu_device_info(int device, pv_device_info *info)
     return PV_OK;
 }
 
+/* All work is synchronous; the only state is a scratch buffer that the
+ * batched quantized matmul widens weight tiles into. */
+typedef struct cpu_state {
+    float *scratch;
+    uint64_t scratch_floats;
+} cpu_state;
+
 static pv_status cpu_init(pv_backend *be)
 {
-    be->impl = NULL; /* stateless: all work is synchronous */
+    be->impl = calloc(1, sizeof(cpu_state));
+    if (!be->impl)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate the backend state");
     return PV_OK;
 }
 
 static void cpu_free(pv_backend *be)
 {
+    cpu_state *s = be->impl;
+    if (s)
+        free(s->scratch);
+    free(s);
     be->impl = NULL;
+}
+
+pv_status pv_cpu_scratch(pv_backend *be, uint64_t floats, float **out)
+{
+    cpu_state *s = be->impl;
+    if (floats > s->scratch_floats) {
+        float *grown = NULL;
+        if (floats > SIZE_MAX / sizeof(float) ||
+            posix_memalign((void **)&grown, PV_CPU_ALIGN, (size_t)floats * sizeof(float)) != 0)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %" PRIu64 " floats of scratch",
+                            floats);
+        free(s->scratch);
+        s->scratch = grown;
+        s->scratch_floats = floats;
+    }
+    *out = s->scratch;
+    return PV_OK;
+}
+
+static int cpu_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
+{
+    (void)be;
+    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_cpu_qmatmul_supports(t);
 }
 
 static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
@@ -97,6 +134,7 @@ static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
+    case PV_OP_QMATMUL: /* asked through supports_weights */
     case PV_OP_COUNT:
         break;
     }
@@ -231,6 +269,7 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .init = cpu_init,
     .free = cpu_free,
     .supports = cpu_supports,
+    .supports_weights = cpu_supports_weights,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
     .buffer_write = cpu_buffer_write,
@@ -255,4 +294,5 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .softmax = pv_cpu_softmax,
     .argmax = pv_cpu_argmax,
     .sample_top_p = pv_cpu_sample_top_p,
+    .qmatmul = pv_cpu_qmatmul,
 };

@@ -53,10 +53,19 @@ typedef struct pv_cpu_contiguous_attention_args {
 
 pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a);
 
-/* Slot moves and embedding rows (cpu-gather.c). */
+/* Slot moves (cpu-gather.c). */
 pv_status pv_cpu_slot_gather(pv_backend *be, const pv_slot_copy_args *a);
 pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
+
+/* Linear layers over weights in their GGUF type, and embedding rows of such
+ * tables (cpu-qmatmul.c). */
+pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
 pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
+int pv_cpu_qmatmul_supports(pv_wtype t);
+
+/* The backend's scratch buffer of at least `floats` floats, grown as
+ * needed and kept until the backend is freed (cpu-backend.c). */
+pv_status pv_cpu_scratch(pv_backend *be, uint64_t floats, float **out);
 
 /* The rest of a layer and the sampling helpers (cpu-recompute.c). */
 pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a);

@@ -4,5 +4,6 @@ libpensieve_la_SOURCES += \
 	backends/cpu/cpu-attention.c \
 	backends/cpu/cpu-gather.c \
 	backends/cpu/cpu-gemm-small.c \
+	backends/cpu/cpu-qmatmul.c \
 	backends/cpu/cpu-recompute.c
 noinst_HEADERS += backends/cpu/cpu.h

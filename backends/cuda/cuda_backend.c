@@ -341,6 +341,13 @@ static pv_status cuda_init(pv_backend *be)
     return st;
 }
 
+/* Weight-reading ops: embedding tables in f32 or f16. */
+static int cuda_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
+{
+    (void)be;
+    return op == PV_OP_EMBED_GATHER && (t == PV_W_F32 || t == PV_W_F16);
+}
+
 static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
 {
     switch (op) {
@@ -360,6 +367,7 @@ static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
+    case PV_OP_QMATMUL: /* asked through supports_weights */
     case PV_OP_COUNT:
         break;
     }
@@ -833,12 +841,12 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_embed_gather(
         cu->stream[PV_QUEUE_COMPUTE], a,
-        dev_ptr(a->table, a->table_off, pv_dtype_size(a->table_dtype)), up[0].dev,
+        dev_ptr(a->table, a->table_off, pv_dtype_size((pv_dtype)a->table_type)), up[0].dev,
         (float *)dev_ptr(a->out, a->out_off, 4));
     TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
         return cuda_fail(err, "embed_gather kernel", "%d ids, dim %" PRId64 ", table %s", a->n_ids,
-                         a->dim, pv_dtype_name(a->table_dtype));
+                         a->dim, pv_wtype_name(a->table_type));
     return PV_OK;
 }
 
@@ -961,6 +969,7 @@ const pv_backend_ops pv_cuda_backend_ops = {
     .init = cuda_init,
     .free = cuda_free,
     .supports = cuda_supports,
+    .supports_weights = cuda_supports_weights,
     .buffer_alloc = cuda_buffer_alloc,
     .buffer_free = cuda_buffer_free,
     .buffer_write = cuda_buffer_write,

@@ -209,7 +209,7 @@ extern "C" cudaError_t pv_cuda_launch_embed_gather(cudaStream_t stream, const pv
     for (long long i0 = 0; i0 < a->n_ids; i0 += max_grid_rows) {
         const dim3 grid(groups_of(a->dim, PV_WG), (unsigned int)rows_in_launch(a->n_ids, i0));
         const long long out_off = i0 * a->dim;
-        if (a->table_dtype == PV_F16)
+        if (a->table_type == PV_W_F16)
             pv_embed_gather_f16<<<grid, PV_WG, 0, stream>>>((const pv_half *)table, 0, ids + i0,
                                                             a->dim, out, out_off);
         else

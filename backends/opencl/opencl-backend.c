@@ -296,6 +296,13 @@ static pv_status opencl_init(pv_backend *be)
     return PV_OK;
 }
 
+/* Weight-reading ops: embedding tables in f32 or f16. */
+static int opencl_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
+{
+    (void)be;
+    return op == PV_OP_EMBED_GATHER && (t == PV_W_F32 || t == PV_W_F16);
+}
+
 static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
 {
     switch (op) {
@@ -315,6 +322,7 @@ static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
+    case PV_OP_QMATMUL: /* asked through supports_weights */
     case PV_OP_COUNT:
         break;
     }
@@ -609,6 +617,7 @@ const pv_backend_ops pv_opencl_backend_ops = {
     .init = opencl_init,
     .free = opencl_free,
     .supports = opencl_supports,
+    .supports_weights = opencl_supports_weights,
     .buffer_alloc = opencl_buffer_alloc,
     .buffer_free = opencl_buffer_free,
     .buffer_write = opencl_buffer_write,

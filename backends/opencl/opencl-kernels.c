@@ -441,7 +441,7 @@ pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin_stored(be, a->table_dtype, "pv_embed_gather", &ka);
+    pv_status st = kernel_begin_stored(be, (pv_dtype)a->table_type, "pv_embed_gather", &ka);
     if (st != PV_OK)
         return st;
     cl_mem ids;
