@@ -16,6 +16,7 @@ typedef struct chat_options {
     int have_policy;                  /* --policy given: it overrides --config */
     uint64_t device_bytes, host_bytes; /* 0: from --config or the defaults */
     pv_dtype kv_dtype;
+    pv_llama_weights weights;
     float temperature, top_p;
     uint64_t seed;
     int32_t max_tokens;

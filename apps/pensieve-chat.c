@@ -34,6 +34,7 @@ static void usage(FILE *f)
             "  --config FILE        cache settings from the [cache] section of an INI file\n"
             "                       (the options above override it)\n"
             "  --kv f32|f16         KV cache type (default f32)\n"
+            "  --weights native|f32 weights as in the file (default) or widened to f32\n"
             "  --temperature T      0 = greedy (default 0)\n"
             "  --top-p P            nucleus mass when sampling (default 0.95)\n"
             "  --seed S             sampling seed of the first turn; later turns take the next ones\n"
@@ -61,13 +62,14 @@ static void print_commands(void)
 static int parse_args(int argc, char **argv, chat_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_MODE, OPT_POLICY, OPT_DEVMEM, OPT_HOSTMEM,
-           OPT_CONFIG, OPT_KV, OPT_TEMP, OPT_TOPP, OPT_SEED, OPT_SCRIPT };
+           OPT_CONFIG, OPT_KV, OPT_WEIGHTS, OPT_TEMP, OPT_TOPP, OPT_SEED, OPT_SCRIPT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},      {"synthetic", no_argument, 0, OPT_SYNTH},
         {"backend", required_argument, 0, OPT_BACKEND},  {"mode", required_argument, 0, OPT_MODE},
         {"policy", required_argument, 0, OPT_POLICY},    {"device-mem", required_argument, 0, OPT_DEVMEM},
         {"host-mem", required_argument, 0, OPT_HOSTMEM}, {"config", required_argument, 0, OPT_CONFIG},
-        {"kv", required_argument, 0, OPT_KV},            {"temperature", required_argument, 0, OPT_TEMP},
+        {"kv", required_argument, 0, OPT_KV},            {"weights", required_argument, 0, OPT_WEIGHTS},
+        {"temperature", required_argument, 0, OPT_TEMP},
         {"top-p", required_argument, 0, OPT_TOPP},       {"seed", required_argument, 0, OPT_SEED},
         {"max-tokens", required_argument, 0, 'n'},       {"script", required_argument, 0, OPT_SCRIPT},
         {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0},
@@ -111,6 +113,9 @@ static int parse_args(int argc, char **argv, chat_options *o)
             if (app_opt_size(prog, "--host-mem", optarg, &o->host_bytes)) return -1;
             break;
         case OPT_CONFIG: o->config = optarg; break;
+        case OPT_WEIGHTS:
+            if (app_opt_weights(prog, optarg, &o->weights)) return -1;
+            break;
         case OPT_KV:
             if (strcmp(optarg, "f32") == 0) o->kv_dtype = PV_F32;
             else if (strcmp(optarg, "f16") == 0) o->kv_dtype = PV_F16;
@@ -166,7 +171,8 @@ int chat_init(chat *ch, const chat_options *o)
     app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config,
                             .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy,
                             .have_policy = o->have_policy, .device_bytes = o->device_bytes,
-                            .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype};
+                            .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
+                            .weights = o->weights};
     if (app_stack_init(&ch->stack, &so, prog) != 0)
         return -1;
     if (!ch->stack.tok.has_chat_template) {

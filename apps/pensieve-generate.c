@@ -23,6 +23,8 @@ typedef struct options {
     uint64_t seed;
     float temperature, top_p;
     pv_dtype kv_dtype;
+    pv_llama_weights weights;
+    int verbose;
 } options;
 
 static void usage(FILE *f)
@@ -39,6 +41,8 @@ static void usage(FILE *f)
             "  --temperature T     0 = greedy (default 0)\n"
             "  --top-p P           nucleus mass when sampling (default 0.95)\n"
             "  --kv f32|f16        KV pool type (default f32)\n"
+            "  --weights native|f32  weights as in the file (default) or widened to f32\n"
+            "  -v, --verbose       print the weights' resident and file bytes\n"
             "  --ids               print the prompt's and the generated token ids, not text\n"
             "  --top1              print the most likely next token after every prompt\n"
             "                      position (teacher forcing) and stop; -n does not apply\n");
@@ -80,13 +84,14 @@ static int parse_float(const char *s, const char *what, double lo, double hi, fl
 static int parse_args(int argc, char **argv, options *o)
 {
     enum { OPT_MODEL = 256, OPT_PROMPT, OPT_CHAT, OPT_BACKEND, OPT_CTX, OPT_SEED, OPT_TEMP,
-           OPT_TOPP, OPT_KV, OPT_IDS, OPT_TOP1 };
+           OPT_TOPP, OPT_KV, OPT_IDS, OPT_TOP1, OPT_WEIGHTS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},   {"prompt", required_argument, 0, OPT_PROMPT},
         {"chat", no_argument, 0, OPT_CHAT},           {"backend", required_argument, 0, OPT_BACKEND},
         {"n-predict", required_argument, 0, 'n'},     {"ctx", required_argument, 0, OPT_CTX},
         {"seed", required_argument, 0, OPT_SEED},     {"temperature", required_argument, 0, OPT_TEMP},
         {"top-p", required_argument, 0, OPT_TOPP},    {"kv", required_argument, 0, OPT_KV},
+        {"weights", required_argument, 0, OPT_WEIGHTS}, {"verbose", no_argument, 0, 'v'},
         {"ids", no_argument, 0, OPT_IDS},             {"top1", no_argument, 0, OPT_TOP1},
         {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
     };
@@ -94,7 +99,7 @@ static int parse_args(int argc, char **argv, options *o)
                    .temperature = 0.0f, .top_p = 0.95f, .kv_dtype = PV_F32};
     int c;
     long v;
-    while ((c = getopt_long(argc, argv, "n:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "n:hv", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL: o->model = optarg; break;
         case OPT_PROMPT: o->prompt = optarg; break;
@@ -120,6 +125,15 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_TOPP:
             if (parse_float(optarg, "--top-p", 1e-6, 1.0, &o->top_p)) return -1;
             break;
+        case OPT_WEIGHTS:
+            if (strcmp(optarg, "native") == 0) o->weights = PV_LLAMA_WEIGHTS_NATIVE;
+            else if (strcmp(optarg, "f32") == 0) o->weights = PV_LLAMA_WEIGHTS_F32;
+            else {
+                fprintf(stderr, "pensieve-generate: --weights '%s' is neither native nor f32\n", optarg);
+                return -1;
+            }
+            break;
+        case 'v': o->verbose = 1; break;
         case OPT_KV:
             if (strcmp(optarg, "f32") == 0) o->kv_dtype = PV_F32;
             else if (strcmp(optarg, "f16") == 0) o->kv_dtype = PV_F16;
@@ -184,6 +198,7 @@ static pv_status generator_init(generator *g, const options *o, const char *path
     pv_llama_options lo;
     pv_llama_options_default(&lo);
     lo.kv_dtype = o->kv_dtype;
+    lo.weights = o->weights;
     if ((st = pv_tokenizer_init(&g->tok, &file)) == PV_OK &&
         (st = pv_backend_init(&g->be, o->backend, 0)) == PV_OK)
         st = pv_llama_init(&g->model, g->be, &file, &lo);
@@ -191,6 +206,15 @@ static pv_status generator_init(generator *g, const options *o, const char *path
     if (st != PV_OK)
         return st;
     const pv_llama_hparams *hp = pv_llama_hparams_of(g->model);
+    if (o->verbose) {
+        pv_llama_weight_bytes wb;
+        pv_llama_weight_bytes_of(g->model, &wb);
+        fprintf(stderr,
+                "weights: %s, %.1f MB resident for %.1f MB of GGUF tensors (%.2fx); %u tensors in their "
+                "type, %u widened to f32\n",
+                pv_llama_weights_name(lo.weights), wb.resident / 1e6, wb.file / 1e6,
+                wb.file ? (double)wb.resident / (double)wb.file : 0.0, wb.n_native, wb.n_widened);
+    }
     g->max_chunks = (o->ctx + lo.chunk_tokens - 1) / lo.chunk_tokens;
     g->n_slots = (int64_t)hp->n_layers * g->max_chunks;
     if ((st = pv_buffer_init(&g->pool, g->be, PV_MEM_DEVICE,

@@ -29,6 +29,7 @@ static void usage(FILE *f)
             "  --device-mem SIZE         device tier budget, e.g. 512M, 2G\n"
             "  --host-mem SIZE           host tier budget\n"
             "  --kv f32|f16              KV cache type (default f32)\n"
+            "  --weights native|f32      weights as in the file (default) or widened to f32\n"
             "  --max-sessions N          named sessions at most (default 0 = no limit)\n"
             "  --session-idle-timeout S  end sessions idle for S seconds (default 0 = never)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/\n"
@@ -104,7 +105,7 @@ static int read_keys(serve_options *o, const char *path)
 static int parse_args(int argc, char **argv, serve_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
-           OPT_CONFIG, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
+           OPT_CONFIG, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
            OPT_THREADS, OPT_MODELID };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
@@ -119,6 +120,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"device-mem", required_argument, 0, OPT_DEVMEM},
         {"host-mem", required_argument, 0, OPT_HOSTMEM},
         {"kv", required_argument, 0, OPT_KV},
+        {"weights", required_argument, 0, OPT_WEIGHTS},
         {"max-sessions", required_argument, 0, OPT_MAXSESS},
         {"session-idle-timeout", required_argument, 0, OPT_IDLE},
         {"api-key", required_argument, 0, OPT_KEY},
@@ -176,6 +178,9 @@ static int parse_args(int argc, char **argv, serve_options *o)
             break;
         case OPT_HOSTMEM:
             if (app_opt_size(prog, "--host-mem", optarg, &o->stack.host_bytes)) return -1;
+            break;
+        case OPT_WEIGHTS:
+            if (app_opt_weights(prog, optarg, &o->stack.weights)) return -1;
             break;
         case OPT_KV:
             if (strcmp(optarg, "f32") == 0) o->stack.kv_dtype = PV_F32;

@@ -35,6 +35,19 @@ int app_opt_float(const char *prog, const char *opt, const char *s, double lo, d
     return 0;
 }
 
+int app_opt_weights(const char *prog, const char *s, pv_llama_weights *out)
+{
+    if (strcmp(s, "native") == 0)
+        *out = PV_LLAMA_WEIGHTS_NATIVE;
+    else if (strcmp(s, "f32") == 0)
+        *out = PV_LLAMA_WEIGHTS_F32;
+    else {
+        fprintf(stderr, "%s: --weights '%s' is neither native nor f32\n", prog, s);
+        return -1;
+    }
+    return 0;
+}
+
 int app_opt_size(const char *prog, const char *opt, const char *s, uint64_t *out)
 {
     char *end;
@@ -131,6 +144,7 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
     pv_llama_options lo;
     pv_llama_options_default(&lo);
     lo.kv_dtype = o->kv_dtype;
+    lo.weights = o->weights;
     /* The model's slots are the cache's chunks: a chunk size from --config
      * must reach the model, which the engine takes it from. */
     lo.chunk_tokens = (int32_t)cc.chunk_tokens;

@@ -18,6 +18,8 @@ int app_opt_float(const char *prog, const char *opt, const char *s, double lo, d
 /* Bytes with an optional K, M, G or T suffix (powers of 1024), as in the
  * cache's INI file; positive. */
 int app_opt_size(const char *prog, const char *opt, const char *s, uint64_t *out);
+/* --weights native|f32 */
+int app_opt_weights(const char *prog, const char *s, pv_llama_weights *out);
 
 typedef struct app_stack_options {
     const char *model, *backend, *config;
@@ -28,6 +30,7 @@ typedef struct app_stack_options {
     int have_policy;                   /* --policy given: it overrides --config */
     uint64_t device_bytes, host_bytes; /* 0: from --config or the defaults */
     pv_dtype kv_dtype;
+    pv_llama_weights weights;
     double idle_timeout_s;
 } app_stack_options;
 

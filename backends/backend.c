@@ -720,7 +720,15 @@ static pv_status need_weight_extent(const pv_backend *be, pv_op op, const char *
 {
     uint32_t block_elems = 1, block_bytes = 4;
     pv_wtype_block(t, &block_elems, &block_bytes);
-    return need_extent(be, op, arg, buf, off / block_elems, elems / block_elems, block_bytes);
+    if (block_elems == 1 || !buf || buf->backend != be)
+        return need_extent(be, op, arg, buf, off, elems, block_bytes);
+    uint64_t cap = buf->bytes / block_bytes, first = off / block_elems, count = elems / block_elems;
+    if (first > cap || count > cap - first)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "%s: buffer %s too small: %" PRIu64 " blocks of %s (%u bytes) from block %" PRIu64
+                        " exceed its %" PRIu64 " bytes",
+                        pv_op_name(op), arg, count, pv_wtype_name(t), block_bytes, first, buf->bytes);
+    return PV_OK;
 }
 
 /* A weight row of n elements must be whole blocks of type t, and so must the

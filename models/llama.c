@@ -16,21 +16,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A weight on the backend: its buffer and the type the bytes are in. */
+typedef struct llama_weight {
+    pv_buffer *buf;
+    pv_wtype type;
+} llama_weight;
+
 typedef struct llama_layer {
-    pv_buffer *attn_norm;            /* [dim] */
-    pv_buffer *wq, *wk, *wv, *wo;    /* [out][in] row-major: y = x W^T */
-    pv_buffer *ffn_norm;             /* [dim] */
-    pv_buffer *w_gate, *w_up, *w_down;
+    pv_buffer *attn_norm;              /* [dim] f32 */
+    llama_weight wq, wk, wv, wo;       /* [out][in] row-major: y = x W^T */
+    pv_buffer *ffn_norm;               /* [dim] f32 */
+    llama_weight w_gate, w_up, w_down;
 } llama_layer;
 
 struct pv_llama {
     pv_backend *be;
     pv_llama_hparams hp;
     pv_llama_options opt;
-    pv_buffer *tok_embd;             /* [vocab][dim] */
-    pv_buffer *output_norm;          /* [dim] */
-    pv_buffer *output;               /* [vocab][dim]; the embedding when tied */
+    llama_weight tok_embd;           /* [vocab][dim] */
+    pv_buffer *output_norm;          /* [dim] f32 */
+    llama_weight output;             /* [vocab][dim]; the embedding when tied */
     llama_layer *layers;
+    pv_llama_weight_bytes weight_bytes;
+    int qmatmul_f32;                 /* f32 matrices go through qmatmul, not gemm */
     /* run state, sized for max_batch_tokens rows */
     pv_buffer *x;                    /* residual stream [T][dim] */
     pv_buffer *h;                    /* normed input [T][dim] */
@@ -45,6 +53,7 @@ struct pv_llama {
 
 void pv_llama_options_default(pv_llama_options *o)
 {
+    o->weights = PV_LLAMA_WEIGHTS_NATIVE;
     o->kv_dtype = PV_F32;
     o->chunk_tokens = 32;
     o->max_batch_tokens = 512;
@@ -76,41 +85,92 @@ pv_buffer *pv_llama_logits_buffer(pv_llama *m)
     return m->logits;
 }
 
-/* Dequantise tensor `name` to f32 and upload it into a new device buffer. */
-static pv_status upload_tensor(pv_llama *m, const pv_gguf *g, const char *name, pv_buffer **out)
+void pv_llama_weight_bytes_of(const pv_llama *m, pv_llama_weight_bytes *out)
+{
+    *out = m->weight_bytes;
+}
+
+const char *pv_llama_weights_name(pv_llama_weights w)
+{
+    return w == PV_LLAMA_WEIGHTS_F32 ? "f32" : "native";
+}
+
+/* Upload tensor `name`: its bytes as they are in the file when the model
+ * keeps native weights and the backend reads its type for every op in
+ * `ops` (matrices: qmatmul; the embedding: embed_gather, and qmatmul too
+ * when it is also the output matrix), else widened to f32. */
+static pv_status upload_weight(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops, int n_ops,
+                               llama_weight *out)
 {
     const pv_gguf_tensor *t;
     pv_status st = pv_gguf_get_tensor(g, name, &t);
     if (st != PV_OK)
         return st;
+    int native = m->opt.weights == PV_LLAMA_WEIGHTS_NATIVE && n_ops > 0;
+    for (int i = 0; i < n_ops; i++)
+        native = native && pv_backend_supports_weights(m->be, ops[i], (pv_wtype)t->type);
+    m->weight_bytes.file += t->n_bytes;
+    if (native) {
+        out->type = (pv_wtype)t->type;
+        st = pv_buffer_init(&out->buf, m->be, PV_MEM_DEVICE, t->n_bytes);
+        if (st == PV_OK)
+            st = pv_buffer_write(out->buf, 0, t->data, t->n_bytes);
+        if (st == PV_OK) {
+            m->weight_bytes.resident += t->n_bytes;
+            m->weight_bytes.n_native++;
+        }
+        return st;
+    }
+    out->type = PV_W_F32;
+    if (t->n_elements > SIZE_MAX / sizeof(float))
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': %" PRIu64 " elements do not fit in memory",
+                        g->path, name, t->n_elements);
     float *host = malloc(t->n_elements * sizeof *host);
     if (!host)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats",
                         g->path, name, t->n_elements);
     st = pv_gguf_tensor_f32(t, host, t->n_elements);
     if (st == PV_OK)
-        st = pv_buffer_init(out, m->be, PV_MEM_DEVICE, t->n_elements * sizeof *host);
+        st = pv_buffer_init(&out->buf, m->be, PV_MEM_DEVICE, t->n_elements * sizeof *host);
     if (st == PV_OK)
-        st = pv_buffer_write(*out, 0, host, t->n_elements * sizeof *host);
+        st = pv_buffer_write(out->buf, 0, host, t->n_elements * sizeof *host);
     free(host);
+    if (st == PV_OK) {
+        m->weight_bytes.resident += t->n_elements * sizeof *host;
+        m->weight_bytes.n_widened++;
+    }
     return st;
 }
 
+/* Norm weights are vectors the element-wise ops read in f32. */
+static pv_status upload_vector(pv_llama *m, const pv_gguf *g, const char *name, pv_buffer **out)
+{
+    llama_weight w = {0};
+    pv_status st = upload_weight(m, g, name, NULL, 0, &w);
+    *out = w.buf;
+    return st;
+}
+
+static const pv_op matrix_ops[] = {PV_OP_QMATMUL};
+
 static pv_status upload_layer(pv_llama *m, const pv_gguf *g, uint32_t l)
 {
-    static const char *const suffix[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+    static const char *const matrices[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                           "ffn_gate", "ffn_up", "ffn_down"};
     llama_layer *L = &m->layers[l];
-    pv_buffer **dst[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                         &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
-    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
-        char name[96];
-        snprintf(name, sizeof name, "blk.%u.%s.weight", l, suffix[i]);
-        pv_status st = upload_tensor(m, g, name, dst[i]);
-        if (st != PV_OK)
+    llama_weight *dst[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    char name[96];
+    pv_status st;
+    for (size_t i = 0; i < sizeof matrices / sizeof matrices[0]; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s.weight", l, matrices[i]);
+        if ((st = upload_weight(m, g, name, matrix_ops, 1, dst[i])) != PV_OK)
             return st;
     }
-    return PV_OK;
+    snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l);
+    if ((st = upload_vector(m, g, name, &L->attn_norm)) != PV_OK)
+        return st;
+    snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l);
+    return upload_vector(m, g, name, &L->ffn_norm);
 }
 
 static pv_status alloc_state(pv_llama *m)
@@ -152,6 +212,13 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
     pv_status st = pv_llama_hparams_read(g, &m->hp);
     if (st != PV_OK)
         goto fail;
+    if (m->opt.weights != PV_LLAMA_WEIGHTS_NATIVE && m->opt.weights != PV_LLAMA_WEIGHTS_F32) {
+        st = pv_error(PV_ERR_INVALID_ARG, "pv_llama_init: weights %d is neither native nor f32",
+                      (int)m->opt.weights);
+        goto fail;
+    }
+    m->qmatmul_f32 = m->opt.weights == PV_LLAMA_WEIGHTS_NATIVE &&
+                     pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_F32);
     if (m->opt.kv_dtype != PV_F32 && m->opt.kv_dtype != PV_F16) {
         st = pv_error(PV_ERR_INVALID_ARG, "pv_llama_init: kv_dtype %d is neither f32 nor f16",
                       (int)m->opt.kv_dtype);
@@ -183,12 +250,14 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_init: cannot allocate %u layers", m->hp.n_layers);
         goto fail;
     }
-    if ((st = upload_tensor(m, g, "token_embd.weight", &m->tok_embd)) != PV_OK ||
-        (st = upload_tensor(m, g, "output_norm.weight", &m->output_norm)) != PV_OK)
+    static const pv_op embed_ops[] = {PV_OP_EMBED_GATHER, PV_OP_QMATMUL};
+    if ((st = upload_weight(m, g, "token_embd.weight", embed_ops, m->hp.tied_embeddings ? 2 : 1,
+                            &m->tok_embd)) != PV_OK ||
+        (st = upload_vector(m, g, "output_norm.weight", &m->output_norm)) != PV_OK)
         goto fail;
     if (m->hp.tied_embeddings)
         m->output = m->tok_embd;
-    else if ((st = upload_tensor(m, g, "output.weight", &m->output)) != PV_OK)
+    else if ((st = upload_weight(m, g, "output.weight", matrix_ops, 1, &m->output)) != PV_OK)
         goto fail;
     for (uint32_t l = 0; l < m->hp.n_layers; l++)
         if ((st = upload_layer(m, g, l)) != PV_OK)
@@ -209,32 +278,40 @@ void pv_llama_free(pv_llama *m)
     if (m->layers) {
         for (uint32_t l = 0; l < m->hp.n_layers; l++) {
             llama_layer *L = &m->layers[l];
-            pv_buffer *bufs[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo,
-                                 L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+            pv_buffer *bufs[] = {L->attn_norm, L->wq.buf, L->wk.buf, L->wv.buf, L->wo.buf,
+                                 L->ffn_norm, L->w_gate.buf, L->w_up.buf, L->w_down.buf};
             for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
                 pv_buffer_free(bufs[i]);
         }
         free(m->layers);
     }
-    if (m->output != m->tok_embd)
-        pv_buffer_free(m->output);
-    pv_buffer *bufs[] = {m->tok_embd, m->output_norm, m->x, m->h, m->q, m->k, m->v,
+    if (m->output.buf != m->tok_embd.buf)
+        pv_buffer_free(m->output.buf);
+    pv_buffer *bufs[] = {m->tok_embd.buf, m->output_norm, m->x, m->h, m->q, m->k, m->v,
                          m->att, m->proj, m->gate, m->up, m->sel, m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pv_buffer_free(bufs[i]);
     free(m);
 }
 
-/* y[T][n_out] = x[T][n_in] W^T, W stored [n_out][n_in]. */
-static pv_status linear(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv_buffer *y,
+/* y[T][n_out] = x[T][n_in] W^T, W stored [n_out][n_in]. Widened weights
+ * (--weights f32) keep the GEMM path they always had; weights in their own
+ * type, f32 included, go through qmatmul, whose decode-sized kernels read
+ * each weight once per call. */
+static pv_status linear(pv_llama *m, const pv_buffer *x, const llama_weight *w, pv_buffer *y,
                         int64_t T, int64_t n_in, int64_t n_out)
 {
-    pv_gemm_args g = {
-        .dtype = PV_F32, .trans_a = 0, .trans_b = 1, .m = T, .n = n_out, .k = n_in,
-        .alpha = 1.0f, .beta = 0.0f,
-        .a = x, .lda = n_in, .b = w, .ldb = n_in, .c = y, .ldc = n_out,
-    };
-    return pv_gemm(m->be, &g);
+    if (w->type == PV_W_F32 && !m->qmatmul_f32) {
+        pv_gemm_args g = {
+            .dtype = PV_F32, .trans_a = 0, .trans_b = 1, .m = T, .n = n_out, .k = n_in,
+            .alpha = 1.0f, .beta = 0.0f,
+            .a = x, .lda = n_in, .b = w->buf, .ldb = n_in, .c = y, .ldc = n_out,
+        };
+        return pv_gemm(m->be, &g);
+    }
+    pv_qmatmul_args q = {.w_type = w->type, .n_tokens = T, .n_in = n_in, .n_out = n_out,
+                         .w = w->buf, .x = x, .y = y};
+    return pv_qmatmul(m->be, &q);
 }
 
 static pv_status rmsnorm(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv_buffer *out,
@@ -262,9 +339,9 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
     pv_status st;
 
     if ((st = rmsnorm(m, m->x, L->attn_norm, m->h, T)) != PV_OK ||
-        (st = linear(m, m->h, L->wq, m->q, T, hp->n_embd, q_dim)) != PV_OK ||
-        (st = linear(m, m->h, L->wk, m->k, T, hp->n_embd, kv_dim)) != PV_OK ||
-        (st = linear(m, m->h, L->wv, m->v, T, hp->n_embd, kv_dim)) != PV_OK)
+        (st = linear(m, m->h, &L->wq, m->q, T, hp->n_embd, q_dim)) != PV_OK ||
+        (st = linear(m, m->h, &L->wk, m->k, T, hp->n_embd, kv_dim)) != PV_OK ||
+        (st = linear(m, m->h, &L->wv, m->v, T, hp->n_embd, kv_dim)) != PV_OK)
         return st;
 
     /* GGUF Llama weights are permuted for adjacent-pair rotation. */
@@ -298,7 +375,7 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
         .n_seqs = b->n_seqs, .max_chunks = b->max_chunks, .out = m->att,
     };
     if ((st = pv_attention(m->be, &a)) != PV_OK ||
-        (st = linear(m, m->att, L->wo, m->proj, T, q_dim, hp->n_embd)) != PV_OK)
+        (st = linear(m, m->att, &L->wo, m->proj, T, q_dim, hp->n_embd)) != PV_OK)
         return st;
     return residual_add(m, T);
 }
@@ -310,10 +387,10 @@ static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l)
     pv_status st;
     pv_swiglu_args s = {.n = (int64_t)T * hp->n_ff, .gate = m->gate, .up = m->up, .out = m->gate};
     if ((st = rmsnorm(m, m->x, L->ffn_norm, m->h, T)) != PV_OK ||
-        (st = linear(m, m->h, L->w_gate, m->gate, T, hp->n_embd, hp->n_ff)) != PV_OK ||
-        (st = linear(m, m->h, L->w_up, m->up, T, hp->n_embd, hp->n_ff)) != PV_OK ||
+        (st = linear(m, m->h, &L->w_gate, m->gate, T, hp->n_embd, hp->n_ff)) != PV_OK ||
+        (st = linear(m, m->h, &L->w_up, m->up, T, hp->n_embd, hp->n_ff)) != PV_OK ||
         (st = pv_swiglu(m->be, &s)) != PV_OK ||
-        (st = linear(m, m->gate, L->w_down, m->proj, T, hp->n_ff, hp->n_embd)) != PV_OK)
+        (st = linear(m, m->gate, &L->w_down, m->proj, T, hp->n_ff, hp->n_embd)) != PV_OK)
         return st;
     return residual_add(m, T);
 }
@@ -356,8 +433,8 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
     const pv_llama_hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
 
-    pv_embed_gather_args e = {.table_type = PV_W_F32, .n_rows = hp->n_vocab, .dim = hp->n_embd,
-                              .table = m->tok_embd, .ids = b->tokens, .n_ids = T, .out = m->x};
+    pv_embed_gather_args e = {.table_type = m->tok_embd.type, .n_rows = hp->n_vocab, .dim = hp->n_embd,
+                              .table = m->tok_embd.buf, .ids = b->tokens, .n_ids = T, .out = m->x};
     if ((st = pv_embed_gather(m->be, &e)) != PV_OK)
         return st;
     for (uint32_t l = 0; l < hp->n_layers; l++)
@@ -372,7 +449,7 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
                                  .out = m->sel};
     if ((st = pv_embed_gather(m->be, &pick)) != PV_OK ||
         (st = rmsnorm(m, m->sel, m->output_norm, m->sel, b->n_logits)) != PV_OK ||
-        (st = linear(m, m->sel, m->output, m->logits, b->n_logits, hp->n_embd, hp->n_vocab)) != PV_OK)
+        (st = linear(m, m->sel, &m->output, m->logits, b->n_logits, hp->n_embd, hp->n_vocab)) != PV_OK)
         return st;
     if (b->logits)
         return pv_buffer_read(m->logits, 0, b->logits,

@@ -27,3 +27,11 @@ TESTS += tests/test-backend-async
 tests_test_backend_async_SOURCES = tests/test-backend-async.c
 tests_test_backend_async_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_async_LDADD = $(PV_LINK)
+
+# qmatmul and embed_gather over GGUF weight types on every built backend:
+# every type x batch size against a double-precision product.
+check_PROGRAMS += tests/test-backend-qmatmul
+TESTS += tests/test-backend-qmatmul
+tests_test_backend_qmatmul_SOURCES = tests/test-backend-qmatmul.c
+tests_test_backend_qmatmul_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_qmatmul_LDADD = $(PV_LINK)

@@ -390,6 +390,13 @@ static pv_status dly_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     return d->cpu->ops->slot_scatter(be, a);
 }
 
+/* The CPU's qmatmul keeps a scratch buffer in its own backend state: it
+ * runs on the wrapped CPU backend (CPU buffers are plain host memory). */
+static pv_status dly_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    return state_of(be)->cpu->ops->qmatmul(state_of(be)->cpu, a);
+}
+
 static void dly_free(pv_backend *be)
 {
     dly_state *d = state_of(be);
@@ -446,6 +453,7 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.finish = dly_finish;
     d->ops.attention = dly_attention;
     d->ops.slot_scatter = dly_slot_scatter;
+    d->ops.qmatmul = dly_qmatmul;
     clock_gettime(CLOCK_MONOTONIC, &d->origin);
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work_cv, NULL);

@@ -68,19 +68,31 @@ static pv_status cpu_device_info(int device, pv_device_info *info)
     return PV_OK;
 }
 
-/* All work is synchronous; the only state is a scratch buffer that the
- * batched quantized matmul widens weight tiles into. */
+/* All work is synchronous; the state is a scratch buffer that the batched
+ * quantized matmul widens weight tiles into, and the kernel choice. */
 typedef struct cpu_state {
     float *scratch;
     uint64_t scratch_floats;
+    int portable_kernels;
 } cpu_state;
 
 static pv_status cpu_init(pv_backend *be)
 {
-    be->impl = calloc(1, sizeof(cpu_state));
-    if (!be->impl)
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!s)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate the backend state");
+    /* PV_CPU_KERNELS=portable runs the portable kernels on any CPU, so the
+     * tests check them on machines whose CPU would pick AVX2. */
+    const char *kernels = getenv("PV_CPU_KERNELS");
+    s->portable_kernels = kernels && strcmp(kernels, "portable") == 0;
+    be->impl = s;
     return PV_OK;
+}
+
+int pv_cpu_portable_kernels(const pv_backend *be)
+{
+    const cpu_state *s = be->impl;
+    return s->portable_kernels;
 }
 
 static void cpu_free(pv_backend *be)

@@ -66,6 +66,9 @@ int pv_cpu_qmatmul_supports(pv_wtype t);
 /* The backend's scratch buffer of at least `floats` floats, grown as
  * needed and kept until the backend is freed (cpu-backend.c). */
 pv_status pv_cpu_scratch(pv_backend *be, uint64_t floats, float **out);
+/* Whether the environment asked for the portable kernels only
+ * (PV_CPU_KERNELS=portable, read when the backend opens). */
+int pv_cpu_portable_kernels(const pv_backend *be);
 
 /* The rest of a layer and the sampling helpers (cpu-recompute.c). */
 pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a);

@@ -14,7 +14,17 @@
 extern "C" {
 #endif
 
+/* How weights are held on the backend. NATIVE keeps each tensor in its GGUF
+ * type where the backend reads that type (pv_backend_supports_weights) and
+ * widens the rest to f32; F32 widens everything at load, the path to compare
+ * with (it reads 4 bytes per weight per token instead of ~0.6 for Q4_1). */
+typedef enum pv_llama_weights {
+    PV_LLAMA_WEIGHTS_NATIVE = 0,
+    PV_LLAMA_WEIGHTS_F32 = 1
+} pv_llama_weights;
+
 typedef struct pv_llama_options {
+    pv_llama_weights weights; /* default NATIVE */
     pv_dtype kv_dtype;        /* of the KV pool: PV_F32 or PV_F16 */
     int32_t chunk_tokens;     /* tokens per KV slot (default 32) */
     int32_t max_batch_tokens; /* tokens one forward call may carry (default 512) */
@@ -25,14 +35,25 @@ void pv_llama_options_default(pv_llama_options *o);
 
 typedef struct pv_llama pv_llama;
 
-/* Read hyperparameters from g, dequantise every weight to f32 and upload it
- * to the backend once, and size the run state for opt->max_batch_tokens.
- * g may be freed after this returns. */
+/* Read hyperparameters from g, upload every weight to the backend once (in
+ * its own type or widened to f32, per opt->weights), and size the run state
+ * for opt->max_batch_tokens. g may be freed after this returns. */
 pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g,
                         const pv_llama_options *opt);
 void pv_llama_free(pv_llama *m);
 
 const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m);
+
+/* Bytes of weights the model holds on its backend, and what the same
+ * tensors take in the GGUF file (a tied output matrix counts once). */
+typedef struct pv_llama_weight_bytes {
+    uint64_t resident;
+    uint64_t file;
+    uint32_t n_native, n_widened; /* tensors kept in their type / widened to f32 */
+} pv_llama_weight_bytes;
+
+void pv_llama_weight_bytes_of(const pv_llama *m, pv_llama_weight_bytes *out);
+const char *pv_llama_weights_name(pv_llama_weights w);
 const pv_llama_options *pv_llama_options_of(const pv_llama *m);
 
 /* Elements and bytes of one KV slot: one chunk of one layer, K then V. */

@@ -1,0 +1,260 @@
+/* qmatmul and embed_gather over weights in their GGUF types, on every built
+ * backend: every weight type x batch size (1, 2, 7, 16, 64, 300 rows of x)
+ * against a double-precision product with the weights as models/quant.c
+ * dequantises them (a decoder independent of the backends'), with guard
+ * bytes around the output; then the shapes GGUF forbids, refused with a
+ * message. Usage: test-backend-qmatmul [backend] */
+#define _POSIX_C_SOURCE 200809L
+#include "backend-check.h"
+
+#include <pensieve/gguf.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static const pv_wtype types[] = {PV_W_F32, PV_W_F16, PV_W_BF16, PV_W_Q8_0, PV_W_Q4_0, PV_W_Q4_1};
+#define N_TYPES (int)(sizeof types / sizeof types[0])
+static const int64_t batches[] = {1, 2, 7, 16, 64, 300};
+#define N_BATCHES (int)(sizeof batches / sizeof batches[0])
+
+/* Every type is compared with its own dequantised weights, so the only
+ * error is f32 accumulation in another order (observed below 1e-6 of the
+ * largest output at n_in 576), far below what a decoding mistake costs: one
+ * wrong element of a Q4 row moves its dot product by a quantisation step,
+ * about 1/16 of the row's range. One limit serves every type for that reason. */
+#define ERROR_LIMIT 1e-5
+/* Leading blocks before W in its buffer, so w_off is tested non-zero. */
+#define PAD_BLOCKS 3
+
+typedef struct weights {
+    pv_buffer *buf;
+    uint64_t off;    /* elements */
+    float *deq;      /* [n_out][n_in] as models/quant.c decodes them */
+} weights;
+
+static int make_weights(pv_backend *be, pv_wtype t, int64_t n_out, int64_t n_in, uint64_t *rng, weights *w)
+{
+    uint32_t be_elems = 0, bb = 0;
+    pv_wtype_block(t, &be_elems, &bb);
+    size_t n = (size_t)(n_out * n_in);
+    float *src = xmalloc(n * sizeof *src);
+    /* Rows with different ranges and offsets, so Q4_1's minimum and every
+     * block's scale differ. */
+    for (int64_t r = 0; r < n_out; r++) {
+        float lo = rng_range(rng, -2.0f, 0.5f), hi = lo + rng_range(rng, 0.1f, 3.0f);
+        rng_fill(rng, src + r * n_in, (size_t)n_in, lo, hi);
+    }
+    uint64_t bytes = n / be_elems * bb, pad = PAD_BLOCKS * (uint64_t)bb;
+    unsigned char *img = xmalloc((size_t)(pad + bytes));
+    memset(img, SENTINEL_BYTE, (size_t)pad);
+    w->deq = xmalloc(n * sizeof *w->deq);
+    int good = pv_ggml_quantize((uint32_t)t, src, n, img + pad, bytes) == PV_OK &&
+               pv_ggml_dequantize_f32((uint32_t)t, img + pad, bytes, w->deq, n) == PV_OK &&
+               pv_buffer_init(&w->buf, be, PV_MEM_DEVICE, pad + bytes) == PV_OK &&
+               pv_buffer_write(w->buf, 0, img, pad + bytes) == PV_OK;
+    w->off = PAD_BLOCKS * (uint64_t)be_elems;
+    free(src);
+    free(img);
+    return good;
+}
+
+static void free_weights(weights *w)
+{
+    pv_buffer_free(w->buf);
+    free(w->deq);
+}
+
+static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t n_out, int64_t n_in, uint64_t *rng)
+{
+    weights w = {0};
+    if (!make_weights(be, t, n_out, n_in, rng, &w)) {
+        ok(0, "%s: qmatmul %s %lld x %lld: weights upload: %s", name, pv_wtype_name(t), (long long)n_out,
+           (long long)n_in, pv_last_error());
+        free_weights(&w);
+        return;
+    }
+    for (int bi = 0; bi < N_BATCHES; bi++) {
+        const int64_t T = batches[bi];
+        float *x = xmalloc((size_t)(T * n_in) * sizeof *x);
+        rng_fill(rng, x, (size_t)(T * n_in), -1.0f, 1.0f);
+        double *want = xmalloc((size_t)(T * n_out) * sizeof *want);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t o = 0; o < n_out; o++) {
+                double s = 0;
+                for (int64_t k = 0; k < n_in; k++)
+                    s += (double)x[i * n_in + k] * (double)w.deq[o * n_in + k];
+                want[i * n_out + o] = s;
+            }
+        tensor tx, ty;
+        float *got = xmalloc((size_t)(T * n_out) * sizeof *got);
+        pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), x);
+        if (st == PV_OK)
+            st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_out), NULL);
+        if (st == PV_OK) {
+            pv_qmatmul_args a = {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w = w.buf,
+                                 .w_off = w.off, .x = tx.buf, .x_off = tx.off, .y = ty.buf, .y_off = ty.off};
+            st = pv_qmatmul(be, &a);
+            if (st == PV_OK)
+                st = tensor_read(&ty, got);
+        }
+        const double err = st == PV_OK ? normalized_error_f64(got, want, (size_t)(T * n_out)) : INFINITY;
+        const double limit = ERROR_LIMIT;
+        const int guards = st == PV_OK && guards_intact(&ty);
+        ok(st == PV_OK && err <= limit && guards,
+           "%s: qmatmul %s T %lld x n_in %lld -> n_out %lld: error %.3g (limit %.3g)%s%s", name,
+           pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, err, limit,
+           guards ? "" : ", output guard bytes overwritten", st == PV_OK ? "" : pv_last_error());
+        tensor_free(&tx);
+        tensor_free(&ty);
+        free(x);
+        free(want);
+        free(got);
+    }
+    free_weights(&w);
+}
+
+static void check_embed(pv_backend *be, const char *name, pv_wtype t, uint64_t *rng)
+{
+    const int64_t n_rows = 50, dim = 96;
+    weights w = {0};
+    int32_t ids[9];
+    for (int i = 0; i < 9; i++)
+        ids[i] = rng_below(rng, n_rows);
+    ids[8] = (int32_t)n_rows - 1; /* the last row: an off-by-one reads past the table */
+    tensor out;
+    float got[9 * 96];
+    pv_status st = make_weights(be, t, n_rows, dim, rng, &w) ? PV_OK : PV_ERR_BACKEND;
+    if (st == PV_OK)
+        st = tensor_init(&out, be, PV_MEM_DEVICE, 4, 9 * dim, NULL);
+    const int have_out = st == PV_OK;
+    if (st == PV_OK) {
+        pv_embed_gather_args a = {.table_type = t, .n_rows = n_rows, .dim = dim, .table = w.buf,
+                                  .table_off = w.off, .ids = ids, .n_ids = 9, .out = out.buf,
+                                  .out_off = out.off};
+        st = pv_embed_gather(be, &a);
+        if (st == PV_OK)
+            st = tensor_read(&out, got);
+    }
+    double want[9 * 96];
+    for (int i = 0; i < 9; i++)
+        for (int64_t d = 0; d < dim; d++)
+            want[i * dim + d] = w.deq[ids[i] * dim + d];
+    /* Widening is exact up to how d * q + m rounds (fused or not). */
+    const double err = st == PV_OK ? normalized_error_f64(got, want, 9 * (size_t)dim) : INFINITY;
+    const int guards = st == PV_OK && guards_intact(&out);
+    ok(st == PV_OK && err <= 1e-6 && guards, "%s: embed_gather %s, 9 rows of %lld x %lld: error %.3g (limit 1e-06)%s",
+       name, pv_wtype_name(t), (long long)n_rows, (long long)dim, err, guards ? "" : ", guard bytes overwritten");
+    if (have_out)
+        tensor_free(&out);
+    free_weights(&w);
+}
+
+static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
+{
+    const char *msg = st == PV_OK ? "" : pv_last_error();
+    ok(st == want && strstr(msg, needle) != NULL, "%s: %s is refused (%s)", name, what, msg);
+}
+
+/* The shapes GGUF cannot hold, and aliasing the kernels cannot serve. */
+static void check_refusals(pv_backend *be, const char *name)
+{
+    pv_buffer *w = NULL, *x = NULL;
+    if (pv_buffer_init(&w, be, PV_MEM_DEVICE, 4096) != PV_OK || pv_buffer_init(&x, be, PV_MEM_DEVICE, 4096) != PV_OK) {
+        ok(0, "%s: buffers for the refusal checks: %s", name, pv_last_error());
+        pv_buffer_free(w);
+        return;
+    }
+    pv_qmatmul_args a = {.w_type = PV_W_Q4_1, .n_tokens = 1, .n_in = 48, .n_out = 2, .w = w, .x = x, .y = x,
+                         .y_off = 64};
+    expect_refused(name, "Q4_1 with n_in 48 (not whole blocks)", pv_qmatmul(be, &a), PV_ERR_INVALID_ARG,
+                   "n_in = 48 is not a multiple of Q4_1's block of 32");
+    a.n_in = 64;
+    a.w_off = 16;
+    expect_refused(name, "Q4_1 at w_off 16 (mid-block)", pv_qmatmul(be, &a), PV_ERR_INVALID_ARG,
+                   "w_off = 16 is not a multiple");
+    a.w_off = 0;
+    a.n_out = 1000;
+    expect_refused(name, "1000 Q4_1 rows of 64 in 4096 bytes", pv_qmatmul(be, &a), PV_ERR_INVALID_ARG,
+                   "buffer w too small");
+    a.n_out = 2;
+    a.y_off = 32;
+    expect_refused(name, "y overlapping x", pv_qmatmul(be, &a), PV_ERR_INVALID_ARG, "y overlaps x");
+    a.y_off = 64;
+    a.w_type = (pv_wtype)6; /* Q5_0: a GGUF type no kernel reads */
+    expect_refused(name, "weight type 6 (Q5_0)", pv_qmatmul(be, &a), PV_ERR_INVALID_ARG,
+                   "not a known weight type");
+    a.w_type = PV_W_Q8_0;
+    a.n_in = 32;
+    a.n_tokens = (int64_t)1 << 40;
+    expect_refused(name, "2^40 tokens", pv_qmatmul(be, &a), PV_ERR_UNSUPPORTED, "n_tokens = 1099511627776 exceeds");
+    pv_embed_gather_args e = {.table_type = PV_W_Q8_0, .n_rows = 4, .dim = 40, .table = w,
+                              .ids = (const int32_t[]){0}, .n_ids = 1, .out = x};
+    expect_refused(name, "a Q8_0 table of dim 40", pv_embed_gather(be, &e), PV_ERR_INVALID_ARG,
+                   "dim = 40 is not a multiple of Q8_0's block");
+    pv_buffer_free(w);
+    pv_buffer_free(x);
+}
+
+static void run_backend(pv_backend *be, const char *name, uint64_t seed)
+{
+    uint64_t rng = seed;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const pv_wtype t = types[ti];
+        if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, t)) {
+            tap_skip("%s: qmatmul %s is not supported by this backend", name, pv_wtype_name(t));
+            continue;
+        }
+        uint32_t block = 1;
+        pv_wtype_block(t, &block, NULL);
+        /* Odd row counts everywhere; odd row lengths where the type allows
+         * (unblocked types), else an odd number of blocks. */
+        check_qmatmul(be, name, t, 67, block == 1 ? 37 : 160, &rng);
+        /* SmolLM2's attention shape, where the kernels' full vector paths run. */
+        check_qmatmul(be, name, t, 192, 576, &rng);
+        if (pv_backend_supports_weights(be, PV_OP_EMBED_GATHER, t))
+            check_embed(be, name, t, &rng);
+        else
+            tap_skip("%s: embed_gather %s is not supported by this backend", name, pv_wtype_name(t));
+    }
+    if (pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q4_1) &&
+        pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q8_0) &&
+        pv_backend_supports_weights(be, PV_OP_EMBED_GATHER, PV_W_Q8_0))
+        check_refusals(be, name);
+    else
+        tap_skip("%s: the refusal checks need Q4_1 and Q8_0 weights, which this backend does not read", name);
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = argc > 1 ? argv[1] : NULL;
+    const uint64_t seed = 0x5eed0011;
+    int found = 0;
+    for (const char *const *name = pv_backend_names(); *name; name++) {
+        if (only && strcmp(only, *name) != 0)
+            continue;
+        found = 1;
+        pv_backend *be = NULL;
+        pv_status st = pv_backend_init(&be, *name, 0);
+        if (st == PV_ERR_NO_DEVICE) {
+            tap_skip("backend %s: %s", *name, pv_last_error());
+            continue;
+        }
+        if (!ok(st == PV_OK, "backend %s opens", *name)) {
+            tap_diag("%s", pv_last_error());
+            continue;
+        }
+        run_backend(be, *name, seed);
+        pv_backend_free(be);
+        /* The CPU backend picks AVX2 kernels where the CPU has them; the
+         * portable ones, which every other CPU runs, are checked too. */
+        if (strcmp(*name, "cpu") == 0 && setenv("PV_CPU_KERNELS", "portable", 1) == 0) {
+            if (ok(pv_backend_init(&be, "cpu", 0) == PV_OK, "cpu opens with PV_CPU_KERNELS=portable"))
+                run_backend(be, "cpu (portable kernels)", seed);
+            pv_backend_free(be);
+            unsetenv("PV_CPU_KERNELS");
+        }
+    }
+    if (!found)
+        ok(0, "backend %s is built into this library", only);
+    return tap_done();
+}
