@@ -1,12 +1,14 @@
-/* bench-model: prefill and single-stream decode tokens/s of a GGUF Llama
- * model on one backend, beside the bounds measured in the same run:
+/* bench-model: prefill, single-stream decode and batched decode (--batch
+ * sequences decoding together) tokens/s of a GGUF Llama model on one
+ * backend, with its weights as in the file (--weights native, the default)
+ * or widened to f32, beside the bounds measured in the same run:
  *   prefill bound = GEMM peak / weight FLOPs per token, where the peak is
  *                   the backend's best f32 GEMM rate over square sizes
  *                   512..2048 and the model's FFN shape, before and after
  *                   the forward passes (the FFN shape's rate is printed too)
  *   decode bound  = the host's all-core STREAM-style read bandwidth (best
  *                   of 10 passes before and 10 after the forward passes)
- *                   / bytes of f32 weights read per token
+ *                   / bytes of weights a decode step reads (as resident)
  * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak.
  * Prints a table, or JSON with --json. */
 #include "bench-util.h"
@@ -14,6 +16,7 @@
 #include <pensieve/llama.h>
 
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,11 +79,13 @@ static double gemm_peak(pv_backend *be, const pv_llama_hparams *hp, int prompt, 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *backend = "cpu";
-    int prompt = 256, decode = 32, reps = 3, json = 0;
+    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16;
+    pv_llama_weights weights = PV_LLAMA_WEIGHTS_NATIVE;
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"backend", required_argument, 0, 'b'},
         {"prompt", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'd'},
         {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
+        {"batch", required_argument, 0, 'B'},  {"weights", required_argument, 0, 'w'},
         {0, 0, 0, 0},
     };
     int c;
@@ -92,14 +97,22 @@ int main(int argc, char **argv)
         case 'd': decode = atoi(optarg); break;
         case 'r': reps = atoi(optarg); break;
         case 'j': json = 1; break;
+        case 'B': batch = atoi(optarg); break;
+        case 'w':
+            if (strcmp(optarg, "native") == 0 || strcmp(optarg, "f32") == 0) {
+                weights = optarg[0] == 'n' ? PV_LLAMA_WEIGHTS_NATIVE : PV_LLAMA_WEIGHTS_F32;
+                break;
+            }
+            /* fall through */
         default:
-            fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--prompt N] "
-                            "[--decode N] [--reps N] [--json]\n");
+            fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] "
+                            "[--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n");
             return 2;
         }
     }
-    if (prompt < 1 || prompt > 512 || decode < 1 || reps < 1 || reps > 16) {
-        fprintf(stderr, "bench-model: --prompt in [1, 512], --decode >= 1, --reps in [1, 16]\n");
+    if (prompt < 1 || prompt > 512 || decode < 1 || reps < 1 || reps > 16 || batch < 1 || batch > 64) {
+        fprintf(stderr, "bench-model: --prompt in [1, 512], --decode >= 1, --reps in [1, 16], --batch in "
+                        "[1, 64]\n");
         return 2;
     }
     char default_path[4096];
@@ -117,21 +130,31 @@ int main(int argc, char **argv)
         return fail(backend);
     pv_llama_options lo;
     pv_llama_options_default(&lo);
+    lo.weights = weights;
     if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
         return fail("model");
     pv_gguf_free(&file);
     const pv_llama_hparams *hp = pv_llama_hparams_of(model);
 
-    /* One sequence; slot = layer * max_chunks + chunk. */
+    /* batch sequences; slot = (layer * batch + sequence) * max_chunks + chunk.
+     * The single-stream passes use sequence 0. */
     const int ctx = prompt + decode;
     const int32_t max_chunks = (ctx + lo.chunk_tokens - 1) / lo.chunk_tokens;
-    const int64_t n_slots = (int64_t)hp->n_layers * max_chunks;
+    const int64_t n_slots = (int64_t)hp->n_layers * batch * max_chunks;
     pv_buffer *pool;
     if (pv_buffer_init(&pool, be, PV_MEM_DEVICE, (uint64_t)n_slots * pv_llama_slot_bytes(model)) != PV_OK)
         return fail("kv pool");
     int32_t *tables = malloc(sizeof *tables * (size_t)n_slots);
     int32_t *tokens = malloc(sizeof *tokens * (size_t)ctx), *seq = calloc((size_t)prompt, sizeof *seq);
     int32_t *pos = malloc(sizeof *pos * (size_t)ctx);
+    int32_t *step_tokens = malloc(sizeof *step_tokens * (size_t)batch);
+    int32_t *step_seq = malloc(sizeof *step_seq * (size_t)batch);
+    int32_t *step_pos = malloc(sizeof *step_pos * (size_t)batch);
+    int32_t *step_rows = malloc(sizeof *step_rows * (size_t)batch);
+    if (!tables || !tokens || !seq || !pos || !step_tokens || !step_seq || !step_pos || !step_rows) {
+        fprintf(stderr, "bench-model: cannot allocate the batch arrays\n");
+        return 1;
+    }
     for (int64_t i = 0; i < n_slots; i++)
         tables[i] = (int32_t)i;
     for (int i = 0; i < ctx; i++) {
@@ -140,7 +163,7 @@ int main(int argc, char **argv)
     }
     int32_t last = prompt - 1;
     pv_llama_batch b = {.n_tokens = prompt, .tokens = tokens, .token_seq = seq, .token_pos = pos,
-                        .n_seqs = 1, .max_chunks = max_chunks, .slot_tables = tables,
+                        .n_seqs = batch, .max_chunks = max_chunks, .slot_tables = tables,
                         .kv_pool = pool, .n_slots = n_slots, .n_logits = 1, .logit_rows = &last};
     /* The references before the forward passes and after them, the higher
      * of each kept: on a shared machine either may land in a busy minute. */
@@ -178,6 +201,49 @@ int main(int argc, char **argv)
     double prefill_tps = prompt / bench_median(t_prefill, reps);
     double decode_tps = 1.0 / bench_median(t_decode, reps);
 
+    /* Batched decode: every sequence holds the same prompt (prefilled once),
+     * then each step decodes one token of each, with logits for all, at the
+     * same positions as the single stream. */
+    double batch_tps = 0;
+    if (batch > 1) {
+        for (int s = 1; s < batch; s++) {
+            for (int i = 0; i < prompt; i++)
+                seq[i] = s;
+            b.n_tokens = prompt;
+            b.tokens = tokens;
+            b.token_pos = pos;
+            last = prompt - 1;
+            if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+                return fail("batch prefill");
+        }
+        double t_batch[16];
+        for (int r = 0; r <= reps; r++) {
+            double t0 = bench_now_s();
+            for (int i = prompt; i < ctx; i++) {
+                for (int s = 0; s < batch; s++) {
+                    step_tokens[s] = tokens[i];
+                    step_seq[s] = s;
+                    step_pos[s] = i;
+                    step_rows[s] = s;
+                }
+                pv_llama_batch d = b;
+                d.n_tokens = batch;
+                d.tokens = step_tokens;
+                d.token_seq = step_seq;
+                d.token_pos = step_pos;
+                d.n_logits = batch < lo.max_logit_rows ? batch : lo.max_logit_rows;
+                d.logit_rows = step_rows;
+                if (pv_llama_forward(model, &d) != PV_OK || pv_backend_finish(be) != PV_OK)
+                    return fail("batch decode");
+            }
+            if (r > 0)
+                t_batch[r - 1] = (bench_now_s() - t0) / decode;
+        }
+        batch_tps = batch / bench_median(t_batch, reps);
+    }
+    pv_llama_weight_bytes wb;
+    pv_llama_weight_bytes_of(model, &wb);
+
     /* Bounds from this run's GEMM peak and memory bandwidth. */
     const double q_dim = (double)hp->n_heads * hp->head_dim, kv_dim = (double)hp->n_kv_heads * hp->head_dim;
     const double layer_params = hp->n_embd * (2 * q_dim + 2 * kv_dim) + 3.0 * hp->n_embd * hp->n_ff;
@@ -195,22 +261,29 @@ int main(int argc, char **argv)
     }
     bench_stream_merge(&mem, &after);
     double prefill_bound = gemm_best * 1e9 / flops_per_token;
-    double decode_bound = mem.read.best * 1e9 / (weight_params * 4.0);
+    double decode_bound = mem.read.best * 1e9 / (double)wb.per_token;
+    double decode_gbs = decode_tps * (double)wb.per_token / 1e9;
 
     if (json) {
         printf("{\"backend\": \"%s\", \"model\": \"%s\", \"prompt_tokens\": %d, \"decode_tokens\": %d, "
                "\"reps\": %d, \"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"gemm_ffn_gflops\": %.2f, "
                "\"gemm_peak_gflops\": %.2f, \"prefill_bound_tps\": %.2f, \"decode_bound_tps\": %.2f,\n"
-               " \"cpu\": ",
+               " \"weights\": \"%s\", \"weight_bytes_resident\": %" PRIu64 ", \"weight_bytes_file\": %" PRIu64
+               ", \"weight_bytes_per_token\": %" PRIu64 ", \"decode_gbs\": %.3f, \"batch\": %d, "
+               "\"batch_decode_tps\": %.2f,\n \"cpu\": ",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
-               prefill_bound, decode_bound);
+               prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
+               decode_gbs, batch, batch_tps);
         bench_cpu_json(&cpu);
         printf(",\n \"stream\": ");
         bench_stream_json(&mem);
         printf("}\n");
     } else {
-        printf("model %s on %s (%s), f32 weights, %.1fM weight parameters\n", model_path, backend,
-               be->info.name, weight_params / 1e6);
+        printf("model %s on %s (%s), %.1fM weight parameters\n", model_path, backend, be->info.name,
+               weight_params / 1e6);
+        printf("weights %s: %.1f MB resident, %.1f MB of GGUF tensors (%.2fx); a decode step reads %.1f MB\n",
+               pv_llama_weights_name(weights), wb.resident / 1e6, wb.file / 1e6,
+               (double)wb.resident / (double)wb.file, wb.per_token / 1e6);
         bench_cpu_print(&cpu);
         bench_stream_print(&mem);
         printf("GEMM f32 through the backend: %d x %u x %u (FFN) %.1f GFLOP/s; peak (best of it and "
@@ -218,20 +291,29 @@ int main(int argc, char **argv)
                prompt, hp->n_ff, hp->n_embd, gemm_rate, gemm_best);
         if (cpu.peak_gflops > 0)
             printf(", %.2f of the nominal FMA peak", gemm_best / cpu.peak_gflops);
-        printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = STREAM read (best) / %.0f MB "
-               "of f32 weights per token\n",
-               flops_per_token / 1e6, weight_params * 4.0 / 1e6);
+        printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = STREAM read (best) / %.1f MB "
+               "of weights per token\n",
+               flops_per_token / 1e6, wb.per_token / 1e6);
         printf("%-26s %12s %12s %10s\n", "measure", "tokens/s", "bound", "of bound");
         printf("%-26s %12.1f %12.1f %9.0f%%\n", "prefill (one batch)", prefill_tps, prefill_bound,
                100 * prefill_tps / prefill_bound);
         printf("%-26s %12.1f %12.1f %9.0f%%\n", "decode (single stream)", decode_tps, decode_bound,
                100 * decode_tps / decode_bound);
+        if (batch > 1)
+            printf("%-26s %12.1f %12s %10s   (%.2fx single stream)\n", "decode (batch)", batch_tps, "", "",
+                   batch_tps / decode_tps);
+        printf("decode streams %.2f GB/s of weights: %.0f%% of the STREAM read bandwidth (best %.1f GB/s)\n",
+               decode_gbs, 100 * decode_gbs / mem.read.best, mem.read.best);
         printf("(timings: median of %d after a warm-up)\n", reps);
     }
     free(tables);
     free(tokens);
     free(seq);
     free(pos);
+    free(step_tokens);
+    free(step_seq);
+    free(step_pos);
+    free(step_rows);
     pv_buffer_free(pool);
     pv_llama_free(model);
     pv_backend_free(be);

@@ -99,8 +99,8 @@ const char *pv_llama_weights_name(pv_llama_weights w)
  * keeps native weights and the backend reads its type for every op in
  * `ops` (matrices: qmatmul; the embedding: embed_gather, and qmatmul too
  * when it is also the output matrix), else widened to f32. */
-static pv_status upload_weight(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops, int n_ops,
-                               llama_weight *out)
+static pv_status upload_as_needed(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops,
+                                  int n_ops, llama_weight *out)
 {
     const pv_gguf_tensor *t;
     pv_status st = pv_gguf_get_tensor(g, name, &t);
@@ -139,6 +139,17 @@ static pv_status upload_weight(pv_llama *m, const pv_gguf *g, const char *name, 
         m->weight_bytes.resident += t->n_elements * sizeof *host;
         m->weight_bytes.n_widened++;
     }
+    return st;
+}
+
+static pv_status upload_weight(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops, int n_ops,
+                               llama_weight *out)
+{
+    const uint64_t resident_before = m->weight_bytes.resident;
+    pv_status st = upload_as_needed(m, g, name, ops, n_ops, out);
+    /* An untied embedding table is read a row per token, not streamed. */
+    if (st == PV_OK && !(strcmp(name, "token_embd.weight") == 0 && !m->hp.tied_embeddings))
+        m->weight_bytes.per_token += m->weight_bytes.resident - resident_before;
     return st;
 }
 

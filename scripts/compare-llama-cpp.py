@@ -7,7 +7,13 @@ token after every prompt position (teacher forcing, both fed the same ids),
 and a greedy continuation of 32 tokens. Then llama.cpp's prefill and decode
 tokens/s with the same shapes bench-model uses.
 
-The check runs twice. On the file as stored (Q4_1), llama.cpp quantises the
+First our own two weight paths on each file: the weights kept as stored
+(--weights native, the default: fused quantised kernels) against the same
+weights widened to f32 at load (--weights f32): teacher-forced top-1
+agreement (at least 99% on Q4_1) and greedy continuations (identical on the
+F32 copy, where both paths multiply the same f32 numbers).
+
+Then llama.cpp, twice. On the file as stored (Q4_1), llama.cpp quantises the
 activations to 8 bits for its quantised matrix products, so near-ties (top-2
 gaps of 0.01-0.1 logits) flip and a flip changes the rest of a greedy
 continuation; that pass is reported, not judged. The judged pass uses an F32
@@ -124,6 +130,31 @@ def check(args, model, label):
     return agree, total, greedy_same
 
 
+def self_check(args, model, label):
+    """Our --weights native against our --weights f32 on one file; returns
+    (agreeing positions, positions, identical continuations)."""
+    total = agree = greedy_same = 0
+    print(f"\n{label}\n")
+    print("| prompt | top-1 agreement | greedy 32 identical |")
+    print("| --- | --- | --- |")
+    for chat, text in PROMPTS:
+        top = {w: ours(args.generate, model, args.backend, chat, text, ["--top1", "--weights", w])
+               for w in ("native", "f32")}
+        n = len(top["f32"]["top1"])
+        n_agree = sum(int(a == b) for a, b in zip(top["native"]["top1"], top["f32"]["top1"]))
+        gen = {w: ours(args.generate, model, args.backend, chat, text, ["--ids", "-n", "32", "--weights", w])
+               for w in ("native", "f32")}
+        same = gen["native"].get("generated", []) == gen["f32"].get("generated", [])
+        total += n
+        agree += n_agree
+        greedy_same += int(same)
+        short = text.replace("\n", " ")[:40]
+        print(f"| {'chat: ' if chat else ''}{short} | {n_agree}/{n} | {'yes' if same else 'NO'} |")
+    print(f"\ntop-1 agreement: {agree}/{total} = {100.0 * agree / total:.2f}%; "
+          f"greedy continuations identical: {greedy_same}/{len(PROMPTS)}")
+    return agree, total, greedy_same
+
+
 def timing(args, model, label):
     """llama.cpp speed with bench-model's shapes: one prefill batch, then
     single-token decode steps; logits only where needed, like bench-model."""
@@ -164,14 +195,20 @@ def main():
 
     ok = True
     if not args.timing_only:
+        agree, total, _ = self_check(
+            args, args.model, "Ours, weights as stored vs widened to f32 (judged: top-1 >= 99%)")
+        ok = agree * 100 >= 99 * total
         check(args, args.model, "File as stored (llama.cpp: 8-bit activations; not judged)")
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "model-f32.gguf")
         f32_copy(args.model, copy)
         if not args.timing_only:
+            _, _, self_same = self_check(
+                args, copy, "Ours on the F32 copy, native vs widened path (judged: greedy identical)")
             agree, total, greedy_same = check(
                 args, copy, "F32 copy written by llama.cpp (both engines in f32; judged)")
-            ok = agree * 100 >= 99 * total and greedy_same == len(PROMPTS)
+            ok = (ok and self_same == len(PROMPTS) and agree * 100 >= 99 * total and
+                  greedy_same == len(PROMPTS))
         print()
         timing(args, args.model, "weights as stored")
         timing(args, copy, "F32 copy")

@@ -174,6 +174,32 @@ DEFINE_FLAT_ROWS(rows_f32, load8_f32, PV_W_F32, 4)
 DEFINE_FLAT_ROWS(rows_f16, load8_f16, PV_W_F16, 2)
 DEFINE_FLAT_ROWS(rows_bf16, load8_bf16, PV_W_BF16, 2)
 
+/* Whole blocks widened to f32 for the batched (sgemm) path. */
+#define DEFINE_WIDEN(name, DECODE, bb)                                                              \
+    AVX2 static void name(const uint8_t *src, float *dst, int64_t n)                               \
+    {                                                                                              \
+        for (int64_t b = 0; b < n / 32; b++) {                                                     \
+            __m256 q[4];                                                                           \
+            DECODE(src + b * (bb), q);                                                             \
+            for (int i = 0; i < 4; i++)                                                            \
+                _mm256_storeu_ps(dst + b * 32 + 8 * i, q[i]);                                      \
+        }                                                                                          \
+    }
+
+DEFINE_WIDEN(widen_q4_1, decode_q4_1, 20)
+DEFINE_WIDEN(widen_q4_0, decode_q4_0, 18)
+DEFINE_WIDEN(widen_q8_0, decode_q8_0, 34)
+
+pv_cpu_widen_fn pv_cpu_widen_avx2(pv_wtype t)
+{
+    switch (t) {
+    case PV_W_Q8_0: return widen_q8_0;
+    case PV_W_Q4_0: return widen_q4_0;
+    case PV_W_Q4_1: return widen_q4_1;
+    default: return NULL;
+    }
+}
+
 pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t)
 {
     switch (t) {
@@ -190,6 +216,12 @@ pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t)
 #else
 
 pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t)
+{
+    (void)t;
+    return NULL;
+}
+
+pv_cpu_widen_fn pv_cpu_widen_avx2(pv_wtype t)
 {
     (void)t;
     return NULL;

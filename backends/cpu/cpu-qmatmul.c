@@ -183,6 +183,9 @@ static pv_status qmatmul_fused(const pv_backend *be, const pv_qmatmul_args *a, c
 static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, const uint8_t *w, const float *x,
                                float *y)
 {
+    pv_cpu_widen_fn fast_widen = NULL;
+    if (fast_kernel(be, a->w_type))
+        fast_widen = pv_cpu_widen_avx2(a->w_type);
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
     const int64_t tile_rows = a->n_out < GEMM_TILE_ROWS ? a->n_out : GEMM_TILE_ROWS;
     float *tile = NULL;
@@ -193,7 +196,10 @@ static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, const u
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
         PV_CPU_OMP("omp parallel for schedule(static)")
         for (int64_t r = 0; r < n_rows; r++)
-            widen_row(a->w_type, w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
+            if (fast_widen)
+                fast_widen(w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
+            else
+                widen_row(a->w_type, w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)a->n_tokens, (blasint)n_rows,
                     (blasint)a->n_in, 1.0f, x, (blasint)a->n_in, tile, (blasint)a->n_in, 0.0f, y + r0,
                     (blasint)a->n_out);

@@ -49,6 +49,7 @@ const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m);
 typedef struct pv_llama_weight_bytes {
     uint64_t resident;
     uint64_t file;
+    uint64_t per_token;           /* what one decode step reads: all but an untied embedding table */
     uint32_t n_native, n_widened; /* tensors kept in their type / widened to f32 */
 } pv_llama_weight_bytes;
 
