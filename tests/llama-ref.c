@@ -33,6 +33,15 @@ static float *load_layer(const pv_gguf *g, int l, const char *what, pv_status *s
     return load(g, name, st);
 }
 
+/* Whether tensor `name` is stored in a type of 32-element blocks. */
+static int block_type(const pv_gguf *g, const char *name)
+{
+    const pv_gguf_tensor *t;
+    uint32_t elems = 1, bytes = 0;
+    return pv_gguf_get_tensor(g, name, &t) == PV_OK && pv_ggml_type_block(t->type, &elems, &bytes) == PV_OK &&
+           elems == 32;
+}
+
 pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos)
 {
     memset(r, 0, sizeof *r);
@@ -44,12 +53,20 @@ pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos)
     r->embd = load(g, "token_embd.weight", &st);
     r->out_norm = load(g, "output_norm.weight", &st);
     r->out = hp->tied_embeddings ? r->embd : load(g, "output.weight", &st);
+    r->out_blocks = block_type(g, hp->tied_embeddings ? "token_embd.weight" : "output.weight");
     r->layers = calloc(hp->n_layers, sizeof *r->layers);
     if (!r->layers)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "llama-ref: layers");
     size_t kv = (size_t)max_pos * hp->n_kv_heads * hp->head_dim;
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         llama_ref_layer *L = &r->layers[l];
+        static const char *const matrices[7] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                 "ffn_gate", "ffn_up", "ffn_down"};
+        for (int i = 0; i < 7; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%u.%s.weight", l, matrices[i]);
+            L->blocks[i] = block_type(g, name);
+        }
         L->attn_norm = load_layer(g, (int)l, "attn_norm", &st);
         L->wq = load_layer(g, (int)l, "attn_q", &st);
         L->wk = load_layer(g, (int)l, "attn_k", &st);
@@ -108,6 +125,32 @@ static void matvec(float *y, const float *W, const float *x, int n_in, int n_out
     }
 }
 
+/* matvec with x rounded to 8 bits per block of 32 when `round8` (n_in is
+ * then a multiple of 32): d = max |x| / 127, x ~= d * round(x / d). */
+static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_out, int round8)
+{
+    if (!round8) {
+        matvec(y, W, x, n_in, n_out);
+        return;
+    }
+    float *xr = malloc(sizeof(float) * (size_t)n_in);
+    if (!xr) {
+        for (int o = 0; o < n_out; o++)
+            y[o] = NAN; /* fails the comparison loudly */
+        return;
+    }
+    for (int b = 0; b + 32 <= n_in; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++)
+            xr[b + j] = d * (float)lrintf(x[b + j] * inv);
+    }
+    matvec(y, W, xr, n_in, n_out);
+    free(xr);
+}
+
 /* Adjacent-pair rotation, as GGUF Llama weights expect. */
 static void rope(float *v, int n_heads, int head_dim, int pos, float base)
 {
@@ -145,9 +188,9 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
         llama_ref_layer *L = &r->layers[l];
         float *kc = L->k_cache + (size_t)pos * kv_dim, *vc = L->v_cache + (size_t)pos * kv_dim;
         rmsnorm(h, x, L->attn_norm, dim, hp->norm_eps);
-        matvec(q, L->wq, h, dim, nh * hd);
-        matvec(kc, L->wk, h, dim, kv_dim);
-        matvec(vc, L->wv, h, dim, kv_dim);
+        matvec_q(q, L->wq, h, dim, nh * hd, r->int8_activations && L->blocks[0]);
+        matvec_q(kc, L->wk, h, dim, kv_dim, r->int8_activations && L->blocks[1]);
+        matvec_q(vc, L->wv, h, dim, kv_dim, r->int8_activations && L->blocks[2]);
         rope(q, nh, hd, pos, hp->rope_base);
         rope(kc, nkv, hd, pos, hp->rope_base);
         for (int head = 0; head < nh; head++) {
@@ -172,21 +215,21 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
                 att[head * hd + d] = (float)(o / sum);
             }
         }
-        matvec(proj, L->wo, att, nh * hd, dim);
+        matvec_q(proj, L->wo, att, nh * hd, dim, r->int8_activations && L->blocks[3]);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
         rmsnorm(h, x, L->ffn_norm, dim, hp->norm_eps);
-        matvec(g, L->w_gate, h, dim, ff);
-        matvec(u, L->w_up, h, dim, ff);
+        matvec_q(g, L->w_gate, h, dim, ff, r->int8_activations && L->blocks[4]);
+        matvec_q(u, L->w_up, h, dim, ff, r->int8_activations && L->blocks[5]);
         for (int i = 0; i < ff; i++)
             g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
-        matvec(proj, L->w_down, g, ff, dim);
+        matvec_q(proj, L->w_down, g, ff, dim, r->int8_activations && L->blocks[6]);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
     }
     if (logits) {
         rmsnorm(h, x, r->out_norm, dim, hp->norm_eps);
-        matvec(logits, r->out, h, dim, (int)hp->n_vocab);
+        matvec_q(logits, r->out, h, dim, (int)hp->n_vocab, r->int8_activations && r->out_blocks);
     }
     free(x), free(h), free(q), free(att), free(proj), free(g), free(u), free(scores);
     return PV_OK;

@@ -6,6 +6,8 @@
 
 typedef struct llama_ref_layer {
     float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    /* whether each of wq, wk, wv, wo, w_gate, w_up, w_down is a block type */
+    int blocks[7];
     float *k_cache, *v_cache; /* [max_pos][n_kv_heads][head_dim] */
 } llama_ref_layer;
 
@@ -13,7 +15,11 @@ typedef struct llama_ref {
     pv_llama_hparams hp;
     int max_pos;
     float *embd, *out_norm, *out;
+    int out_blocks;
     llama_ref_layer *layers;
+    /* Round the input of every block-type matrix to 8 bits per block of 32,
+     * as backends that report int8_activations do (backend.h); 0 by default. */
+    int int8_activations;
 } llama_ref;
 
 pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos);

@@ -21,6 +21,7 @@
 #include "backends/cpu/cpu-qmatmul.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +103,26 @@ static void rows_portable(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t 
     }
 }
 
+void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq8 *xq)
+{
+    const int64_t n_blocks = n_in / 32;
+    for (int64_t i = 0; i < T * n_blocks; i++) {
+        const float *xb = x + i * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int q = (int)lrintf(xb[j] * inv);
+            xq[i].q[j] = (int8_t)q;
+            sum += q;
+        }
+        xq[i].d = d;
+        xq[i].s = d * (float)sum;
+    }
+}
+
 /* The AVX2 kernel for t when the CPU runs it, else NULL (portable). */
 static pv_cpu_rows_fn fast_kernel(const pv_backend *be, pv_wtype t)
 {
@@ -161,10 +182,31 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
  * flat while sgemm's falls with T; they cross between 16 and 32 rows on AVX2). */
 #define PV_CPU_QMATMUL_FUSED_MAX_T 16
 
-static pv_status qmatmul_fused(const pv_backend *be, const pv_qmatmul_args *a, const uint8_t *w,
-                               const float *x, float *y)
+/* Decode-sized batches of block types on AVX2: integer products within each
+ * block against the 8-bit activations. */
+static void qmatmul_int8(const pv_qmatmul_args *a, pv_cpu_rows_q8_fn kernel, const uint8_t *w,
+                         const pv_cpu_xq8 *xq, float *y)
 {
-    const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
+    const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
+    const int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    PV_CPU_OMP("omp parallel for schedule(static)")
+    for (int64_t u = 0; u < units; u++) {
+        const int64_t r0 = u * ROWS_PER_UNIT;
+        const int64_t n_rows = a->n_out - r0 < ROWS_PER_UNIT ? a->n_out - r0 : ROWS_PER_UNIT;
+        kernel(w + (uint64_t)r0 * row_bytes, n_rows, a->n_in, xq, a->n_tokens, y + r0, a->n_out);
+    }
+}
+
+/* Whether this CPU runs the block types' integer kernels (they come with
+ * the AVX2 kernels). */
+static int int8_types_present(pv_cpu_rows_fn fast)
+{
+    return fast != NULL && pv_cpu_qrows_q8_avx2(PV_W_Q4_1) != NULL;
+}
+
+static void qmatmul_fused(pv_cpu_rows_fn fast, const pv_qmatmul_args *a, const uint8_t *w, const float *x,
+                          float *y)
+{
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
     const int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
     PV_CPU_OMP("omp parallel for schedule(static)")
@@ -177,21 +219,14 @@ static pv_status qmatmul_fused(const pv_backend *be, const pv_qmatmul_args *a, c
         else
             rows_portable(a->w_type, wu, n_rows, a->n_in, x, a->n_tokens, y + r0, a->n_out);
     }
-    return PV_OK;
 }
 
-static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, const uint8_t *w, const float *x,
-                               float *y)
+/* Tiles of W rows widened into `tile` (tile_rows x n_in floats), each
+ * multiplied by x with sgemm. */
+static void qmatmul_sgemm(pv_cpu_widen_fn fast_widen, const pv_qmatmul_args *a, const uint8_t *w,
+                          const float *x, float *tile, int64_t tile_rows, float *y)
 {
-    pv_cpu_widen_fn fast_widen = NULL;
-    if (fast_kernel(be, a->w_type))
-        fast_widen = pv_cpu_widen_avx2(a->w_type);
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
-    const int64_t tile_rows = a->n_out < GEMM_TILE_ROWS ? a->n_out : GEMM_TILE_ROWS;
-    float *tile = NULL;
-    pv_status st = pv_cpu_scratch(be, (uint64_t)tile_rows * (uint64_t)a->n_in, &tile);
-    if (st != PV_OK)
-        return st;
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
         PV_CPU_OMP("omp parallel for schedule(static)")
@@ -204,7 +239,6 @@ static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, const u
                     (blasint)a->n_in, 1.0f, x, (blasint)a->n_in, tile, (blasint)a->n_in, 0.0f, y + r0,
                     (blasint)a->n_out);
     }
-    return PV_OK;
 }
 
 pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
@@ -212,16 +246,50 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     const uint8_t *w = (const uint8_t *)a->w->host_ptr + type_bytes(a->w_type, a->w_off);
     const float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
     float *y = pv_cpu_elem_ptr(a->y, a->y_off, sizeof(float));
+    const int64_t T = a->n_tokens, n_in = a->n_in;
+    const int small = T <= PV_CPU_QMATMUL_FUSED_MAX_T;
     /* f32 weights need no widening: sgemm reads them in place. */
-    if (a->w_type == PV_W_F32 && a->n_tokens > PV_CPU_QMATMUL_FUSED_MAX_T) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)a->n_tokens, (blasint)a->n_out,
-                    (blasint)a->n_in, 1.0f, x, (blasint)a->n_in, (const float *)w, (blasint)a->n_in, 0.0f,
-                    y, (blasint)a->n_out);
+    if (a->w_type == PV_W_F32 && !small) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)T, (blasint)a->n_out, (blasint)n_in,
+                    1.0f, x, (blasint)n_in, (const float *)w, (blasint)n_in, 0.0f, y, (blasint)a->n_out);
         return PV_OK;
     }
-    if (a->n_tokens <= PV_CPU_QMATMUL_FUSED_MAX_T)
-        return qmatmul_fused(be, a, w, x, y);
-    return qmatmul_sgemm(be, a, w, x, y);
+    const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
+    const pv_cpu_rows_q8_fn int8 = fast ? pv_cpu_qrows_q8_avx2(a->w_type) : NULL;
+    if (int8) {
+        /* One kernel for every batch size: a token's outputs are then the
+         * same bits whichever batch it ran in (decode, prefill, recovery),
+         * as stateful and stateless serving must agree; 8-bit rounding
+         * would turn the last-bit differences of two kernels into 1e-3. */
+        pv_cpu_xq8 *xq = NULL;
+        const uint64_t xq_bytes = (uint64_t)T * (uint64_t)(n_in / 32) * sizeof(pv_cpu_xq8);
+        pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), (float **)&xq);
+        if (st != PV_OK)
+            return st;
+        pv_cpu_quantize_x(x, T, n_in, xq);
+        qmatmul_int8(a, int8, w, xq, y);
+        return PV_OK;
+    }
+    /* F16 and BF16 stay on the fused kernel at every batch size too: in a
+     * model that mixes them with block types (F16 value projections, say),
+     * their last bits feed the 8-bit rounding of the next layer. F32 is left
+     * to sgemm above 16 rows: files hold it for norms, or for every matrix. */
+    if (small || (int8_types_present(fast) && a->w_type != PV_W_F32)) {
+        qmatmul_fused(fast, a, w, x, y);
+        return PV_OK;
+    }
+    const int64_t tile_rows = a->n_out < GEMM_TILE_ROWS ? a->n_out : GEMM_TILE_ROWS;
+    float *scratch = NULL;
+    pv_status st = pv_cpu_scratch(be, (uint64_t)tile_rows * (uint64_t)n_in, &scratch);
+    if (st != PV_OK)
+        return st;
+    qmatmul_sgemm(fast ? pv_cpu_widen_avx2(a->w_type) : NULL, a, w, x, scratch, tile_rows, y);
+    return PV_OK;
+}
+
+int pv_cpu_qmatmul_int8(const pv_backend *be)
+{
+    return int8_types_present(fast_kernel(be, PV_W_Q4_1));
 }
 
 int pv_cpu_qmatmul_supports(pv_wtype t)
