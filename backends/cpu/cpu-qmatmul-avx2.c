@@ -204,54 +204,74 @@ AVX2_INLINE float half_at(const uint8_t *p)
 }
 
 /* Q4_1: sum (d q + m) x = d dx sum q qx + m s; Q4_0 is m = -8 d; Q8_0 signs
- * its codes onto the activations so maddubs sees |w| x sign(w). */
+ * its codes onto the activations so maddubs sees |w| x sign(w). Two rows of
+ * W share each load of the activations; the tile of up to PV_QTILE rows of
+ * x keeps 2 x PV_QTILE accumulators in registers. */
 #define DEFINE_Q8_ROWS(name, KIND, bb)                                                              \
-    AVX2_INLINE void name##_tile(const uint8_t *wr, int64_t n_blocks, const pv_cpu_xq8 *xt,          \
-                                 int64_t x_stride, float *y, int64_t ldy, const int nt)            \
+    AVX2_INLINE void name##_block(const uint8_t *wb, __m256i *u, __m256 *dwv, float *mw)           \
     {                                                                                              \
-        __m256 acc[PV_QTILE];                                                                      \
-        float msum[PV_QTILE];                                                                      \
+        const float dw = half_at(wb);                                                              \
+        *dwv = _mm256_set1_ps(dw);                                                                 \
+        if (KIND == 8) {                                                                           \
+            *u = _mm256_loadu_si256((const __m256i *)(wb + 2));                                    \
+            *mw = 0.0f;                                                                            \
+        } else {                                                                                   \
+            *mw = KIND == 41 ? half_at(wb + 2) : -8.0f * dw;                                       \
+            *u = nibbles_u8(wb + (KIND == 41 ? 4 : 2));                                            \
+        }                                                                                          \
+    }                                                                                              \
+    AVX2_INLINE __m256 name##_dot(__m256i u, __m256i xs)                                            \
+    {                                                                                              \
+        if (KIND == 8)                                                                             \
+            return dot_u8_s8(_mm256_sign_epi8(u, u), _mm256_sign_epi8(xs, u));                     \
+        return dot_u8_s8(u, xs);                                                                   \
+    }                                                                                              \
+    AVX2_INLINE void name##_tile(const uint8_t *w0, const uint8_t *w1, int64_t n_blocks,           \
+                                 const pv_cpu_xq8 *xt, int64_t x_stride, float *y0, float *y1,     \
+                                 int64_t ldy, const int nt)                                        \
+    {                                                                                              \
+        __m256 acc0[PV_QTILE], acc1[PV_QTILE];                                                     \
+        float m0[PV_QTILE], m1[PV_QTILE];                                                          \
         for (int j = 0; j < nt; j++) {                                                             \
-            acc[j] = _mm256_setzero_ps();                                                          \
-            msum[j] = 0.0f;                                                                        \
+            acc0[j] = acc1[j] = _mm256_setzero_ps();                                               \
+            m0[j] = m1[j] = 0.0f;                                                                  \
         }                                                                                          \
         for (int64_t b = 0; b < n_blocks; b++) {                                                   \
-            const uint8_t *wb = wr + b * (bb);                                                     \
-            const float dw = half_at(wb);                                                          \
-            __m256i u;                                                                             \
-            float mw = 0.0f;                                                                       \
-            if (KIND == 8) {                                                                       \
-                u = _mm256_loadu_si256((const __m256i *)(wb + 2));                                 \
-            } else {                                                                               \
-                mw = KIND == 41 ? half_at(wb + 2) : -8.0f * dw;                                    \
-                u = nibbles_u8(wb + (KIND == 41 ? 4 : 2));                                         \
-            }                                                                                      \
+            __m256i u0, u1;                                                                        \
+            __m256 d0, d1;                                                                         \
+            float mw0, mw1;                                                                        \
+            name##_block(w0 + b * (bb), &u0, &d0, &mw0);                                           \
+            name##_block(w1 + b * (bb), &u1, &d1, &mw1);                                           \
             for (int j = 0; j < nt; j++) {                                                         \
                 const pv_cpu_xq8 *xb = xt + j * x_stride + b;                                      \
-                __m256i xs = _mm256_loadu_si256((const __m256i *)xb->q);                           \
-                __m256 p;                                                                          \
-                if (KIND == 8)                                                                     \
-                    p = dot_u8_s8(_mm256_sign_epi8(u, u), _mm256_sign_epi8(xs, u));                \
-                else                                                                               \
-                    p = dot_u8_s8(u, xs);                                                          \
-                acc[j] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xb->d), acc[j]);                   \
-                if (KIND != 8)                                                                     \
-                    msum[j] += mw * xb->s;                                                         \
+                const __m256i xs = _mm256_loadu_si256((const __m256i *)xb->q);                     \
+                const __m256 dx = _mm256_broadcast_ss(&xb->d);                                     \
+                acc0[j] = _mm256_fmadd_ps(name##_dot(u0, xs), _mm256_mul_ps(d0, dx), acc0[j]);     \
+                acc1[j] = _mm256_fmadd_ps(name##_dot(u1, xs), _mm256_mul_ps(d1, dx), acc1[j]);     \
+                if (KIND != 8) {                                                                   \
+                    m0[j] += mw0 * xb->s;                                                          \
+                    m1[j] += mw1 * xb->s;                                                          \
+                }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        for (int j = 0; j < nt; j++)                                                               \
-            y[j * ldy] = hsum(acc[j]) + msum[j];                                                   \
+        for (int j = 0; j < nt; j++) {                                                             \
+            y0[j * ldy] = hsum(acc0[j]) + m0[j];                                                   \
+            y1[j * ldy] = hsum(acc1[j]) + m1[j];                                                   \
+        }                                                                                          \
     }                                                                                              \
     AVX2 static void name(const uint8_t *w, int64_t n_rows, int64_t n_in, const pv_cpu_xq8 *xq,        \
                           int64_t T, float *y, int64_t ldy)                                        \
     {                                                                                              \
         const int64_t n_blocks = n_in / 32, row_bytes = n_blocks * (bb);                           \
-        for (int64_t r = 0; r < n_rows; r++)                                                       \
+        for (int64_t r = 0; r < n_rows; r += 2) {                                                  \
+            /* An odd last row is computed twice into the same output. */                          \
+            const int64_t r1 = r + 1 < n_rows ? r + 1 : r;                                         \
             for (int64_t t0 = 0; t0 < T; t0 += PV_QTILE) {                                         \
                 const int64_t nt = T - t0 < PV_QTILE ? T - t0 : PV_QTILE;                          \
-                TILE_SWITCH(name##_tile, nt, w + r * row_bytes, n_blocks, xq + t0 * n_blocks,      \
-                            n_blocks, y + t0 * ldy + r, ldy)                                       \
+                TILE_SWITCH(name##_tile, nt, w + r * row_bytes, w + r1 * row_bytes, n_blocks,      \
+                            xq + t0 * n_blocks, n_blocks, y + t0 * ldy + r, y + t0 * ldy + r1, ldy) \
             }                                                                                      \
+        }                                                                                          \
     }
 
 DEFINE_Q8_ROWS(q8rows_q4_1, 41, 20)
@@ -264,32 +284,6 @@ pv_cpu_rows_q8_fn pv_cpu_qrows_q8_avx2(pv_wtype t)
     case PV_W_Q8_0: return q8rows_q8_0;
     case PV_W_Q4_0: return q8rows_q4_0;
     case PV_W_Q4_1: return q8rows_q4_1;
-    default: return NULL;
-    }
-}
-
-/* Whole blocks widened to f32 for the batched (sgemm) path. */
-#define DEFINE_WIDEN(name, DECODE, bb)                                                              \
-    AVX2 static void name(const uint8_t *src, float *dst, int64_t n)                               \
-    {                                                                                              \
-        for (int64_t b = 0; b < n / 32; b++) {                                                     \
-            __m256 q[4];                                                                           \
-            DECODE(src + b * (bb), q);                                                             \
-            for (int i = 0; i < 4; i++)                                                            \
-                _mm256_storeu_ps(dst + b * 32 + 8 * i, q[i]);                                      \
-        }                                                                                          \
-    }
-
-DEFINE_WIDEN(widen_q4_1, decode_q4_1, 20)
-DEFINE_WIDEN(widen_q4_0, decode_q4_0, 18)
-DEFINE_WIDEN(widen_q8_0, decode_q8_0, 34)
-
-pv_cpu_widen_fn pv_cpu_widen_avx2(pv_wtype t)
-{
-    switch (t) {
-    case PV_W_Q8_0: return widen_q8_0;
-    case PV_W_Q4_0: return widen_q4_0;
-    case PV_W_Q4_1: return widen_q4_1;
     default: return NULL;
     }
 }
@@ -310,12 +304,6 @@ pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t)
 #else
 
 pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t)
-{
-    (void)t;
-    return NULL;
-}
-
-pv_cpu_widen_fn pv_cpu_widen_avx2(pv_wtype t)
 {
     (void)t;
     return NULL;

@@ -223,18 +223,15 @@ static void qmatmul_fused(pv_cpu_rows_fn fast, const pv_qmatmul_args *a, const u
 
 /* Tiles of W rows widened into `tile` (tile_rows x n_in floats), each
  * multiplied by x with sgemm. */
-static void qmatmul_sgemm(pv_cpu_widen_fn fast_widen, const pv_qmatmul_args *a, const uint8_t *w,
-                          const float *x, float *tile, int64_t tile_rows, float *y)
+static void qmatmul_sgemm(const pv_qmatmul_args *a, const uint8_t *w, const float *x, float *tile,
+                          int64_t tile_rows, float *y)
 {
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
         PV_CPU_OMP("omp parallel for schedule(static)")
         for (int64_t r = 0; r < n_rows; r++)
-            if (fast_widen)
-                fast_widen(w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
-            else
-                widen_row(a->w_type, w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
+            widen_row(a->w_type, w + (uint64_t)(r0 + r) * row_bytes, tile + r * a->n_in, a->n_in);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)a->n_tokens, (blasint)n_rows,
                     (blasint)a->n_in, 1.0f, x, (blasint)a->n_in, tile, (blasint)a->n_in, 0.0f, y + r0,
                     (blasint)a->n_out);
@@ -283,7 +280,7 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     pv_status st = pv_cpu_scratch(be, (uint64_t)tile_rows * (uint64_t)n_in, &scratch);
     if (st != PV_OK)
         return st;
-    qmatmul_sgemm(fast ? pv_cpu_widen_avx2(a->w_type) : NULL, a, w, x, scratch, tile_rows, y);
+    qmatmul_sgemm(a, w, x, scratch, tile_rows, y);
     return PV_OK;
 }
 

@@ -38,13 +38,6 @@ typedef void (*pv_cpu_rows_q8_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in
 /* The AVX2 integer kernel for block type t, or NULL. */
 pv_cpu_rows_q8_fn pv_cpu_qrows_q8_avx2(pv_wtype t);
 
-/* dst[0..n) = the n elements (whole blocks) of a row of block type t. */
-typedef void (*pv_cpu_widen_fn)(const uint8_t *src, float *dst, int64_t n);
-
-/* The AVX2 + FMA + F16C widening of block type t, or NULL (also for the
- * unblocked types, which need no kernel of their own). */
-pv_cpu_widen_fn pv_cpu_widen_avx2(pv_wtype t);
-
 /* The AVX2 + FMA + F16C kernel for type t, or NULL where not built (not
  * x86-64, or not GCC-compatible). The caller checks the CPU. */
 pv_cpu_rows_fn pv_cpu_qrows_avx2(pv_wtype t);
