@@ -22,6 +22,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The process's resident set in bytes (VmRSS), 0 where /proc says nothing. */
+static uint64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    uint64_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
 static int fail(const char *what)
 {
     fprintf(stderr, "bench-model: %s: %s\n", what, pv_last_error());
@@ -134,6 +148,8 @@ int main(int argc, char **argv)
     if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
         return fail("model");
     pv_gguf_free(&file);
+    /* Before the KV pool and the STREAM arrays: the model and the library. */
+    const uint64_t rss_model = resident_bytes();
     const pv_llama_hparams *hp = pv_llama_hparams_of(model);
 
     /* batch sequences; slot = (layer * batch + sequence) * max_chunks + chunk.
@@ -269,11 +285,11 @@ int main(int argc, char **argv)
                "\"reps\": %d, \"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"gemm_ffn_gflops\": %.2f, "
                "\"gemm_peak_gflops\": %.2f, \"prefill_bound_tps\": %.2f, \"decode_bound_tps\": %.2f,\n"
                " \"weights\": \"%s\", \"weight_bytes_resident\": %" PRIu64 ", \"weight_bytes_file\": %" PRIu64
-               ", \"weight_bytes_per_token\": %" PRIu64 ", \"decode_gbs\": %.3f, \"batch\": %d, "
-               "\"batch_decode_tps\": %.2f,\n \"cpu\": ",
+               ", \"weight_bytes_per_token\": %" PRIu64 ", \"process_rss_after_load\": %" PRIu64
+               ", \"decode_gbs\": %.3f, \"batch\": %d, \"batch_decode_tps\": %.2f,\n \"cpu\": ",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
-               decode_gbs, batch, batch_tps);
+               rss_model, decode_gbs, batch, batch_tps);
         bench_cpu_json(&cpu);
         printf(",\n \"stream\": ");
         bench_stream_json(&mem);
@@ -281,9 +297,10 @@ int main(int argc, char **argv)
     } else {
         printf("model %s on %s (%s), %.1fM weight parameters\n", model_path, backend, be->info.name,
                weight_params / 1e6);
-        printf("weights %s: %.1f MB resident, %.1f MB of GGUF tensors (%.2fx); a decode step reads %.1f MB\n",
+        printf("weights %s: %.1f MB resident, %.1f MB of GGUF tensors (%.2fx); a decode step reads %.1f MB; "
+               "the process held %.1f MB once the model was loaded\n",
                pv_llama_weights_name(weights), wb.resident / 1e6, wb.file / 1e6,
-               (double)wb.resident / (double)wb.file, wb.per_token / 1e6);
+               (double)wb.resident / (double)wb.file, wb.per_token / 1e6, rss_model / 1e6);
         bench_cpu_print(&cpu);
         bench_stream_print(&mem);
         printf("GEMM f32 through the backend: %d x %u x %u (FFN) %.1f GFLOP/s; peak (best of it and "

@@ -30,6 +30,8 @@ CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 --no-binary llama-cpp-python) and run it with that interpreter from the build
 directory:
   /tmp/venv-ref/bin/python ../scripts/compare-llama-cpp.py --generate apps/pensieve-generate
+With --bench-model bench/bench-model the timings run alternately with
+bench-model on the same files and shapes, and the table gives the ratios.
 """
 import argparse
 import os
@@ -176,9 +178,39 @@ def timing(args, model, label):
         pre.append(t1 - t0)
         dec.append((t2 - t1) / args.decode_tokens)
     pre, dec = sorted(pre[1:]), sorted(dec[1:])
+    prefill, decode = args.prompt_tokens / pre[2], 1.0 / dec[2]
     print(f"llama.cpp ({args.threads} threads, {label}): prefill "
-          f"{args.prompt_tokens / pre[2]:.1f} tokens/s, decode {1.0 / dec[2]:.1f} tokens/s "
+          f"{prefill:.1f} tokens/s, decode {decode:.1f} tokens/s "
           f"(median of 5 after a warm-up)")
+    return prefill, decode
+
+
+def ours_timing(args, model, label):
+    """bench-model on the same file and shapes (single-stream decode)."""
+    import json
+    cmd = [args.bench_model, "--model", model, "--backend", args.backend,
+           "--prompt", str(args.prompt_tokens), "--decode", str(args.decode_tokens),
+           "--reps", "5", "--batch", "1", "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    r = json.loads(out)
+    print(f"Pensieve-C ({args.backend}, {label}): prefill {r['prefill_tps']:.1f} tokens/s, "
+          f"decode {r['decode_tps']:.1f} tokens/s (bench-model, median of 5 after a warm-up)")
+    return r["prefill_tps"], r["decode_tps"]
+
+
+def side_by_side(args, files):
+    """llama.cpp and bench-model alternately, twice per file, so both see
+    the same minutes of a shared machine; ratios per round."""
+    print("\n| file | round | llama.cpp prefill | ours | ratio | llama.cpp decode | ours | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
+    for rnd in (1, 2):
+        for label, model in files:
+            lp, ld = timing(args, model, label)
+            op, od = ours_timing(args, model, label)
+            rows.append(f"| {label} | {rnd} | {lp:.1f} | {op:.1f} | {op / lp:.2f} | {ld:.1f} | {od:.1f} | "
+                        f"{od / ld:.2f} |")
+    print("\n".join(rows))
 
 
 def main():
@@ -191,6 +223,8 @@ def main():
     ap.add_argument("--decode-tokens", type=int, default=32)
     ap.add_argument("--timing-only", action="store_true",
                     help="only time llama.cpp on the stored file and its F32 copy")
+    ap.add_argument("--bench-model", default=None,
+                    help="path of bench/bench-model: time it alternately with llama.cpp")
     args = ap.parse_args()
 
     ok = True
@@ -210,8 +244,11 @@ def main():
             ok = (ok and self_same == len(PROMPTS) and agree * 100 >= 99 * total and
                   greedy_same == len(PROMPTS))
         print()
-        timing(args, args.model, "weights as stored")
-        timing(args, copy, "F32 copy")
+        if args.bench_model:
+            side_by_side(args, [("weights as stored", args.model), ("F32 copy", copy)])
+        else:
+            timing(args, args.model, "weights as stored")
+            timing(args, copy, "F32 copy")
     return 0 if ok else 1
 
 

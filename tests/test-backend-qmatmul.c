@@ -136,6 +136,28 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
            pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, err,
            err_f32 <= err_q8 ? "f32" : "8-bit", limit, guards ? "" : ", output guard bytes overwritten",
            st == PV_OK ? "" : pv_last_error());
+        /* The batch-size invariance stateful serving relies on: the last
+         * row of x alone gives the same bits as in the batch (backends that
+         * round activations to 8 bits promise it for every type except F32,
+         * which may go to BLAS for large batches). */
+        if (st == PV_OK && T > 1 && be->info.int8_activations && t != PV_W_F32) {
+            tensor t1;
+            float *alone = xmalloc((size_t)n_out * sizeof *alone);
+            pv_status s1 = tensor_init(&t1, be, PV_MEM_DEVICE, 4, (uint64_t)n_out, NULL);
+            if (s1 == PV_OK) {
+                pv_qmatmul_args a1 = {.w_type = t, .n_tokens = 1, .n_in = n_in, .n_out = n_out, .w = w.buf,
+                                      .w_off = w.off, .x = tx.buf, .x_off = tx.off + (uint64_t)((T - 1) * n_in),
+                                      .y = t1.buf, .y_off = t1.off};
+                s1 = pv_qmatmul(be, &a1);
+                if (s1 == PV_OK)
+                    s1 = tensor_read(&t1, alone);
+                tensor_free(&t1);
+            }
+            ok(s1 == PV_OK && memcmp(alone, got + (T - 1) * n_out, (size_t)n_out * sizeof *alone) == 0,
+               "%s: qmatmul %s: row %lld of a batch of %lld is the same bits run alone", name, pv_wtype_name(t),
+               (long long)(T - 1), (long long)T);
+            free(alone);
+        }
         tensor_free(&tx);
         tensor_free(&ty);
         free(x);

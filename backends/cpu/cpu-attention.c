@@ -2,13 +2,21 @@
  * K/V rows into it: the reference for every backend.
  *
  * A work item is up to QUERY_BLOCK query tokens of one sequence (with all
- * their heads, or a range of kv heads and the query heads that read them).
- * It walks the sequence's context block by block (one block = one chunk's
- * rows) up to its last token's position and keeps, per token and query
- * head, an online softmax: running max, running sum and an unnormalised
- * output; each token takes the rows up to its own position (causal). No
- * T x context matrix exists; each K/V row is read once per item, front to
- * back, for all the item's tokens and heads. */
+ * their heads, or a range of kv heads and the query heads that read them)
+ * over a range of whole blocks of their context (one block = one chunk's
+ * rows): all of it, or one split of it (split-K, below). It walks its blocks
+ * front to back and keeps, per token and query head, an online softmax:
+ * running max, running sum and an unnormalised output; each token takes the
+ * rows up to its own position (causal). No T x context matrix exists; each
+ * K/V row is read once per item, for all the item's tokens and heads.
+ *
+ * Split-K (flash-decoding): when items are too few for the threads (decode
+ * of one or two long sequences), each item's context is cut into splits of
+ * contiguous blocks run as separate items. A split leaves its running max
+ * m, sum l and unnormalised output o per token and head in a partial; a
+ * second pass combines them: with M = max_s m_s,
+ *   out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s.
+ * A split past a token's position leaves m = -inf, l = 0 and weighs 0. */
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
@@ -181,6 +189,14 @@ static void kv_block(const kv_source *src, int32_t seq, int64_t first_pos, int32
  * QUERY_BLOCK tokens instead of once per token). */
 #define QUERY_BLOCK 8
 
+/* One work item: group `group`'s tokens, kv heads kv_head0 .. kv_head0 +
+ * part_kv_heads - 1, blocks [first_block, end_block) of their context, as
+ * split `split` of the group's n_splits. */
+typedef struct attention_item {
+    int32_t group, kv_head0, split, n_splits;
+    int64_t first_block, end_block;
+} attention_item;
+
 typedef struct attention_problem {
     kv_source kv;
     int32_t n_tokens, n_heads;
@@ -195,6 +211,11 @@ typedef struct attention_problem {
      * order[group_start[g] .. group_start[g + 1]). */
     const int32_t *order, *group_start;
     int32_t n_groups;
+    /* Split-K partials, for tokens whose group has more than one split:
+     * token i, query head h, split s is entry (s * n_tokens + i) * n_heads
+     * + h of part_max and part_sum, and row of head_dim floats of part_acc. */
+    float *part_max, *part_sum, *part_acc;
+    const int32_t *token_splits; /* [T] its group's split count */
 } attention_problem;
 
 /* One thread's working memory for an item of up to QUERY_BLOCK tokens and
@@ -330,12 +351,14 @@ PV_CPU_CLONES static void attend_block(attention_scratch *s, int32_t n_h, int32_
     }
 }
 
-/* Group gi's query tokens (one sequence, ascending positions), kv heads
- * g0 .. g0 + part_kv_heads - 1 and the query heads that read them. Each K/V
- * block up to the last token's position is read (and widened) once; every
- * token then takes the rows up to its own position. */
-static void attend_item(const attention_problem *pb, attention_scratch *s, int32_t gi, int32_t g0)
+/* Item it: its group's query tokens (one sequence, ascending positions),
+ * its kv heads and the query heads that read them, over its blocks up to
+ * the last token's position. Each K/V block is read (and widened) once;
+ * every token then takes the rows up to its own position. The result is
+ * the output, or with several splits the split's partial. */
+static void attend_item(const attention_problem *pb, attention_scratch *s, const attention_item *it)
 {
+    int32_t gi = it->group, g0 = it->kv_head0;
     const kv_source *kv = &pb->kv;
     int32_t head_dim = kv->head_dim;
     int32_t group = pb->n_heads / kv->n_kv_heads;
@@ -345,6 +368,8 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, int32
     int32_t n_tok = pb->group_start[gi + 1] - pb->group_start[gi];
     int32_t seq = pb->token_seq[tokens[0]];
     int64_t n_ctx = (int64_t)pb->token_pos[tokens[n_tok - 1]] + 1; /* the longest context */
+    int64_t begin = it->first_block * kv->block_tokens;
+    int64_t end = it->end_block * kv->block_tokens < n_ctx ? it->end_block * kv->block_tokens : n_ctx;
     int64_t row_stride = (int64_t)kv->n_kv_heads * head_dim;
     int32_t score_stride = (int32_t)round_lanes((size_t)kv->block_tokens);
 
@@ -364,18 +389,18 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, int32
     }
 
     size_t elem = pv_dtype_size(kv->dtype);
-    for (int64_t first = 0; first < n_ctx; first += kv->block_tokens) {
-        int32_t rows = (int32_t)(n_ctx - first < kv->block_tokens ? n_ctx - first : kv->block_tokens);
+    for (int64_t first = begin; first < end; first += kv->block_tokens) {
+        int32_t rows = (int32_t)(end - first < kv->block_tokens ? end - first : kv->block_tokens);
         const void *k, *v;
         kv_block(kv, seq, first, g0, &k, &v);
         next_block nb = {.rows = 0, .stride_bytes = row_stride * (int64_t)elem,
                          .row_bytes = (size_t)part_elems * elem};
-        if (first + kv->block_tokens < n_ctx) {
+        if (first + kv->block_tokens < end) {
             const void *next_k, *next_v;
             kv_block(kv, seq, first + kv->block_tokens, g0, &next_k, &next_v);
             nb.k = next_k;
             nb.v = next_v;
-            int64_t left = n_ctx - first - kv->block_tokens;
+            int64_t left = end - first - kv->block_tokens;
             nb.rows = (int32_t)(left < kv->block_tokens ? left : kv->block_tokens);
         }
         const float *k_rows = k, *v_rows = v;
@@ -407,10 +432,46 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, int32
 
     for (int32_t j = 0; j < n_tok; j++) {
         attention_scratch t = token_slice(s, j);
-        float *out = pb->out + ((size_t)tokens[j] * pb->n_heads + (size_t)g0 * group) * head_dim;
-        for (int32_t h = 0; h < n_h; h++)
-            for (int32_t d = 0; d < head_dim; d++)
-                out[(size_t)h * head_dim + d] = t.acc[(size_t)h * head_dim + d] / t.sum[h];
+        size_t head0 = (size_t)tokens[j] * pb->n_heads + (size_t)g0 * group;
+        if (it->n_splits == 1) {
+            float *out = pb->out + head0 * head_dim;
+            for (int32_t h = 0; h < n_h; h++)
+                for (int32_t d = 0; d < head_dim; d++)
+                    out[(size_t)h * head_dim + d] = t.acc[(size_t)h * head_dim + d] / t.sum[h];
+            continue;
+        }
+        /* A token this split does not reach keeps max -inf, sum 0, acc 0. */
+        size_t at = (size_t)it->split * pb->n_tokens * pb->n_heads + head0;
+        memcpy(pb->part_max + at, t.max, (size_t)n_h * sizeof(float));
+        memcpy(pb->part_sum + at, t.sum, (size_t)n_h * sizeof(float));
+        memcpy(pb->part_acc + at * head_dim, t.acc, (size_t)n_h * head_dim * sizeof(float));
+    }
+}
+
+/* Token i's output from its n_splits partials (all its query heads). */
+static void combine_splits(const attention_problem *pb, int32_t i, int32_t n_splits)
+{
+    int32_t head_dim = pb->kv.head_dim;
+    size_t split_stride = (size_t)pb->n_tokens * pb->n_heads;
+    for (int32_t h = 0; h < pb->n_heads; h++) {
+        size_t at = (size_t)i * pb->n_heads + h;
+        float top = -INFINITY;
+        for (int32_t sp = 0; sp < n_splits; sp++) {
+            float m = pb->part_max[sp * split_stride + at];
+            top = m > top ? m : top;
+        }
+        float *out = pb->out + at * head_dim;
+        memset(out, 0, (size_t)head_dim * sizeof(float));
+        float sum = 0.0f;
+        for (int32_t sp = 0; sp < n_splits; sp++) {
+            float m = pb->part_max[sp * split_stride + at];
+            if (m == -INFINITY)
+                continue; /* no rows of this split reach the token */
+            float w = expf(m - top);
+            sum += w * pb->part_sum[sp * split_stride + at];
+            axpy_lanes(out, w, pb->part_acc + (sp * split_stride + at) * head_dim, head_dim);
+        }
+        scale_lanes(out, 1.0f / sum, head_dim);
     }
 }
 
@@ -453,62 +514,177 @@ static int32_t group_tokens(const attention_problem *pb, int32_t *order, int32_t
     return n_groups;
 }
 
-static pv_status attention_run(attention_problem *pb)
+/* Work items the planner aims for per thread: a few each, handed out
+ * dynamically, even out a core that other processes slow down. */
+#define ITEMS_PER_THREAD 4
+
+/* Fewest blocks in a split (256 rows at 32-token chunks). A split's fixed
+ * costs are scaling q, clearing its scratch, writing its partial (per token
+ * n_h x head_dim floats: about a tenth of one f16 block's K and V for
+ * SmolLM2 or Llama 3 heads) and its share of the combine; over 8 blocks of
+ * reads they stay near 1%, and a 2048-token context still splits 8 ways. */
+#define MIN_SPLIT_BLOCKS 8
+
+/* The work plan: items (groups x kv-head parts x context splits) and each
+ * token's split count. */
+typedef struct attention_plan {
+    int32_t *order, *group_start; /* see attention_problem */
+    int32_t *token_splits;        /* [T] */
+    attention_item *items;
+    int64_t n_items;
+    int32_t max_splits;
+} attention_plan;
+
+static void plan_free(attention_plan *plan)
 {
-    int n_threads = pv_cpu_max_threads();
-    int32_t *order = malloc((size_t)pb->n_tokens * sizeof *order);
-    int32_t *group_start = malloc(((size_t)pb->n_tokens + 1) * sizeof *group_start);
-    int32_t n_groups = order && group_start ? group_tokens(pb, order, group_start) : -1;
+    free(plan->order);
+    free(plan->group_start);
+    free(plan->token_splits);
+    free(plan->items);
+}
+
+/* Context splits of a group of `blocks` blocks, when n_groups x parts items
+ * are too few for n_threads: its share, by blocks, of ITEMS_PER_THREAD x
+ * n_threads items (total_blocks over all groups), each split at least
+ * MIN_SPLIT_BLOCKS long. One thread gains nothing from splits and would pay
+ * the combine. */
+static int32_t split_count(int64_t blocks, int64_t total_blocks, int64_t n_groups, int32_t parts, int n_threads)
+{
+    int64_t target = ITEMS_PER_THREAD * (int64_t)n_threads;
+    if (n_threads < 2 || n_groups * parts >= target)
+        return 1;
+    int64_t share = parts * total_blocks;
+    int64_t want = (target * blocks + share - 1) / share;
+    int64_t fit = blocks / MIN_SPLIT_BLOCKS;
+    int64_t n = want < fit ? want : fit;
+    return n > 1 ? (int32_t)n : 1;
+}
+
+/* Groups the tokens and cuts the work into items; forced_splits > 0 gives
+ * every group that many splits (then some may hold no block). Sets
+ * pb->part_kv_heads, order, group_start, n_groups and token_splits. */
+static pv_status plan_items(attention_problem *pb, int n_threads, int32_t forced_splits, attention_plan *plan)
+{
+    memset(plan, 0, sizeof *plan);
+    plan->order = malloc((size_t)pb->n_tokens * sizeof *plan->order);
+    plan->group_start = malloc(((size_t)pb->n_tokens + 1) * sizeof *plan->group_start);
+    plan->token_splits = malloc((size_t)pb->n_tokens * sizeof *plan->token_splits);
+    int32_t n_groups = -1;
+    if (plan->order && plan->group_start && plan->token_splits)
+        n_groups = group_tokens(pb, plan->order, plan->group_start);
     if (n_groups < 0) {
-        free(order);
-        free(group_start);
+        plan_free(plan);
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu attention: cannot allocate the token order for n_tokens %d",
                         pb->n_tokens);
     }
-    pb->order = order;
-    pb->group_start = group_start;
+    pb->order = plan->order;
+    pb->group_start = plan->group_start;
     pb->n_groups = n_groups;
+    pb->token_splits = plan->token_splits;
 
     /* A work item is a group of query tokens with all their heads, so K/V
      * rows stream front to back. Only when groups are too few to keep every
-     * thread busy (long-context decode of a few sequences) are heads split
-     * too. */
+     * thread busy (long-context decode of a few sequences) are heads split,
+     * and then the context (split_count). */
     int32_t parts = 1;
-    while ((int64_t)n_groups * parts < 4 * (int64_t)n_threads && pb->kv.n_kv_heads % (parts * 2) == 0)
+    while ((int64_t)n_groups * parts < ITEMS_PER_THREAD * (int64_t)n_threads &&
+           pb->kv.n_kv_heads % (parts * 2) == 0)
         parts *= 2;
     pb->part_kv_heads = pb->kv.n_kv_heads / parts;
 
-    attention_scratch counted;
-    size_t per_thread = scratch_carve(NULL, pb, &counted);
-    float *scratch = NULL;
-    if (posix_memalign((void **)&scratch, 64, per_thread * sizeof(float) * (size_t)n_threads) != 0) {
-        free(order);
-        free(group_start);
-        return pv_error(PV_ERR_OUT_OF_MEMORY,
-                        "cpu attention: cannot allocate %zu bytes of scratch for %d threads "
-                        "(n_heads %d, head_dim %d, chunk_tokens %d)",
-                        per_thread * sizeof(float) * (size_t)n_threads, n_threads, pb->n_heads,
-                        pb->kv.head_dim, pb->kv.block_tokens);
+    int64_t block = pb->kv.block_tokens, total_blocks = 0;
+    for (int32_t g = 0; g < n_groups; g++)
+        total_blocks += (pb->token_pos[plan->order[plan->group_start[g + 1] - 1]] + block) / block;
+    int64_t n_items = 0;
+    plan->max_splits = 1;
+    for (int32_t g = 0; g < n_groups; g++) {
+        int64_t blocks = (pb->token_pos[plan->order[plan->group_start[g + 1] - 1]] + block) / block;
+        int32_t splits = forced_splits > 0 ? forced_splits
+                                           : split_count(blocks, total_blocks, n_groups, parts, n_threads);
+        for (int32_t i = plan->group_start[g]; i < plan->group_start[g + 1]; i++)
+            plan->token_splits[plan->order[i]] = splits;
+        plan->max_splits = splits > plan->max_splits ? splits : plan->max_splits;
+        n_items += (int64_t)parts * splits;
     }
 
-    int64_t n_items = (int64_t)n_groups * parts;
+    plan->items = malloc((size_t)n_items * sizeof *plan->items);
+    if (!plan->items) {
+        plan_free(plan);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu attention: cannot allocate %lld work items",
+                        (long long)n_items);
+    }
+    attention_item *it = plan->items;
+    for (int32_t g = 0; g < n_groups; g++) {
+        int64_t blocks = (pb->token_pos[plan->order[plan->group_start[g + 1] - 1]] + block) / block;
+        int32_t splits = plan->token_splits[plan->order[plan->group_start[g]]];
+        for (int32_t sp = 0; sp < splits; sp++)
+            for (int32_t p = 0; p < parts; p++)
+                *it++ = (attention_item){
+                    .group = g,
+                    .kv_head0 = p * pb->part_kv_heads,
+                    .split = sp,
+                    .n_splits = splits,
+                    .first_block = sp * blocks / splits,
+                    .end_block = (sp + 1) * blocks / splits,
+                };
+    }
+    plan->n_items = n_items;
+    return PV_OK;
+}
+
+static pv_status attention_run(attention_problem *pb, int32_t forced_splits)
+{
+    int n_threads = pv_cpu_max_threads();
+    attention_plan plan;
+    pv_status st = plan_items(pb, n_threads, forced_splits, &plan);
+    if (st != PV_OK)
+        return st;
+
+    attention_scratch counted;
+    size_t per_thread = scratch_carve(NULL, pb, &counted);
+    /* Split partials: max and sum per token, split and head, then the
+     * unnormalised outputs. */
+    size_t part_heads = plan.max_splits > 1 ? (size_t)plan.max_splits * pb->n_tokens * pb->n_heads : 0;
+    size_t part_floats = part_heads * (2 + (size_t)pb->kv.head_dim);
+    size_t floats = per_thread * (size_t)n_threads + part_floats;
+    float *scratch = NULL;
+    if (posix_memalign((void **)&scratch, 64, floats * sizeof(float)) != 0) {
+        plan_free(&plan);
+        return pv_error(PV_ERR_OUT_OF_MEMORY,
+                        "cpu attention: cannot allocate %zu bytes of scratch for %d threads and %d splits "
+                        "(n_tokens %d, n_heads %d, head_dim %d, chunk_tokens %d)",
+                        floats * sizeof(float), n_threads, plan.max_splits, pb->n_tokens, pb->n_heads,
+                        pb->kv.head_dim, pb->kv.block_tokens);
+    }
+    pb->part_max = scratch + per_thread * (size_t)n_threads;
+    pb->part_sum = pb->part_max + part_heads;
+    pb->part_acc = pb->part_sum + part_heads;
+
+    int64_t n_items = plan.n_items;
+    int split = plan.max_splits > 1;
     PV_CPU_OMP("omp parallel")
     {
         attention_scratch s;
         scratch_carve(scratch + per_thread * (size_t)pv_cpu_thread_id(), pb, &s);
         PV_CPU_OMP("omp for schedule(dynamic, 1)")
         for (int64_t item = 0; item < n_items; item++)
-            attend_item(pb, &s, (int32_t)(item / parts), (int32_t)(item % parts) * pb->part_kv_heads);
+            attend_item(pb, &s, &plan.items[item]);
+        /* after the loop's barrier: every partial is written */
+        if (split) {
+            PV_CPU_OMP("omp for schedule(static)")
+            for (int32_t i = 0; i < pb->n_tokens; i++)
+                if (pb->token_splits[i] > 1)
+                    combine_splits(pb, i, pb->token_splits[i]);
+        }
     }
     free(scratch);
-    free(order);
-    free(group_start);
+    plan_free(&plan);
     return PV_OK;
 }
 
-pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a)
+static attention_problem paged_problem(const pv_attention_args *a)
 {
-    attention_problem pb = {
+    return (attention_problem){
         .kv = {
             .dtype = a->kv_dtype,
             .n_kv_heads = a->n_kv_heads,
@@ -526,7 +702,32 @@ pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a)
         .token_pos = a->token_pos,
         .out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float)),
     };
-    return attention_run(&pb);
+}
+
+pv_status pv_cpu_attention(pv_backend *be, const pv_attention_args *a)
+{
+    attention_problem pb = paged_problem(a);
+    return attention_run(&pb, 0);
+}
+
+pv_status pv_cpu_attention_forced_splits(const pv_attention_args *a, int32_t n_splits)
+{
+    if (n_splits < 1)
+        return pv_error(PV_ERR_INVALID_ARG, "cpu attention: n_splits = %d must be >= 1", n_splits);
+    attention_problem pb = paged_problem(a);
+    return attention_run(&pb, n_splits);
+}
+
+pv_status pv_cpu_attention_split_count(const pv_attention_args *a, int32_t *n_splits)
+{
+    attention_problem pb = paged_problem(a);
+    attention_plan plan;
+    pv_status st = plan_items(&pb, pv_cpu_max_threads(), 0, &plan);
+    if (st != PV_OK)
+        return st;
+    *n_splits = plan.max_splits;
+    plan_free(&plan);
+    return PV_OK;
 }
 
 pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a)
@@ -549,7 +750,7 @@ pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a)
         .token_pos = a->token_pos,
         .out = a->out,
     };
-    return attention_run(&pb);
+    return attention_run(&pb, 0);
 }
 
 /* Token i's K and V rows ([n_kv_heads][head_dim] each) go to row
@@ -562,7 +763,7 @@ pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a)
     const float *v = pv_cpu_elem_ptr(a->v, a->v_off, sizeof(float));
     size_t elem = pv_dtype_size(a->kv_dtype);
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(static) if ((int64_t)a->n_tokens * row_elems >= PV_CPU_PARALLEL_MIN)")
     for (int32_t i = 0; i < a->n_tokens; i++) {
         int64_t pos = a->token_pos[i];
         int64_t slot = a->slot_table[(int64_t)a->token_seq[i] * a->max_chunks + pos / a->chunk_tokens];

@@ -2,19 +2,25 @@
  * x[T][n_in] W^T with W[n_out][n_in] in F32, F16, BF16, Q8_0, Q4_0 or Q4_1
  * (block layouts in backends/backend.h), and embedding rows of such tables.
  *
- * Decode is bound by the bytes of weights read per token, so for
- * decode-sized batches (T <= PV_CPU_QMATMUL_FUSED_MAX_T) each block of W is
- * read once from memory, widened to f32 in registers and dotted with every
- * row of x (tiles of PV_QTILE rows, the block staying in L1 between tiles):
- * W's bytes cross the memory bus once per call, not once per token, and no
- * f32 copy of W exists. Larger batches are compute-bound: tiles of W rows are
- * widened into a scratch buffer and OpenBLAS's sgemm takes them, because its
- * packed micro-kernels beat anything written here.
+ * Decode is bound by the bytes of weights read per token, so each block of W
+ * is read from memory once per call and used for every row of x from
+ * registers (tiles of PV_QTILE rows of x): no f32 copy of W exists.
  *
- * The kernels here are the portable specification; on x86-64 CPUs with AVX2,
- * FMA and F16C the intrinsics in cpu-qmatmul-avx2.c run instead, chosen at
- * run time (the build needs no -march flag). Both sum the same f32 products
- * as the f32 path, in another order. */
+ * On x86-64 CPUs with AVX2, FMA and F16C (cpu-qmatmul-avx2.c, chosen at run
+ * time; the build needs no -march flag):
+ * - the block types multiply x rounded to 8 bits per block of 32 with
+ *   integer products (maddubs), at every batch size. One kernel for every
+ *   size keeps a token's outputs the same bits in decode, prefill and
+ *   recovery, which stateful serving needs: with activations rounded to 8
+ *   bits, the last-bit differences between two kernels grow to 1e-3 and the
+ *   conversation drifts from its stateless recomputation;
+ * - F16 and BF16 are widened to f32 in registers, at every batch size for
+ *   the same reason (a model that mixes them with block types feeds their
+ *   outputs to the 8-bit rounding);
+ * - F32 uses that fused kernel up to PV_CPU_QMATMUL_FUSED_MAX_T rows of x
+ *   and sgemm above (all-F32 files round nothing).
+ * Elsewhere the portable kernels here run: exact f32 products, the fused
+ * loop for decode-sized batches and tiles widened into sgemm above. */
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
@@ -177,9 +183,10 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 
 /* ---- the op -------------------------------------------------------------------- */
 
-/* Batches of more rows of x than this widen W for sgemm instead (measured
- * with bench-kernels' qmatmul table: the fused loop's cost per row of x is
- * flat while sgemm's falls with T; they cross between 16 and 32 rows on AVX2). */
+/* Batches of more rows of x than this go to sgemm where the type allows:
+ * decode batches (up to 16 sequences) stay on the fused loop, which reads W
+ * once, while sgemm packs all of W on every call, as costly as the products
+ * at a few rows (cpu-gemm-small.c); prefill-sized batches amortise it. */
 #define PV_CPU_QMATMUL_FUSED_MAX_T 16
 
 /* Decode-sized batches of block types on AVX2: integer products within each

@@ -17,7 +17,7 @@ pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
     float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
     size_t dim = (size_t)a->dim;
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(static) if (a->rows * a->dim >= PV_CPU_PARALLEL_MIN)")
     for (int64_t r = 0; r < a->rows; r++) {
         const float *xr = x + (size_t)r * dim;
         float *outr = out + (size_t)r * dim;
@@ -39,7 +39,8 @@ pv_status pv_cpu_rope(pv_backend *be, const pv_rope_args *a)
     float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
     int32_t half = a->head_dim / 2;
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    const int64_t elems = (int64_t)a->n_tokens * a->n_heads * a->head_dim;
+    PV_CPU_OMP("omp parallel for schedule(static) if (elems >= PV_CPU_PARALLEL_MIN)")
     for (int32_t t = 0; t < a->n_tokens; t++) {
         for (int32_t i = 0; i < half; i++) {
             double angle = (double)a->pos[t] * pow((double)a->base, -2.0 * i / a->head_dim);
@@ -64,7 +65,7 @@ pv_status pv_cpu_swiglu(pv_backend *be, const pv_swiglu_args *a)
     const float *up = pv_cpu_elem_ptr(a->up, a->up_off, sizeof(float));
     float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(static) if (a->n >= PV_CPU_PARALLEL_MIN)")
     for (int64_t i = 0; i < a->n; i++)
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     return PV_OK;
@@ -77,7 +78,7 @@ pv_status pv_cpu_add(pv_backend *be, const pv_add_args *a)
     const float *y = pv_cpu_elem_ptr(a->b, a->b_off, sizeof(float));
     float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
 
-    PV_CPU_OMP("omp parallel for schedule(static)")
+    PV_CPU_OMP("omp parallel for schedule(static) if (a->n >= PV_CPU_PARALLEL_MIN)")
     for (int64_t i = 0; i < a->n; i++)
         out[i] = x[i] + y[i];
     return PV_OK;

@@ -24,6 +24,11 @@ static inline int pv_cpu_thread_id(void) { return 0; }
 
 extern const pv_backend_ops pv_cpu_backend_ops;
 
+/* Element-wise ops on fewer elements than this run on the calling thread: a
+ * decode step's norms, rotations and adds (a few thousand elements) take
+ * less time than waking the team and meeting at its barrier. */
+#define PV_CPU_PARALLEL_MIN 32768
+
 /* C = alpha * A B^T + beta * C for 2..PV_CPU_SMALL_M rows of A against
  * weights B stored [n][k] (decode-sized linear layers; cpu-gemm-small.c).
  * Returns 0, doing nothing, for any other shape: the caller uses BLAS then. */
@@ -52,6 +57,15 @@ typedef struct pv_cpu_contiguous_attention_args {
 } pv_cpu_contiguous_attention_args;
 
 pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a);
+
+/* Split-K: the most context splits pv_cpu_attention gives a work item for
+ * these arguments on the threads OpenMP would use (1: none), for the
+ * benchmark to print; and the paged attention with every item cut into
+ * n_splits >= 1 splits, so tests reach the split path (and splits holding
+ * no rows) whatever the thread count. Arguments are trusted (checked by the
+ * front end for pv_attention). */
+pv_status pv_cpu_attention_split_count(const pv_attention_args *a, int32_t *n_splits);
+pv_status pv_cpu_attention_forced_splits(const pv_attention_args *a, int32_t n_splits);
 
 /* Slot moves (cpu-gather.c). */
 pv_status pv_cpu_slot_gather(pv_backend *be, const pv_slot_copy_args *a);
