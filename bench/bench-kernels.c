@@ -6,7 +6,10 @@
  *   2. decode attention bandwidth (KV bytes read / time) against the host's
  *      all-core STREAM-style read bandwidth, and against the backend's own
  *      device-to-device copy of the same bytes (one thread on the CPU
- *      backend; the reference for a GPU's device memory);
+ *      backend; the reference for a GPU's device memory); and single-stream
+ *      decode (1 sequence x 1 query token at contexts 2048 and 8192), where
+ *      only splitting the context (split-K) keeps every core reading, paged
+ *      vs contiguous and against STREAM read, with the CPU's split count;
  *   3. swap gather (shuffled slots -> staging, one call) against the host's
  *      all-core STREAM-style copy, and the backend's copy;
  *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
@@ -73,6 +76,16 @@ typedef struct bandwidth_row {
     double bytes, attention_ms, memcpy_ms;
 } bandwidth_row;
 
+/* One sequence, one query token. */
+#define SINGLE_CONTEXTS 2
+static const int32_t single_contexts[SINGLE_CONTEXTS] = {2048, 8192};
+
+typedef struct single_row {
+    int32_t context;
+    int32_t splits; /* CPU kernel's context splits; 0 on other backends */
+    double bytes, paged_ms, contiguous_ms;
+} single_row;
+
 typedef struct gemm_row {
     int64_t m, n, k;
     double ms, blas_ms; /* through the vtable; cblas_sgemm directly */
@@ -86,6 +99,8 @@ typedef struct report {
     int n_attention;
     bandwidth_row decode[8];
     int n_decode;
+    single_row single[SINGLE_CONTEXTS];
+    int n_single;
     int32_t gather_slots;
     double gather_bytes, gather_ms, gather_memcpy_ms;
     gemm_row gemm[4];
@@ -259,13 +274,43 @@ static pv_status kv_data_init(kv_data *d, const options *opt, pv_backend *be, in
 
 /* ---- attention --------------------------------------------------------------------- */
 
+/* The batch runs BATCH sequences of max_context tokens (tables
+ * [BATCH][max_chunks]); single-stream decode runs one sequence over the
+ * first max_chunks entries of the same tables (shuffled or consecutive
+ * slots), and on the CPU over the contiguous arrays read as one sequence of
+ * max_tokens. */
 typedef struct attention_run {
     kv_data *d;
     int contiguous;
     int32_t n_tokens;
     int32_t *token_seq, *token_pos;
     pv_buffer *q, *out;
+    int32_t n_seqs, max_chunks;
+    int64_t max_tokens;
 } attention_run;
+
+static pv_attention_args paged_args(const attention_run *r)
+{
+    const options *opt = r->d->opt;
+    return (pv_attention_args){
+        .kv_dtype = opt->kv_dtype,
+        .n_tokens = r->n_tokens,
+        .n_heads = opt->n_heads,
+        .n_kv_heads = opt->n_kv_heads,
+        .head_dim = opt->head_dim,
+        .chunk_tokens = CHUNK,
+        .scale = 1.0f / sqrtf((float)opt->head_dim),
+        .q = r->q,
+        .kv_pool = r->contiguous ? r->d->consecutive_pool : r->d->paged_pool,
+        .n_slots = r->d->n_slots,
+        .token_seq = r->token_seq,
+        .token_pos = r->token_pos,
+        .slot_table = r->contiguous ? r->d->consecutive_table : r->d->paged_table,
+        .n_seqs = r->n_seqs,
+        .max_chunks = r->max_chunks,
+        .out = r->out,
+    };
+}
 
 static pv_status run_attention(void *state)
 {
@@ -283,31 +328,14 @@ static pv_status run_attention(void *state)
             .q = r->q->host_ptr,
             .k = r->d->k,
             .v = r->d->v,
-            .max_tokens = opt->max_context,
+            .max_tokens = r->max_tokens,
             .token_seq = r->token_seq,
             .token_pos = r->token_pos,
             .out = r->out->host_ptr,
         };
         return pv_cpu_attention_contiguous(&a);
     }
-    pv_attention_args a = {
-        .kv_dtype = opt->kv_dtype,
-        .n_tokens = r->n_tokens,
-        .n_heads = opt->n_heads,
-        .n_kv_heads = opt->n_kv_heads,
-        .head_dim = opt->head_dim,
-        .chunk_tokens = CHUNK,
-        .scale = scale,
-        .q = r->q,
-        .kv_pool = r->contiguous ? r->d->consecutive_pool : r->d->paged_pool,
-        .n_slots = r->d->n_slots,
-        .token_seq = r->token_seq,
-        .token_pos = r->token_pos,
-        .slot_table = r->contiguous ? r->d->consecutive_table : r->d->paged_table,
-        .n_seqs = BATCH,
-        .max_chunks = r->d->max_chunks,
-        .out = r->out,
-    };
+    pv_attention_args a = paged_args(r);
     pv_status st = pv_attention(r->d->be, &a);
     return st == PV_OK ? pv_backend_finish(r->d->be) : st;
 }
@@ -341,7 +369,7 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
     static const int32_t queries[2] = {8, 1};
     int32_t max_tokens = BATCH * queries[0];
     uint64_t q_bytes = (uint64_t)max_tokens * opt->n_heads * opt->head_dim * sizeof(float);
-    attention_run r = {.d = d};
+    attention_run r = {.d = d, .n_seqs = BATCH, .max_chunks = d->max_chunks, .max_tokens = opt->max_context};
     r.token_seq = malloc((size_t)max_tokens * sizeof *r.token_seq);
     r.token_pos = malloc((size_t)max_tokens * sizeof *r.token_pos);
     float *q_host = malloc((size_t)q_bytes);
@@ -382,6 +410,29 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
                 st = time_pair(run_attention, &r, run_memcpy, &c, opt->reps, &bw->attention_ms, &bw->memcpy_ms);
             }
         }
+    }
+    /* Single-stream decode: the tables hold BATCH x max_context >= 8192
+     * tokens, read here as one sequence. */
+    r.n_tokens = 1;
+    r.n_seqs = 1;
+    r.token_seq[0] = 0;
+    for (int ci = 0; ci < SINGLE_CONTEXTS && st == PV_OK; ci++) {
+        int32_t context = single_contexts[ci];
+        r.max_chunks = (context + CHUNK - 1) / CHUNK;
+        r.max_tokens = context;
+        r.token_pos[0] = context - 1;
+        single_row *row = &rep->single[rep->n_single++];
+        row->context = context;
+        row->bytes = (double)context * (double)d->row_elems * 2.0 * (double)d->elem;
+        if (d->k) {
+            pv_attention_args a = paged_args(&r);
+            st = pv_cpu_attention_split_count(&a, &row->splits);
+        }
+        attention_run contiguous = r;
+        contiguous.contiguous = 1;
+        if (st == PV_OK)
+            st = time_pair(run_attention, &r, run_attention, &contiguous, opt->reps, &row->paged_ms,
+                           &row->contiguous_ms);
     }
     pv_buffer_free(r.q);
     pv_buffer_free(r.out);
@@ -576,6 +627,17 @@ static void print_table(const report *rep, const options *opt)
         printf("%8d %10.1f %12.3f %12.2f %10.2f %12.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->attention_ms,
                attn, attn / mem->read.best, copy, attn / copy);
     }
+    printf("\nsingle-stream decode (1 sequence x 1 query token): KV bytes read / time vs the host's all-core\n"
+           "STREAM read (best, %.2f GB/s); splits: the CPU kernel's context splits (split-K)\n",
+           mem->read.best);
+    printf("%8s %8s %7s %10s %14s %12s %11s %8s\n", "context", "MiB", "splits", "paged ms", "contiguous ms",
+           "paged/contig", "paged GB/s", "of read");
+    for (int i = 0; i < rep->n_single; i++) {
+        const single_row *r = &rep->single[i];
+        double attn = gbps(r->bytes, r->paged_ms);
+        printf("%8d %8.1f %7d %10.3f %14.3f %12.3f %11.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->splits,
+               r->paged_ms, r->contiguous_ms, r->paged_ms / r->contiguous_ms, attn, attn / mem->read.best);
+    }
     double gather = gbps(rep->gather_bytes, rep->gather_ms);
     double gather_copy = gbps(rep->gather_bytes, rep->gather_memcpy_ms);
     printf("\nswap gather: %d shuffled slots, %.1f MiB, one call; traffic (2 x bytes) vs the host's all-core STREAM\n"
@@ -628,6 +690,14 @@ static void print_json(const report *reps, int n_reports, const options *opt)
                    "\"memcpy_gbps\": %.3f}",
                    i ? ", " : "", r->context, r->bytes, gbps(r->bytes, r->attention_ms),
                    gbps(r->bytes, r->attention_ms) / rep->mem.read.best, gbps(r->bytes, r->memcpy_ms));
+        }
+        printf("],\n   \"single_stream_decode\": [");
+        for (int i = 0; i < rep->n_single; i++) {
+            const single_row *r = &rep->single[i];
+            printf("%s{\"context\": %d, \"bytes\": %.0f, \"splits\": %d, \"paged_ms\": %.4f, "
+                   "\"contiguous_ms\": %.4f, \"attention_gbps\": %.3f, \"of_stream_read\": %.4f}",
+                   i ? ", " : "", r->context, r->bytes, r->splits, r->paged_ms, r->contiguous_ms,
+                   gbps(r->bytes, r->paged_ms), gbps(r->bytes, r->paged_ms) / rep->mem.read.best);
         }
         double gather = gbps(rep->gather_bytes, rep->gather_ms);
         printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, "

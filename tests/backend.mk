@@ -35,3 +35,11 @@ TESTS += tests/test-backend-qmatmul
 tests_test_backend_qmatmul_SOURCES = tests/test-backend-qmatmul.c
 tests_test_backend_qmatmul_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_qmatmul_LDADD = $(PV_LINK)
+
+# Split-K of the CPU attention kernel: the front end's split count and
+# forced counts (1 to more splits than blocks) against a double reference.
+check_PROGRAMS += tests/test-attention-splitk
+TESTS += tests/test-attention-splitk
+tests_test_attention_splitk_SOURCES = tests/test-attention-splitk.c
+tests_test_attention_splitk_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_attention_splitk_LDADD = $(PV_LINK)
