@@ -1,30 +1,49 @@
-/* Paged causal attention with online softmax (flash-decoding style).
+/* Paged causal attention with online softmax, grouped-query heads sharing
+ * their K/V reads, and split-K over the context (flash-decoding).
  *
- * One work-group per (query head h, query token i): groups {n_heads, T}.
- * The group streams over positions 0..token_pos[i] of sequence token_seq[i]
- * in tiles of PV_WG positions, following the slot table. Work-item w owns
- * the head dims w, w + PV_WG, ... throughout, so every K and V row is read
- * contiguously across work-items (coalesced; vectorisable on CPUs):
- *   1. scores: work-item w forms, for each tile row j, the partial dot
- *      product of q and K[j] over its dims; work-item j then sums row j's
- *      partials: s_j = scale * q . K[j];
- *   2. online softmax: the running max m and sum l are rescaled by the
- *      tile's max, and the weights exp(s_j - m) are shared in local memory;
- *   3. work-item w accumulates its output dims over the tile's V rows.
- * No T x context matrix exists; one tile of scores is all that is held.
+ * A work-group serves one query token i, one KV head and a block of the
+ * query heads that read it (n_g <= PV_ATT_MAX_GROUP of the n_heads /
+ * n_kv_heads; kernels/attention-split.h picks the blocks), over one range
+ * of whole chunks of token i's context 0..token_pos[i] (split s of
+ * n_splits): groups {n_kv_heads * n_blocks * n_splits, T}, split fastest.
+ * The group streams over its positions in tiles, following the slot table.
+ * Work-item w owns the head dims w, w + PV_WG, ... throughout, so every K
+ * and V row is read contiguously across work-items (coalesced; vectorisable
+ * on CPUs), and read once for all n_g query heads:
+ *   1. scores: work-item w forms, for each tile row j and query head g, the
+ *      partial dot product of q_g and K[j] over its dims; work-item
+ *      (g, j) then sums that row's partials: s = scale * q_g . K[j];
+ *   2. online softmax per head: the running max m_g and sum l_g are
+ *      rescaled by the tile's max, and the weights exp(s - m_g) are shared
+ *      in local memory;
+ *   3. work-item w accumulates its output dims of every head over the
+ *      tile's V rows.
+ * A tile has PV_WG / g_pad positions (g_pad: n_g rounded up to a power of
+ * two), so the tile's score rows are at most PV_WG. No T x context matrix
+ * exists; one tile of scores is all that is held.
+ * With n_splits = 1 the group writes its normalised rows to out. Otherwise
+ * it writes the unnormalised output and (m, l) of its range to `part`, and
+ * pv_attention_combine merges the splits.
  *
  * q    [T][n_heads][head_dim] f32, from q_off
  * kv   [n_slots][2][chunk_tokens][n_kv_heads][head_dim] PV_STORE_T (K then V)
  * token_seq, token_pos [T]; slot_table [n_seqs][max_chunks]
  * out  [T][n_heads][head_dim] f32, from out_off
+ * part [T][n_splits][n_heads][head_dim] f32 from part_off, and
+ *      [T][n_splits][n_heads][2] (m, l) from ml_off (split-K only)
  * Query head h reads kv head h / (n_heads / n_kv_heads) (grouped-query).
  * head_dim is a run-time value, a multiple of 16 up to PV_MAX_HEAD_DIM;
  * building with PV_MAX_HEAD_DIM close to head_dim (64, 128, 256) saves the
- * work of the dims a work-item owns beyond head_dim.
+ * work of the dims a work-item owns beyond head_dim, and PV_ATT_MAX_GROUP
+ * close to n_g the registers of absent heads.
  * Local memory: PV_WG * (PV_WG + 1) + 2 * PV_WG floats + PV_WG longs
  * (17.4 KB at PV_WG = 64); the +1 row padding keeps the partials' column
  * reads free of bank conflicts on GPUs. */
 #include "dialect.h"
+
+#ifndef PV_ATT_MAX_GROUP
+#define PV_ATT_MAX_GROUP 8
+#endif
 
 /* Head dims each work-item owns. */
 #define PV_ATT_DIMS ((PV_MAX_HEAD_DIM + PV_WG - 1) / PV_WG)
@@ -35,89 +54,193 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
                                       const PV_GLOBAL int *token_pos,
                                       const PV_GLOBAL int *slot_table, int max_chunks,
                                       int n_heads, int n_kv_heads, int head_dim,
-                                      int chunk_tokens, float scale,
-                                      PV_GLOBAL float *out, pv_long out_off)
+                                      int chunk_tokens, float scale, int heads_per_block,
+                                      int n_splits, PV_GLOBAL float *out, pv_long out_off,
+                                      PV_GLOBAL float *part, pv_long part_off, pv_long ml_off)
 {
-    PV_LOCAL_ARRAY(float, partial, PV_WG * (PV_WG + 1)); /* [tile row][work-item] */
-    PV_LOCAL_ARRAY(float, weight, PV_WG);                /* exp(s_j - m) of the tile */
-    PV_LOCAL_ARRAY(float, scratch, PV_WG);               /* for the group max */
+    PV_LOCAL_ARRAY(float, partial, PV_WG * (PV_WG + 1)); /* [head][tile row][work-item] */
+    PV_LOCAL_ARRAY(float, score, PV_WG);                 /* [head][tile row] */
+    PV_LOCAL_ARRAY(float, weight, PV_WG);                /* exp(s - m_g) of the tile */
     PV_LOCAL_ARRAY(pv_long, k_row, PV_WG);               /* element offset of each tile row's K */
 
     const int lid = PV_LOCAL_ID();
-    const int h = (int)PV_GROUP_ID(0);
+    const int group = n_heads / n_kv_heads;
+    const int n_blocks = (group + heads_per_block - 1) / heads_per_block;
+    const pv_long g0 = PV_GROUP_ID(0);
+    const int split = (int)(g0 % n_splits);
+    const int block = (int)(g0 / n_splits % n_blocks);
+    const int kv_head = (int)(g0 / n_splits / n_blocks);
+    const int h0 = kv_head * group + block * heads_per_block; /* the block's first query head */
+    const int n_g = group - block * heads_per_block < heads_per_block ? group - block * heads_per_block
+                                                                      : heads_per_block;
+    int g_pad = 1;
+    while (g_pad < n_g)
+        g_pad <<= 1;
+    const int tile = PV_WG / g_pad;
+
     const pv_long i = PV_GROUP_ID(1);
-    const int kv_head = h / (n_heads / n_kv_heads);
     const int pos = token_pos[i];
+    const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
+    const int begin = split * per_split * chunk_tokens;
+    const int end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens
+                                                                      : pos + 1;
     const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
     const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
     const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
     const pv_long slot_elems = 2 * v_from_k;
 
     /* Owned dims past head_dim read dim 0 with a zero query and are never
-     * stored: the inner loops stay branch-free, so they unroll and vectorise. */
-    const PV_GLOBAL float *q_head = q + q_off + (i * n_heads + h) * head_dim;
+     * stored; heads past n_g have a zero query and are never stored: the
+     * inner loops stay branch-free or uniform, so they unroll. */
     int dim[PV_ATT_DIMS];
-    float q_reg[PV_ATT_DIMS];
-    float acc[PV_ATT_DIMS];
+    float q_reg[PV_ATT_MAX_GROUP][PV_ATT_DIMS];
+    float acc[PV_ATT_MAX_GROUP][PV_ATT_DIMS];
+    float m[PV_ATT_MAX_GROUP]; /* running max of the scores seen */
+    float l[PV_ATT_MAX_GROUP]; /* running sum of exp(score - m) */
     #pragma unroll
     for (int k = 0; k < PV_ATT_DIMS; k++) {
         const int d = lid + k * PV_WG;
         dim[k] = d < head_dim ? d : 0;
-        q_reg[k] = d < head_dim ? q_head[d] * scale : 0.0f;
-        acc[k] = 0.0f;
     }
-    float m = -PV_INF; /* running max of the scores seen */
-    float l = 0.0f;    /* running sum of exp(score - m) */
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        const PV_GLOBAL float *q_head = q + q_off + (i * n_heads + h0 + (g < n_g ? g : 0)) * head_dim;
+        #pragma unroll
+        for (int k = 0; k < PV_ATT_DIMS; k++) {
+            q_reg[g][k] = g < n_g && lid + k * PV_WG < head_dim ? q_head[dim[k]] * scale : 0.0f;
+            acc[g][k] = 0.0f;
+        }
+        m[g] = -PV_INF;
+        l[g] = 0.0f;
+    }
+    const int my_g = lid / tile, my_j = lid % tile; /* the score row this work-item sums */
 
-    for (int t0 = 0; t0 <= pos; t0 += PV_WG) {
-        const int n_valid = pos + 1 - t0 < PV_WG ? pos + 1 - t0 : PV_WG;
-        const int p = t0 + lid;
-        if (lid < n_valid)
+    for (int t0 = begin; t0 < end; t0 += tile) {
+        const int n_valid = end - t0 < tile ? end - t0 : tile;
+        if (lid < n_valid) {
+            const int p = t0 + lid;
             k_row[lid] = (pv_long)slots[p / chunk_tokens] * slot_elems +
                          (pv_long)(p % chunk_tokens) * row_elems + (pv_long)kv_head * head_dim;
+        }
         PV_BARRIER();
         for (int j = 0; j < n_valid; j++) {
             const PV_GLOBAL PV_STORE_T *key = kv + k_row[j];
-            float part = 0.0f;
+            float k_reg[PV_ATT_DIMS];
             #pragma unroll
             for (int k = 0; k < PV_ATT_DIMS; k++)
-                part += q_reg[k] * PV_STORE_LOAD(key, dim[k]);
-            partial[j * (PV_WG + 1) + lid] = part;
+                k_reg[k] = PV_STORE_LOAD(key, dim[k]);
+            #pragma unroll
+            for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+                if (g < n_g) {
+                    float dot = 0.0f;
+                    #pragma unroll
+                    for (int k = 0; k < PV_ATT_DIMS; k++)
+                        dot += q_reg[g][k] * k_reg[k];
+                    partial[(g * tile + j) * (PV_WG + 1) + lid] = dot;
+                }
+            }
         }
         PV_BARRIER();
         float s = -PV_INF;
-        if (lid < n_valid) {
+        if (my_g < n_g && my_j < n_valid) {
             s = 0.0f;
             for (int item = 0; item < PV_WG; item++)
                 s += partial[lid * (PV_WG + 1) + item];
         }
-        const float m_new = PV_FMAX(m, pv_group_max(scratch, s)); /* finite: row 0 is valid */
-        weight[lid] = PV_EXP(s - m_new);
+        score[lid] = s;
         PV_BARRIER();
 
-        const float rescale = PV_EXP(m - m_new);
-        l *= rescale;
+        float my_m = 0.0f;
         #pragma unroll
-        for (int k = 0; k < PV_ATT_DIMS; k++)
-            acc[k] *= rescale;
+        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+            if (g < n_g) {
+                float tile_max = -PV_INF;
+                for (int j = 0; j < n_valid; j++)
+                    tile_max = PV_FMAX(tile_max, score[g * tile + j]);
+                const float m_new = PV_FMAX(m[g], tile_max); /* finite: row 0 is valid */
+                const float rescale = PV_EXP(m[g] - m_new);
+                l[g] *= rescale;
+                #pragma unroll
+                for (int k = 0; k < PV_ATT_DIMS; k++)
+                    acc[g][k] *= rescale;
+                m[g] = m_new;
+                if (g == my_g)
+                    my_m = m_new;
+            }
+        }
+        weight[lid] = my_g < n_g ? PV_EXP(s - my_m) : 0.0f;
+        PV_BARRIER();
+
         for (int j = 0; j < n_valid; j++) {
-            const float w = weight[j];
             const PV_GLOBAL PV_STORE_T *value = kv + k_row[j] + v_from_k;
-            l += w;
+            float v_reg[PV_ATT_DIMS];
             #pragma unroll
             for (int k = 0; k < PV_ATT_DIMS; k++)
-                acc[k] += w * PV_STORE_LOAD(value, dim[k]);
+                v_reg[k] = PV_STORE_LOAD(value, dim[k]);
+            #pragma unroll
+            for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+                if (g < n_g) {
+                    const float w = weight[g * tile + j];
+                    l[g] += w;
+                    #pragma unroll
+                    for (int k = 0; k < PV_ATT_DIMS; k++)
+                        acc[g][k] += w * v_reg[k];
+                }
+            }
         }
-        m = m_new;
-        PV_BARRIER(); /* the next tile overwrites k_row, partial and weight */
+        PV_BARRIER(); /* the next tile overwrites k_row, partial, score and weight */
     }
 
-    PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
-    const float inv_l = 1.0f / l;
     #pragma unroll
-    for (int k = 0; k < PV_ATT_DIMS; k++) {
-        const int d = lid + k * PV_WG;
-        if (d < head_dim)
-            out_head[d] = acc[k] * inv_l;
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        if (g < n_g) {
+            const pv_long h = h0 + g;
+            if (n_splits == 1) {
+                PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
+                const float inv_l = 1.0f / l[g];
+                #pragma unroll
+                for (int k = 0; k < PV_ATT_DIMS; k++)
+                    if (lid + k * PV_WG < head_dim)
+                        out_head[lid + k * PV_WG] = acc[g][k] * inv_l;
+            } else {
+                const pv_long row = (i * n_splits + split) * n_heads + h;
+                PV_GLOBAL float *part_head = part + part_off + row * head_dim;
+                #pragma unroll
+                for (int k = 0; k < PV_ATT_DIMS; k++)
+                    if (lid + k * PV_WG < head_dim)
+                        part_head[lid + k * PV_WG] = acc[g][k];
+                if (lid == 0) {
+                    part[ml_off + 2 * row] = m[g];     /* -inf for an empty range */
+                    part[ml_off + 2 * row + 1] = l[g];
+                }
+            }
+        }
+    }
+}
+
+/* Split-K's second pass: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
+ * with M = max_s m_s; empty ranges (m_s = -inf) weigh nothing, and range 0
+ * is never empty. Layouts as above. groups {n_heads, T}. */
+PV_KERNEL PV_STORE_NAME(pv_attention_combine)(const PV_GLOBAL float *part, pv_long part_off, pv_long ml_off,
+                                              int n_splits, int n_heads, int head_dim,
+                                              PV_GLOBAL float *out, pv_long out_off)
+{
+    const pv_long h = PV_GROUP_ID(0);
+    const pv_long i = PV_GROUP_ID(1);
+    const PV_GLOBAL float *ml = part + ml_off + 2 * (i * n_splits * n_heads + h);
+    float big = -PV_INF;
+    for (int s = 0; s < n_splits; s++)
+        big = PV_FMAX(big, ml[2 * (pv_long)s * n_heads]);
+    float total = 0.0f;
+    for (int s = 0; s < n_splits; s++)
+        total += PV_EXP(ml[2 * (pv_long)s * n_heads] - big) * ml[2 * (pv_long)s * n_heads + 1];
+    const float inv_total = 1.0f / total;
+    const PV_GLOBAL float *o = part + part_off + (i * n_splits * n_heads + h) * head_dim;
+    PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
+    for (int d = PV_LOCAL_ID(); d < head_dim; d += PV_WG) {
+        float sum = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            sum += PV_EXP(ml[2 * (pv_long)s * n_heads] - big) * o[(pv_long)s * n_heads * head_dim + d];
+        out_head[d] = sum * inv_total;
     }
 }

@@ -18,7 +18,7 @@
  *   PV_ITEM_ELEMS    elements per work-item in copy and element-wise kernels
  *                    (default 8)
  *   PV_MAX_HEAD_DIM  largest head_dim the attention kernel serves (256)
- *   PV_STORE_F16     0: the storage dtype (KV pool, embedding table) is f32;
+ *   PV_STORE_F16     0: the storage dtype (KV pool, staging) is f32;
  *                    1: it is f16. Kernels that depend on it carry the
  *                    suffix _f32 / _f16 (PV_STORE_NAME), so CUDA can include
  *                    a family twice, once per value. This part of the header

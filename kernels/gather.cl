@@ -1,6 +1,7 @@
 /* Gather family: K/V row writes into slots, whole-slot gather/scatter for
- * swap-out/in, embedding-row gather. All built per storage dtype
- * (PV_STORE_F16); offsets are in elements. */
+ * swap-out/in. All built per storage dtype (PV_STORE_F16); offsets are in
+ * elements. Embedding rows are gathered by the qmatmul family, which reads
+ * every weight type. */
 #include "dialect.h"
 
 /* Write the K and V rows of T new tokens into their slots, f32 -> storage.
@@ -63,17 +64,4 @@ PV_KERNEL PV_STORE_NAME(pv_slot_scatter)(PV_GLOBAL PV_STORE_WORD *pool,
         if (e < slot_elems)
             dst[e] = src[e];
     }
-}
-
-/* out[out_off + i * dim + e] = table[table_off + ids[i] * dim + e] as f32.
- * groups {ceil(dim / PV_WG), n_ids}. */
-PV_KERNEL PV_STORE_NAME(pv_embed_gather)(const PV_GLOBAL PV_STORE_T *table, pv_long table_off,
-                                         const PV_GLOBAL int *ids, pv_long dim,
-                                         PV_GLOBAL float *out, pv_long out_off)
-{
-    const pv_long e = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
-    const pv_long i = PV_GROUP_ID(1);
-    if (e >= dim)
-        return;
-    out[out_off + i * dim + e] = PV_STORE_LOAD(table, table_off + (pv_long)ids[i] * dim + e);
 }

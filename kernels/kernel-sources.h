@@ -8,6 +8,7 @@
 extern const char pv_kernel_source_dialect[];
 extern const char pv_kernel_source_attention[];
 extern const char pv_kernel_source_gather[];
+extern const char pv_kernel_source_qmatmul[];
 extern const char pv_kernel_source_recompute[];
 
 #endif

@@ -932,6 +932,51 @@ static void check_copies(ctx *c)
     free(back);
 }
 
+/* ---- attention split-K (GPU backends) ------------------------------------------------- */
+
+/* The GPU backends cut a decode token's context into S ranges of whole
+ * chunks and combine the partial softmax rows (kernels/attention.cl); the
+ * default S depends on the device's compute units, so these cases force it
+ * through PV_ATTENTION_SPLITS on a fresh backend: the automatic choice, a
+ * few splits, more splits than the short sequences have chunks (empty
+ * ranges), and the limit. SmolLM2's 9 query heads over 3 KV heads, and 12
+ * over 1 (two blocks of query heads per KV head). */
+static const attention_case split_cases[] = {
+    {"decode, context 1300", 9, 3, 64, 32, QUERY_DECODE, 1, 1, {1300}},
+    {"decode, contexts 1300 and 40", 9, 3, 64, 32, QUERY_DECODE, 1, 2, {1300, 40}},
+    {"2 tokens at the end of context 1100", 9, 3, 64, 32, QUERY_PREFILL, 2, 1, {1100}},
+    {"decode, head_dim 128, contexts 2049 and 700", 9, 3, 128, 32, QUERY_DECODE, 1, 2, {2049, 700}},
+    {"decode, 12 query heads on 1 KV head", 12, 1, 64, 32, QUERY_DECODE, 1, 2, {999, 64}},
+    {"prefill, ragged", 9, 3, 64, 32, QUERY_PREFILL, 33, 3, {1, 70, 600}},
+};
+
+static void check_attention_splits(ctx *c)
+{
+    static const char *const splits[] = {"0", "3", "7", "64"};
+    for (size_t s = 0; s < sizeof splits / sizeof splits[0]; s++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s (PV_ATTENTION_SPLITS=%s)", c->name, splits[s]);
+        pv_backend *be = NULL;
+        pv_status st = setenv("PV_ATTENTION_SPLITS", splits[s], 1) == 0
+                           ? pv_backend_init(&be, c->name, 0)
+                           : pv_error(PV_ERR_STATE, "setenv PV_ATTENTION_SPLITS failed");
+        unsetenv("PV_ATTENTION_SPLITS");
+        if (!ok(st == PV_OK, "%s opens", name)) {
+            tap_diag("%s", pv_last_error());
+            continue;
+        }
+        ctx split_ctx = *c;
+        split_ctx.be = be;
+        split_ctx.name = name;
+        for (size_t i = 0; i < sizeof split_cases / sizeof split_cases[0]; i++) {
+            check_attention(&split_ctx, &split_cases[i], PV_F32);
+            check_attention(&split_ctx, &split_cases[i], PV_F16);
+        }
+        c->rng = split_ctx.rng;
+        pv_backend_free(be);
+    }
+}
+
 /* ---- the run ------------------------------------------------------------------------------------ */
 
 static void run_all(ctx *c)
@@ -1042,6 +1087,7 @@ int main(int argc, char **argv)
         }
         c = (ctx){.cpu = c.cpu, .be = be, .name = *name, .cpu_pass = 0, .rng = seed};
         run_all(&c);
+        check_attention_splits(&c);
         pv_backend_free(be);
     }
     if (!found)

@@ -24,6 +24,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "kernels/attention-split.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -70,7 +71,17 @@ typedef struct cuda_impl {
     int first, count;
     size_t head; /* end of the newest region */
     host_release *host_releases;
+    /* Device scratch of the ops that need some (SCRATCH_*), grown as
+     * needed and kept. */
+    void *scratch[2];
+    size_t scratch_bytes[2];
+    int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
 } cuda_impl;
+
+/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
+ * of attention. */
+#define SCRATCH_QMATMUL 0
+#define SCRATCH_ATTENTION 1
 
 /* One host array to upload, and where its device copy ends up. */
 typedef struct upload {
@@ -256,6 +267,9 @@ static void cuda_free(pv_backend *be)
         cudaFreeHost(cu->ring_host);
     if (cu->ring_dev)
         cudaFree(cu->ring_dev);
+    for (int i = 0; i < 2; i++)
+        if (cu->scratch[i])
+            cudaFree(cu->scratch[i]); /* also takes stream-ordered memory */
     if (cu->blas)
         cublasDestroy(cu->blas);
     for (int q = 0; q < 4; q++)
@@ -331,7 +345,9 @@ static pv_status cuda_init(pv_backend *be)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot allocate the backend state");
     cu->device = be->device;
     be->impl = cu;
-    pv_status st = enter(cu);
+    pv_status st = pv_attention_splits_from_env("cuda", &cu->attention_splits);
+    if (st == PV_OK)
+        st = enter(cu);
     if (st == PV_OK)
         st = check_kernels(cu);
     if (st == PV_OK)
@@ -341,11 +357,11 @@ static pv_status cuda_init(pv_backend *be)
     return st;
 }
 
-/* Weight-reading ops: embedding tables in f32 or f16. */
+/* Weight-reading ops: every type kernels/qmatmul.cl decodes, on both. */
 static int cuda_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
-    return op == PV_OP_EMBED_GATHER && (t == PV_W_F32 || t == PV_W_F16);
+    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_cuda_weights_supported(t);
 }
 
 static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
@@ -718,6 +734,40 @@ static pv_status staging_done(cuda_impl *cu, const staged *region, cudaError_t l
     return PV_OK;
 }
 
+/* ---- scratch ------------------------------------------------------------------------- */
+
+/* Scratch buffer `which` with at least `bytes`, grown to twice its size
+ * when short. With the stream-ordered allocator the old buffer is freed
+ * and the new one allocated on the compute stream itself: ordered after the
+ * kernels still using the old one and before the new user, with no
+ * synchronisation. Without it, cudaMalloc synchronises the device; that
+ * happens only while the scratch grows. */
+static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_t bytes, void **out)
+{
+    if (cu->scratch_bytes[which] < bytes || !cu->scratch[which]) {
+        size_t grown = bytes > 2 * cu->scratch_bytes[which] ? bytes : 2 * cu->scratch_bytes[which];
+        cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+        void *mem = NULL;
+        if (cu->pooled) {
+            if (cu->scratch[which])
+                CUDA_TRY(cudaFreeAsync(cu->scratch[which], s), "%s scratch", op);
+            cu->scratch[which] = NULL;
+            cu->scratch_bytes[which] = 0;
+            CUDA_TRY(cudaMallocAsync(&mem, grown, s), "%zu bytes of %s scratch", grown, op);
+        } else {
+            if (cu->scratch[which])
+                cudaFree(cu->scratch[which]);
+            cu->scratch[which] = NULL;
+            cu->scratch_bytes[which] = 0;
+            CUDA_TRY(cudaMalloc(&mem, grown), "%zu bytes of %s scratch", grown, op);
+        }
+        cu->scratch[which] = mem;
+        cu->scratch_bytes[which] = grown;
+    }
+    *out = cu->scratch[which];
+    return PV_OK;
+}
+
 /* ---- GEMM ---------------------------------------------------------------------------- */
 
 /* cuBLAS is column-major. A row-major matrix is its transpose read
@@ -767,17 +817,22 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
+    const int splits = pv_attention_splits(cu->attention_splits, be->info.compute_units, a);
+    void *part = NULL;
+    if (splits > 1)
+        TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
+                            (size_t)pv_attention_split_floats(splits, a) * sizeof(float), &part));
     staged region;
     TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_attention(
         cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->q, a->q_off, 4),
-        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev,
+        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev, splits, (float *)part,
         (float *)dev_ptr(a->out, a->out_off, 4));
     TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
-        return cuda_fail(err, "attention kernel", "%d tokens, %d heads, %d kv heads, head_dim %d, kv %s",
+        return cuda_fail(err, "attention kernel", "%d tokens, %d heads, %d kv heads, head_dim %d, kv %s, %d splits",
                          a->n_tokens, a->n_heads, a->n_kv_heads, a->head_dim,
-                         pv_dtype_name(a->kv_dtype));
+                         pv_dtype_name(a->kv_dtype), splits);
     return PV_OK;
 }
 
@@ -832,6 +887,14 @@ static pv_status cuda_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     return slot_copy(be, a, 1);
 }
 
+/* Device address of element `off` (whole blocks) of weights of type t. */
+static void *weight_ptr(const pv_buffer *buf, pv_wtype t, uint64_t off)
+{
+    uint32_t block_elems = 1, block_bytes = 4;
+    pv_wtype_block(t, &block_elems, &block_bytes);
+    return (char *)buf->handle + off / block_elems * block_bytes;
+}
+
 static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     cuda_impl *cu = impl_of(be);
@@ -840,8 +903,7 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     staged region;
     TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_embed_gather(
-        cu->stream[PV_QUEUE_COMPUTE], a,
-        dev_ptr(a->table, a->table_off, pv_dtype_size((pv_dtype)a->table_type)), up[0].dev,
+        cu->stream[PV_QUEUE_COMPUTE], a, weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
         (float *)dev_ptr(a->out, a->out_off, 4));
     TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)
@@ -961,6 +1023,60 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
     return fetch_rows(cu, &region, "sample_top_p", err, result_off, a->rows, a->cols, a->out);
 }
 
+/* Decode-sized batches (T up to this) take the fused dequantize-and-dot
+ * kernel, which reads W once per call; larger ones widen W into scratch
+ * tiles for cuBLAS, whose work per weight grows with T. */
+#define QMATMUL_FUSED_MAX_T 16
+/* Largest widened tile of W: 64 MiB of f32, and at most gridDim.y rows. */
+#define QMATMUL_TILE_BYTES ((size_t)64 << 20)
+#define QMATMUL_TILE_ROWS_MAX 65535
+
+/* y[:, r0 : r0 + n_rows] = x W_tile^T for W_tile [n_rows][n_in] f32 (the
+ * row-major product as its column-major transpose, as cuda_gemm does). */
+static pv_status qmatmul_sgemm(cuda_impl *cu, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows,
+                               const float *tile)
+{
+    const float one = 1.0f, zero = 0.0f;
+    const int n_in = (int)a->n_in;
+    BLAS_TRY(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
+                         n_in, (const float *)dev_ptr(a->x, a->x_off, 4), n_in, &zero,
+                         (float *)dev_ptr(a->y, a->y_off + (uint64_t)r0, 4), (int)a->n_out),
+             "qmatmul T=%" PRId64 " rows=%" PRId64 " n_in=%d", a->n_tokens, n_rows, n_in);
+    return PV_OK;
+}
+
+static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    TRY(enter(cu));
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    const void *w = weight_ptr(a->w, a->w_type, a->w_off);
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
+        CUDA_TRY(pv_cuda_launch_qmatmul_fused(s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
+                                              (float *)dev_ptr(a->y, a->y_off, 4)),
+                 "qmatmul kernel, T %" PRId64 ", %" PRId64 " x %" PRId64 " %s", a->n_tokens, a->n_out, a->n_in,
+                 pv_wtype_name(a->w_type));
+        return PV_OK;
+    }
+    if (a->w_type == PV_W_F32) /* cuBLAS reads f32 weights in place */
+        return qmatmul_sgemm(cu, a, 0, a->n_out, (const float *)w);
+
+    int64_t tile_rows = (int64_t)(QMATMUL_TILE_BYTES / sizeof(float)) / a->n_in;
+    tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
+    tile_rows = tile_rows > QMATMUL_TILE_ROWS_MAX ? QMATMUL_TILE_ROWS_MAX : tile_rows;
+    void *tile = NULL;
+    TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * sizeof(float),
+                        &tile));
+    for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
+        const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
+        CUDA_TRY(pv_cuda_launch_qmatmul_widen(s, a, w, r0, n_rows, (float *)tile),
+                 "qmatmul widen kernel, rows %" PRId64 " from %" PRId64 " of %s", n_rows, r0,
+                 pv_wtype_name(a->w_type));
+        TRY(qmatmul_sgemm(cu, a, r0, n_rows, (const float *)tile));
+    }
+    return PV_OK;
+}
+
 const pv_backend_ops pv_cuda_backend_ops = {
     .api_version = PV_BACKEND_API_VERSION,
     .name = "cuda",
@@ -994,4 +1110,5 @@ const pv_backend_ops pv_cuda_backend_ops = {
     .softmax = cuda_softmax,
     .argmax = cuda_argmax,
     .sample_top_p = cuda_sample_top_p,
+    .qmatmul = cuda_qmatmul,
 };

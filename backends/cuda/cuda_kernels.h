@@ -23,10 +23,12 @@ extern "C" {
  * cudaErrorNoKernelImageForDevice (or similar) if none was built for it. */
 cudaError_t pv_cuda_kernels_loadable(void);
 
+/* splits > 1 (kernels/attention-split.h): partial rows go to part
+ * (pv_attention_split_floats floats), then the combine kernel to out. */
 cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
                                      const float *q, const void *kv_pool,
                                      const int32_t *token_seq, const int32_t *token_pos,
-                                     const int32_t *slot_table, float *out);
+                                     const int32_t *slot_table, int splits, float *part, float *out);
 
 cudaError_t pv_cuda_launch_kv_write(cudaStream_t stream, const pv_kv_write_args *a,
                                     const float *k, const float *v, void *kv_pool,
@@ -37,8 +39,20 @@ cudaError_t pv_cuda_launch_kv_write(cudaStream_t stream, const pv_kv_write_args 
 cudaError_t pv_cuda_launch_slot_copy(cudaStream_t stream, const pv_slot_copy_args *a, int scatter,
                                      void *pool, void *staging, const int32_t *slots);
 
+/* Whether kernels/qmatmul.cl is built here for weight type t. */
+int pv_cuda_weights_supported(pv_wtype t);
+
+/* The weight pointers (table, w) point at the op's offset. */
 cudaError_t pv_cuda_launch_embed_gather(cudaStream_t stream, const pv_embed_gather_args *a,
                                         const void *table, const int32_t *ids, float *out);
+
+/* T <= 16: y = x W^T in one pass over W. */
+cudaError_t pv_cuda_launch_qmatmul_fused(cudaStream_t stream, const pv_qmatmul_args *a, const void *w,
+                                         const float *x, float *y);
+
+/* tile[n_rows][n_in] = rows row0.. of W widened to f32; n_rows <= 65535. */
+cudaError_t pv_cuda_launch_qmatmul_widen(cudaStream_t stream, const pv_qmatmul_args *a, const void *w,
+                                         long long row0, long long n_rows, float *tile);
 
 cudaError_t pv_cuda_launch_rmsnorm(cudaStream_t stream, const pv_rmsnorm_args *a, const float *x,
                                    const float *weight, float *out);

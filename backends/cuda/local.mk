@@ -24,8 +24,10 @@ PV_CUDA_KERNEL_DEPS = \
 	$(srcdir)/backends/backend.h \
 	$(srcdir)/include/pensieve/status.h \
 	$(srcdir)/kernels/dialect.h \
+	$(srcdir)/kernels/attention-split.h \
 	$(srcdir)/kernels/attention.cl \
 	$(srcdir)/kernels/gather.cl \
+	$(srcdir)/kernels/qmatmul.cl \
 	$(srcdir)/kernels/recompute.cl
 
 pv_v_NVCC = $(pv_v_NVCC_@AM_V@)

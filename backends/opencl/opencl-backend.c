@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
+#include "kernels/attention-split.h"
 
 #include <pensieve/half.h>
 
@@ -277,6 +278,11 @@ static pv_status opencl_init(pv_backend *be)
     int attention_wg = type & CL_DEVICE_TYPE_CPU ? PV_OPENCL_ATTENTION_WORK_GROUP_CPU
                                                  : PV_OPENCL_ATTENTION_WORK_GROUP;
     cl->attention_work_group = pick_work_group(attention_wg, max_wg);
+    st = pv_attention_splits_from_env("opencl", &cl->attention_splits);
+    if (st != PV_OK) {
+        opencl_free(be);
+        return st;
+    }
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)cl->platform, 0};
     cl->context = clCreateContext(props, 1, &cl->device, NULL, NULL, &err);
     if (err != CL_SUCCESS) {
@@ -296,11 +302,11 @@ static pv_status opencl_init(pv_backend *be)
     return PV_OK;
 }
 
-/* Weight-reading ops: embedding tables in f32 or f16. */
+/* Weight-reading ops: every type kernels/qmatmul.cl decodes, on both. */
 static int opencl_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
-    return op == PV_OP_EMBED_GATHER && (t == PV_W_F32 || t == PV_W_F16);
+    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_opencl_qmatmul_supports(t);
 }
 
 static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
@@ -642,4 +648,5 @@ const pv_backend_ops pv_opencl_backend_ops = {
     .softmax = pv_opencl_softmax,
     .argmax = pv_opencl_argmax,
     .sample_top_p = pv_opencl_sample_top_p,
+    .qmatmul = pv_opencl_qmatmul,
 };

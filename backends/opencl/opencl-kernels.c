@@ -5,8 +5,11 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
+#include "kernels/attention-split.h"
 #include "kernels/kernel-sources.h"
 
+#include <clblast_c.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +25,7 @@ static const char *family_source(pv_opencl_family family)
     switch (family) {
     case PV_OPENCL_ATTENTION: return pv_kernel_source_attention;
     case PV_OPENCL_GATHER: return pv_kernel_source_gather;
+    case PV_OPENCL_QMATMUL: return pv_kernel_source_qmatmul;
     case PV_OPENCL_RECOMPUTE: return pv_kernel_source_recompute;
     case PV_OPENCL_FAMILY_COUNT: break;
     }
@@ -33,6 +37,7 @@ static const char *family_name(pv_opencl_family family)
     switch (family) {
     case PV_OPENCL_ATTENTION: return "attention";
     case PV_OPENCL_GATHER: return "gather";
+    case PV_OPENCL_QMATMUL: return "qmatmul";
     case PV_OPENCL_RECOMPUTE: return "recompute";
     case PV_OPENCL_FAMILY_COUNT: break;
     }
@@ -322,6 +327,33 @@ void pv_opencl_index_buffers_free(pv_opencl *cl)
         cl->index_buffers[i] = NULL;
         cl->index_bytes[i] = 0;
     }
+    for (int i = 0; i < 2; i++) {
+        if (cl->scratch[i])
+            clReleaseMemObject(cl->scratch[i]);
+        cl->scratch[i] = NULL;
+        cl->scratch_bytes[i] = 0;
+    }
+}
+
+/* Scratch buffer `which` with at least `bytes`, grown to twice its size
+ * when short. Kernels still queued on the old buffer keep it alive, and
+ * the in-order queue runs the new user after them. */
+static pv_status scratch_reserve(pv_opencl *cl, const char *what, int which, size_t bytes, cl_mem *out)
+{
+    if (cl->scratch_bytes[which] < bytes || !cl->scratch[which]) {
+        size_t grown = bytes > 2 * cl->scratch_bytes[which] ? bytes : 2 * cl->scratch_bytes[which];
+        if (cl->scratch[which])
+            clReleaseMemObject(cl->scratch[which]);
+        cl_int err;
+        cl->scratch[which] = clCreateBuffer(cl->context, CL_MEM_READ_WRITE, grown, NULL, &err);
+        cl->scratch_bytes[which] = err == CL_SUCCESS ? grown : 0;
+        if (err != CL_SUCCESS) {
+            cl->scratch[which] = NULL;
+            return pv_opencl_fail(what, "clCreateBuffer (scratch)", err);
+        }
+    }
+    *out = cl->scratch[which];
+    return PV_OK;
 }
 
 /* The paged index arrays shared by attention and kv_write. */
@@ -342,23 +374,45 @@ static pv_status upload_one(pv_backend *be, const char *what, const void *host, 
 
 /* ---- the ops ----------------------------------------------------------------------- */
 
+/* The attention kernels of one build: per storage dtype, head-dim class
+ * (64, 128, 256: each work-item holds only the dims it can own, head_dim
+ * <= 64 * k needing k at a 64-wide group) and query-head class (1, 2, 4, 8:
+ * the registers of the heads a group serves). */
+static pv_status attention_kernel(pv_backend *be, const pv_attention_args *a, int heads_per_block,
+                                  const char *base, kernel_args *ka)
+{
+    memset(ka, 0, sizeof *ka);
+    ka->work_group = pv_opencl_of(be)->attention_work_group;
+    int max_head_dim = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
+    int max_group = 1;
+    while (max_group < heads_per_block)
+        max_group *= 2;
+    char defines[128];
+    snprintf(defines, sizeof defines, "-DPV_STORE_F16=%d -DPV_MAX_HEAD_DIM=%d -DPV_ATT_MAX_GROUP=%d",
+             a->kv_dtype == PV_F16, max_head_dim, max_group);
+    char name[64];
+    snprintf(name, sizeof name, "%s_%s", base, a->kv_dtype == PV_F16 ? "f16" : "f32");
+    return pv_opencl_kernel(be, PV_OPENCL_ATTENTION, ka->work_group, defines, name, &ka->kernel);
+}
+
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
-    /* Built per head-dim class (64, 128, 256) so each work-item holds only
-     * the dims it can own: head_dim <= 64 * k needs k dims per work-item at
-     * a 64-wide group. */
-    int max_head_dim = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
+    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads);
+    const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads);
+    const int splits = pv_attention_splits(cl->attention_splits, be->info.compute_units, a);
     kernel_args ka;
-    memset(&ka, 0, sizeof ka);
-    ka.work_group = cl->attention_work_group;
-    char defines[96];
-    snprintf(defines, sizeof defines, "-DPV_STORE_F16=%d -DPV_MAX_HEAD_DIM=%d", a->kv_dtype == PV_F16,
-             max_head_dim);
-    const char *name = a->kv_dtype == PV_F16 ? "pv_attention_f16" : "pv_attention_f32";
-    pv_status st = pv_opencl_kernel(be, PV_OPENCL_ATTENTION, ka.work_group, defines, name, &ka.kernel);
+    pv_status st = attention_kernel(be, a, heads_per_block, "pv_attention", &ka);
     if (st != PV_OK)
         return st;
+    cl_mem part = pv_opencl_mem(a->out); /* never touched with one split */
+    const uint64_t out_floats = (uint64_t)a->n_tokens * (uint64_t)a->n_heads * (uint64_t)a->head_dim;
+    if (splits > 1) {
+        st = scratch_reserve(cl, "attention", PV_OPENCL_SCRATCH_ATTENTION,
+                             (size_t)pv_attention_split_floats(splits, a) * sizeof(float), &part);
+        if (st != PV_OK)
+            return st;
+    }
     cl_mem idx[3];
     st = upload_paging(be, "attention", a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                        a->max_chunks, idx);
@@ -376,9 +430,31 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
     arg_int(&ka, a->head_dim);
     arg_int(&ka, a->chunk_tokens);
     arg_float(&ka, a->scale);
+    arg_int(&ka, heads_per_block);
+    arg_int(&ka, splits);
     arg_mem(&ka, pv_opencl_mem(a->out));
     arg_long(&ka, (int64_t)a->out_off);
-    return launch(be, "attention", &ka, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
+    arg_mem(&ka, part);
+    arg_long(&ka, 0);
+    arg_long(&ka, (int64_t)(out_floats * (uint64_t)splits));
+    st = launch(be, "attention", &ka, (uint64_t)a->n_kv_heads * (uint64_t)blocks * (uint64_t)splits,
+                (uint64_t)a->n_tokens);
+    if (st != PV_OK || splits == 1)
+        return st;
+
+    kernel_args combine;
+    st = attention_kernel(be, a, heads_per_block, "pv_attention_combine", &combine);
+    if (st != PV_OK)
+        return st;
+    arg_mem(&combine, part);
+    arg_long(&combine, 0);
+    arg_long(&combine, (int64_t)(out_floats * (uint64_t)splits));
+    arg_int(&combine, splits);
+    arg_int(&combine, a->n_heads);
+    arg_int(&combine, a->head_dim);
+    arg_mem(&combine, pv_opencl_mem(a->out));
+    arg_long(&combine, (int64_t)a->out_off);
+    return launch(be, "attention combine", &combine, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
 }
 
 pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -438,10 +514,53 @@ pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
     return slot_copy(be, a, "pv_slot_scatter");
 }
 
+/* ---- weights: embed_gather and qmatmul (kernels/qmatmul.cl) ------------------------ */
+
+/* Decode-sized batches (T up to this) take the fused dequantize-and-dot
+ * kernel, which reads W once per call; larger ones widen W into scratch
+ * tiles for CLBlast's GEMM, whose work per weight grows with T. */
+#define PV_OPENCL_QMATMUL_FUSED_MAX_T 16
+/* Largest widened tile of W: 64 MiB of f32 (whole matrices of small
+ * models, a few tiles of large ones). */
+#define PV_OPENCL_QMATMUL_TILE_BYTES ((size_t)64 << 20)
+
+int pv_opencl_qmatmul_supports(pv_wtype t)
+{
+    switch (t) {
+    case PV_W_F32:
+    case PV_W_F16:
+    case PV_W_BF16:
+    case PV_W_Q8_0:
+    case PV_W_Q4_0:
+    case PV_W_Q4_1:
+        return 1;
+    }
+    return 0;
+}
+
+/* A kernel of the qmatmul family built for weight type t. */
+static pv_status kernel_begin_weights(pv_backend *be, pv_wtype t, const char *name, kernel_args *ka)
+{
+    memset(ka, 0, sizeof *ka);
+    ka->work_group = pv_opencl_of(be)->work_group;
+    char defines[32];
+    snprintf(defines, sizeof defines, "-DPV_WTYPE=%d", (int)t);
+    return pv_opencl_kernel(be, PV_OPENCL_QMATMUL, ka->work_group, defines, name, &ka->kernel);
+}
+
+/* The kernels address weights in 16-bit words (kernels/qmatmul.cl): the
+ * word offset of element `elems` (whole blocks) of type t. */
+static int64_t weight_words(pv_wtype t, uint64_t elems)
+{
+    uint32_t block_elems = 1, block_bytes = 4;
+    pv_wtype_block(t, &block_elems, &block_bytes);
+    return (int64_t)(elems / block_elems * block_bytes / 2);
+}
+
 pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     kernel_args ka;
-    pv_status st = kernel_begin_stored(be, (pv_dtype)a->table_type, "pv_embed_gather", &ka);
+    pv_status st = kernel_begin_weights(be, a->table_type, "pv_embed_gather", &ka);
     if (st != PV_OK)
         return st;
     cl_mem ids;
@@ -449,13 +568,97 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->table));
-    arg_long(&ka, (int64_t)a->table_off);
+    arg_long(&ka, weight_words(a->table_type, a->table_off));
     arg_mem(&ka, ids);
     arg_long(&ka, a->dim);
     arg_mem(&ka, pv_opencl_mem(a->out));
     arg_long(&ka, (int64_t)a->out_off);
     return launch(be, "embed_gather", &ka, ceil_div((uint64_t)a->dim, (uint64_t)ka.work_group),
                   (uint64_t)a->n_ids);
+}
+
+/* T <= PV_OPENCL_QMATMUL_FUSED_MAX_T: the work-items of a row take its
+ * units (blocks, or elements of the float types), as many work-items as
+ * there are units up to the group, the rest of the group other rows. */
+static pv_status qmatmul_fused(pv_backend *be, const pv_qmatmul_args *a)
+{
+    const int max_t = a->n_tokens <= 1 ? 1 : a->n_tokens <= 4 ? 4 : 16;
+    char name[32];
+    snprintf(name, sizeof name, "pv_qmatmul_fused_%d", max_t);
+    kernel_args ka;
+    pv_status st = kernel_begin_weights(be, a->w_type, name, &ka);
+    if (st != PV_OK)
+        return st;
+    uint32_t block_elems = 1;
+    pv_wtype_block(a->w_type, &block_elems, NULL);
+    const int64_t units = a->n_in / block_elems;
+    int per_row = 1;
+    while (per_row < units && per_row < ka.work_group)
+        per_row *= 2;
+    const int rows_per_group = ka.work_group / per_row;
+    arg_mem(&ka, pv_opencl_mem(a->w));
+    arg_long(&ka, weight_words(a->w_type, a->w_off));
+    arg_mem(&ka, pv_opencl_mem(a->x));
+    arg_long(&ka, (int64_t)a->x_off);
+    arg_mem(&ka, pv_opencl_mem(a->y));
+    arg_long(&ka, (int64_t)a->y_off);
+    arg_int(&ka, (int32_t)a->n_tokens);
+    arg_int(&ka, (int32_t)a->n_in);
+    arg_int(&ka, (int32_t)a->n_out);
+    arg_int(&ka, rows_per_group);
+    return launch(be, "qmatmul", &ka, ceil_div((uint64_t)a->n_out, (uint64_t)rows_per_group), 1);
+}
+
+/* y[:, r0 : r0 + n_rows] = x W_tile^T, W_tile [n_rows][n_in] f32 from b_off of b. */
+static pv_status qmatmul_sgemm(pv_opencl *cl, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows, cl_mem b,
+                               size_t b_off)
+{
+    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    CLBlastStatusCode status =
+        CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, (size_t)a->n_tokens,
+                     (size_t)n_rows, (size_t)a->n_in, 1.0f, pv_opencl_mem(a->x), (size_t)a->x_off,
+                     (size_t)a->n_in, b, b_off, (size_t)a->n_in, 0.0f, pv_opencl_mem(a->y),
+                     (size_t)(a->y_off + (uint64_t)r0), (size_t)a->n_out, &queue, NULL);
+    if (status != CLBlastSuccess)
+        return pv_error(PV_ERR_BACKEND, "opencl qmatmul: CLBlastSgemm (T %" PRId64 ", rows %" PRId64
+                        " from %" PRId64 ", n_in %" PRId64 ") failed with status %d",
+                        a->n_tokens, n_rows, r0, a->n_in, (int)status);
+    return PV_OK;
+}
+
+pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    pv_opencl *cl = pv_opencl_of(be);
+    if (a->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T)
+        return qmatmul_fused(be, a);
+    if (a->w_type == PV_W_F32) /* GEMM reads f32 weights in place */
+        return qmatmul_sgemm(cl, a, 0, a->n_out, pv_opencl_mem(a->w), (size_t)a->w_off);
+
+    int64_t tile_rows = (int64_t)(PV_OPENCL_QMATMUL_TILE_BYTES / sizeof(float)) / a->n_in;
+    tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
+    cl_mem tile;
+    pv_status st = scratch_reserve(cl, "qmatmul", PV_OPENCL_SCRATCH_QMATMUL,
+                                   (size_t)tile_rows * (size_t)a->n_in * sizeof(float), &tile);
+    if (st != PV_OK)
+        return st;
+    const int64_t w_words = weight_words(a->w_type, a->w_off);
+    for (int64_t r0 = 0; r0 < a->n_out && st == PV_OK; r0 += tile_rows) {
+        const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
+        kernel_args ka;
+        st = kernel_begin_weights(be, a->w_type, "pv_qmatmul_widen", &ka);
+        if (st != PV_OK)
+            return st;
+        arg_mem(&ka, pv_opencl_mem(a->w));
+        arg_long(&ka, w_words);
+        arg_int(&ka, (int32_t)a->n_in);
+        arg_long(&ka, r0);
+        arg_mem(&ka, tile);
+        st = launch(be, "qmatmul widen", &ka, ceil_div((uint64_t)a->n_in, (uint64_t)ka.work_group),
+                    (uint64_t)n_rows);
+        if (st == PV_OK)
+            st = qmatmul_sgemm(cl, a, r0, n_rows, tile, 0);
+    }
+    return st;
 }
 
 pv_status pv_opencl_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)

@@ -30,6 +30,7 @@ extern const pv_backend_ops pv_opencl_backend_ops;
 typedef enum pv_opencl_family {
     PV_OPENCL_ATTENTION = 0,
     PV_OPENCL_GATHER,
+    PV_OPENCL_QMATMUL,
     PV_OPENCL_RECOMPUTE,
     PV_OPENCL_FAMILY_COUNT
 } pv_opencl_family;
@@ -65,7 +66,18 @@ typedef struct pv_opencl {
      * of an op (token_seq, token_pos, slot_table, ...), grown as needed. */
     cl_mem index_buffers[PV_OPENCL_INDEX_BUFFERS];
     size_t index_bytes[PV_OPENCL_INDEX_BUFFERS];
+    /* Device scratch of the ops that need some (PV_OPENCL_SCRATCH_*),
+     * grown as needed and kept: creating a buffer does not synchronise,
+     * and a released one lives on until the kernels using it finish. */
+    cl_mem scratch[2];
+    size_t scratch_bytes[2];
+    int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
 } pv_opencl;
+
+/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
+ * of attention. */
+#define PV_OPENCL_SCRATCH_QMATMUL 0
+#define PV_OPENCL_SCRATCH_ATTENTION 1
 
 static inline pv_opencl *pv_opencl_of(const pv_backend *be)
 {
@@ -95,6 +107,7 @@ pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_gro
                            const char *name, cl_kernel *out);
 
 void pv_opencl_programs_free(pv_opencl *cl);
+/* The index buffers and the scratch buffers. */
 void pv_opencl_index_buffers_free(pv_opencl *cl);
 
 /* Kernel ops (opencl-kernels.c). */
@@ -110,5 +123,7 @@ pv_status pv_opencl_add(pv_backend *be, const pv_add_args *a);
 pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a);
+pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
+int pv_opencl_qmatmul_supports(pv_wtype t);
 
 #endif

@@ -1,0 +1,93 @@
+/* Host-side launch choices for kernels/attention.cl, shared by the OpenCL
+ * and CUDA backends so both cut the work the same way.
+ *
+ * A work-group serves one KV head and up to PV_ATTENTION_GROUP_MAX of the
+ * query heads that read it (grouped-query attention), so each K and V row
+ * is read once per KV head: more query heads per KV head than that run as
+ * several blocks of query heads, each reading the rows again.
+ *
+ * Split-K (flash-decoding): each (query token, KV head, head block) may be
+ * cut into S ranges of whole chunks of its context, run by S work-groups
+ * that write partial (max, sum, unnormalised output) rows, which a second
+ * kernel combines. It pays when the call has too few groups to fill the
+ * device (decode: one or two tokens over long contexts). The default S:
+ *   S = min(ceil(2 * compute_units / groups), chunks / 4, 64), at least 1,
+ * with groups = T * n_kv_heads * head blocks and chunks the longest
+ * context's chunk count: two groups per compute unit, and no range shorter
+ * than 4 chunks (128 positions at 32-token chunks), below which the combine
+ * costs more than the parallelism gains. The environment variable
+ * PV_ATTENTION_SPLITS, read when the backend opens, overrides it: a value
+ * N in [1, 64] makes every call use S = N (tuning and tests); 0 or unset
+ * keeps the default. */
+#ifndef PV_KERNELS_ATTENTION_SPLIT_H
+#define PV_KERNELS_ATTENTION_SPLIT_H
+
+#include "backends/backend.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Query heads per work-group at most: the kernel keeps their queries and
+ * outputs in registers (PV_ATT_MAX_GROUP). */
+#define PV_ATTENTION_GROUP_MAX 8
+#define PV_ATTENTION_MAX_SPLITS 64
+#define PV_ATTENTION_SPLIT_MIN_CHUNKS 4
+
+/* Blocks of query heads per KV head, and the query heads in each. */
+static inline int pv_attention_head_blocks(int32_t n_heads, int32_t n_kv_heads)
+{
+    const int32_t group = n_heads / n_kv_heads;
+    return (group + PV_ATTENTION_GROUP_MAX - 1) / PV_ATTENTION_GROUP_MAX;
+}
+
+static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_heads)
+{
+    const int32_t group = n_heads / n_kv_heads;
+    const int blocks = pv_attention_head_blocks(n_heads, n_kv_heads);
+    return (group + blocks - 1) / blocks;
+}
+
+/* S for one call; `forced` is the PV_ATTENTION_SPLITS value (0: default). */
+static inline int pv_attention_splits(int forced, uint32_t compute_units, const pv_attention_args *a)
+{
+    if (forced > 0)
+        return forced;
+    int32_t longest = 0;
+    for (int32_t i = 0; i < a->n_tokens; i++)
+        longest = a->token_pos[i] + 1 > longest ? a->token_pos[i] + 1 : longest;
+    const int64_t chunks = (longest + a->chunk_tokens - 1) / a->chunk_tokens;
+    const int64_t groups =
+        (int64_t)a->n_tokens * a->n_kv_heads * pv_attention_head_blocks(a->n_heads, a->n_kv_heads);
+    int64_t s = (2 * (int64_t)(compute_units ? compute_units : 1) + groups - 1) / groups;
+    if (s > chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS)
+        s = chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS;
+    if (s > PV_ATTENTION_MAX_SPLITS)
+        s = PV_ATTENTION_MAX_SPLITS;
+    return s < 1 ? 1 : (int)s;
+}
+
+/* *forced = PV_ATTENTION_SPLITS (0 when unset); a value that is not an
+ * integer in [0, PV_ATTENTION_MAX_SPLITS] is an error naming it. */
+static inline pv_status pv_attention_splits_from_env(const char *backend, int *forced)
+{
+    *forced = 0;
+    const char *text = getenv("PV_ATTENTION_SPLITS");
+    if (!text || !*text)
+        return PV_OK;
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (*end != '\0' || v < 0 || v > PV_ATTENTION_MAX_SPLITS)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: PV_ATTENTION_SPLITS = \"%s\" is not an integer in [0, %d]",
+                        backend, text, PV_ATTENTION_MAX_SPLITS);
+    *forced = (int)v;
+    return PV_OK;
+}
+
+/* Floats of split-K scratch for S splits: [S][T][n_heads][head_dim]
+ * unnormalised outputs, then [S][T][n_heads][2] (max, sum). */
+static inline uint64_t pv_attention_split_floats(int splits, const pv_attention_args *a)
+{
+    return (uint64_t)splits * (uint64_t)a->n_tokens * (uint64_t)a->n_heads * (uint64_t)(a->head_dim + 2);
+}
+
+#endif
