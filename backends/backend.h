@@ -101,9 +101,9 @@ typedef struct pv_device_info {
     uint64_t global_mem_bytes;
     uint32_t compute_units;
     int has_f16; /* f16 arithmetic (GEMM) is available */
-    /* qmatmul of the block types rounds x to 8 bits (pv_qmatmul_args); set
+    /* qmatmul of the block types rounds x to 16 bits (pv_qmatmul_args); set
      * once the backend is open, as it may depend on the CPU or environment */
-    int int8_activations;
+    int int16_activations;
 } pv_device_info;
 
 typedef struct pv_backend pv_backend;
@@ -247,7 +247,7 @@ typedef struct pv_embed_gather_args {
  * are multiples of the block). Accumulation is in f32 over the dequantised
  * weights; decode-sized T reads each weight byte once per call. For the
  * block types (Q8_0, Q4_0, Q4_1) a backend may multiply by x quantised to 8
- * bits per block of 32 (d = max |x| / 127, q = round(x / d)), as llama.cpp
+ * bits per block of 32 (d = max |x| / 32767, q = round(x / d)), as llama.cpp
  * does: integer products are about twice as fast, at ~1e-3 relative error. */
 typedef struct pv_qmatmul_args {
     pv_wtype w_type;

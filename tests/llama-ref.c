@@ -125,11 +125,11 @@ static void matvec(float *y, const float *W, const float *x, int n_in, int n_out
     }
 }
 
-/* matvec with x rounded to 8 bits per block of 32 when `round8` (n_in is
- * then a multiple of 32): d = max |x| / 127, x ~= d * round(x / d). */
-static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_out, int round8)
+/* matvec with x rounded to 16 bits per block of 32 when `round16` (n_in is
+ * then a multiple of 32): d = max |x| / 32767, x ~= d * round(x / d). */
+static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_out, int round16)
 {
-    if (!round8) {
+    if (!round16) {
         matvec(y, W, x, n_in, n_out);
         return;
     }
@@ -143,7 +143,7 @@ static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_o
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         for (int j = 0; j < 32; j++)
             xr[b + j] = d * (float)lrintf(x[b + j] * inv);
     }
@@ -188,9 +188,9 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
         llama_ref_layer *L = &r->layers[l];
         float *kc = L->k_cache + (size_t)pos * kv_dim, *vc = L->v_cache + (size_t)pos * kv_dim;
         rmsnorm(h, x, L->attn_norm, dim, hp->norm_eps);
-        matvec_q(q, L->wq, h, dim, nh * hd, r->int8_activations && L->blocks[0]);
-        matvec_q(kc, L->wk, h, dim, kv_dim, r->int8_activations && L->blocks[1]);
-        matvec_q(vc, L->wv, h, dim, kv_dim, r->int8_activations && L->blocks[2]);
+        matvec_q(q, L->wq, h, dim, nh * hd, r->int16_activations && L->blocks[0]);
+        matvec_q(kc, L->wk, h, dim, kv_dim, r->int16_activations && L->blocks[1]);
+        matvec_q(vc, L->wv, h, dim, kv_dim, r->int16_activations && L->blocks[2]);
         rope(q, nh, hd, pos, hp->rope_base);
         rope(kc, nkv, hd, pos, hp->rope_base);
         for (int head = 0; head < nh; head++) {
@@ -215,21 +215,21 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
                 att[head * hd + d] = (float)(o / sum);
             }
         }
-        matvec_q(proj, L->wo, att, nh * hd, dim, r->int8_activations && L->blocks[3]);
+        matvec_q(proj, L->wo, att, nh * hd, dim, r->int16_activations && L->blocks[3]);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
         rmsnorm(h, x, L->ffn_norm, dim, hp->norm_eps);
-        matvec_q(g, L->w_gate, h, dim, ff, r->int8_activations && L->blocks[4]);
-        matvec_q(u, L->w_up, h, dim, ff, r->int8_activations && L->blocks[5]);
+        matvec_q(g, L->w_gate, h, dim, ff, r->int16_activations && L->blocks[4]);
+        matvec_q(u, L->w_up, h, dim, ff, r->int16_activations && L->blocks[5]);
         for (int i = 0; i < ff; i++)
             g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
-        matvec_q(proj, L->w_down, g, ff, dim, r->int8_activations && L->blocks[6]);
+        matvec_q(proj, L->w_down, g, ff, dim, r->int16_activations && L->blocks[6]);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
     }
     if (logits) {
         rmsnorm(h, x, r->out_norm, dim, hp->norm_eps);
-        matvec_q(logits, r->out, h, dim, (int)hp->n_vocab, r->int8_activations && r->out_blocks);
+        matvec_q(logits, r->out, h, dim, (int)hp->n_vocab, r->int16_activations && r->out_blocks);
     }
     free(x), free(h), free(q), free(att), free(proj), free(g), free(u), free(scores);
     return PV_OK;

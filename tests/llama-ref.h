@@ -17,9 +17,9 @@ typedef struct llama_ref {
     float *embd, *out_norm, *out;
     int out_blocks;
     llama_ref_layer *layers;
-    /* Round the input of every block-type matrix to 8 bits per block of 32,
-     * as backends that report int8_activations do (backend.h); 0 by default. */
-    int int8_activations;
+    /* Round the input of every block-type matrix to 16 bits per block of 32,
+     * as backends that report int16_activations do (backend.h); 0 by default. */
+    int int16_activations;
 } llama_ref;
 
 pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos);

@@ -22,21 +22,21 @@ static const int64_t batches[] = {1, 2, 7, 16, 64, 300};
  * largest output at n_in 576), far below what a decoding mistake costs: one
  * wrong element of a Q4 row moves its dot product by a quantisation step,
  * about 1/16 of the row's range. One limit serves every type for that reason.
- * Backends may run the block types against activations quantised to 8 bits
- * (backend.h: d = max |x| / 127 per block of 32, round to nearest), whose
- * error is some 1e-3; such a result must then match, to the same limit, the
+ * Backends may run the block types against activations rounded to 16 bits
+ * (backend.h: d = max |x| / 32767 per block of 32, round to nearest), whose
+ * error is some 1e-5; such a result must then match, to the same limit, the
  * product with x quantised that way: the test takes the nearer of the two
  * references and names it. */
 #define ERROR_LIMIT 1e-5
 
-/* x with every block of 32 rounded as the 8-bit activations hold it. */
-static void quantize_like_q8(const float *x, float *out, size_t n)
+/* x with every block of 32 rounded as the 16-bit activations hold it. */
+static void quantize_like_x16(const float *x, float *out, size_t n)
 {
     for (size_t b = 0; b + 32 <= n; b += 32) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         for (int j = 0; j < 32; j++)
             out[b + j] = d * (float)lrintf(x[b + j] * inv);
     }
@@ -100,9 +100,9 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
         uint32_t block = 1;
         pv_wtype_block(t, &block, NULL);
         if (block == 32)
-            quantize_like_q8(x, xq, (size_t)(T * n_in));
+            quantize_like_x16(x, xq, (size_t)(T * n_in));
         double *want = xmalloc((size_t)(T * n_out) * sizeof *want);
-        double *want_q8 = xmalloc((size_t)(T * n_out) * sizeof *want_q8);
+        double *want_x16 = xmalloc((size_t)(T * n_out) * sizeof *want_x16);
         for (int64_t i = 0; i < T; i++)
             for (int64_t o = 0; o < n_out; o++) {
                 double s = 0, sq = 0;
@@ -111,7 +111,7 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
                     sq += (double)xq[i * n_in + k] * (double)w.deq[o * n_in + k];
                 }
                 want[i * n_out + o] = s;
-                want_q8[i * n_out + o] = sq;
+                want_x16[i * n_out + o] = sq;
             }
         tensor tx, ty;
         float *got = xmalloc((size_t)(T * n_out) * sizeof *got);
@@ -126,21 +126,21 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
                 st = tensor_read(&ty, got);
         }
         const double err_f32 = st == PV_OK ? normalized_error_f64(got, want, (size_t)(T * n_out)) : INFINITY;
-        const double err_q8 =
-            st == PV_OK && block == 32 ? normalized_error_f64(got, want_q8, (size_t)(T * n_out)) : INFINITY;
-        const double err = err_f32 <= err_q8 ? err_f32 : err_q8;
+        const double err_x16 =
+            st == PV_OK && block == 32 ? normalized_error_f64(got, want_x16, (size_t)(T * n_out)) : INFINITY;
+        const double err = err_f32 <= err_x16 ? err_f32 : err_x16;
         const double limit = ERROR_LIMIT;
         const int guards = st == PV_OK && guards_intact(&ty);
         ok(st == PV_OK && err <= limit && guards,
            "%s: qmatmul %s T %lld x n_in %lld -> n_out %lld: error %.3g against %s x (limit %.3g)%s%s", name,
            pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, err,
-           err_f32 <= err_q8 ? "f32" : "8-bit", limit, guards ? "" : ", output guard bytes overwritten",
+           err_f32 <= err_x16 ? "f32" : "16-bit", limit, guards ? "" : ", output guard bytes overwritten",
            st == PV_OK ? "" : pv_last_error());
         /* The batch-size invariance stateful serving relies on: the last
          * row of x alone gives the same bits as in the batch (backends that
-         * round activations to 8 bits promise it for every type except F32,
+         * round activations to 16 bits promise it for every type except F32,
          * which may go to BLAS for large batches). */
-        if (st == PV_OK && T > 1 && be->info.int8_activations && t != PV_W_F32) {
+        if (st == PV_OK && T > 1 && be->info.int16_activations && t != PV_W_F32) {
             tensor t1;
             float *alone = xmalloc((size_t)n_out * sizeof *alone);
             pv_status s1 = tensor_init(&t1, be, PV_MEM_DEVICE, 4, (uint64_t)n_out, NULL);
@@ -163,7 +163,7 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
         free(x);
         free(xq);
         free(want);
-        free(want_q8);
+        free(want_x16);
         free(got);
     }
     free_weights(&w);

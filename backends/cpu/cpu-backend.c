@@ -86,7 +86,7 @@ static pv_status cpu_init(pv_backend *be)
     const char *kernels = getenv("PV_CPU_KERNELS");
     s->portable_kernels = kernels && strcmp(kernels, "portable") == 0;
     be->impl = s;
-    be->info.int8_activations = pv_cpu_qmatmul_int8(be);
+    be->info.int16_activations = pv_cpu_qmatmul_xq(be);
     return PV_OK;
 }
 

@@ -8,15 +8,15 @@
  *
  * On x86-64 CPUs with AVX2, FMA and F16C (cpu-qmatmul-avx2.c, chosen at run
  * time; the build needs no -march flag):
- * - the block types multiply x rounded to 8 bits per block of 32 with
- *   integer products (maddubs), at every batch size. One kernel for every
- *   size keeps a token's outputs the same bits in decode, prefill and
- *   recovery, which stateful serving needs: with activations rounded to 8
- *   bits, the last-bit differences between two kernels grow to 1e-3 and the
- *   conversation drifts from its stateless recomputation;
+ * - the block types multiply x rounded to 16 bits per block of 32 with
+ *   integer products (madd), at every batch size. One kernel for every size
+ *   keeps a token's outputs the same bits in decode, prefill and recovery,
+ *   which stateful serving needs: once activations are rounded, a last-bit
+ *   difference between two kernels can move a rounding by a step, and a
+ *   conversation would drift from its stateless recomputation;
  * - F16 and BF16 are widened to f32 in registers, at every batch size for
  *   the same reason (a model that mixes them with block types feeds their
- *   outputs to the 8-bit rounding);
+ *   outputs to the rounding);
  * - F32 uses that fused kernel up to PV_CPU_QMATMUL_FUSED_MAX_T rows of x
  *   and sgemm above (all-F32 files round nothing).
  * Elsewhere the portable kernels here run: exact f32 products, the fused
@@ -109,7 +109,7 @@ static void rows_portable(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t 
     }
 }
 
-void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq8 *xq)
+void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
 {
     const int64_t n_blocks = n_in / 32;
     for (int64_t i = 0; i < T * n_blocks; i++) {
@@ -117,11 +117,11 @@ void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq8 *xq)
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-        const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         int sum = 0;
         for (int j = 0; j < 32; j++) {
             const int q = (int)lrintf(xb[j] * inv);
-            xq[i].q[j] = (int8_t)q;
+            xq[i].q[j] = (int16_t)q;
             sum += q;
         }
         xq[i].d = d;
@@ -190,9 +190,9 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 #define PV_CPU_QMATMUL_FUSED_MAX_T 16
 
 /* Decode-sized batches of block types on AVX2: integer products within each
- * block against the 8-bit activations. */
-static void qmatmul_int8(const pv_qmatmul_args *a, pv_cpu_rows_q8_fn kernel, const uint8_t *w,
-                         const pv_cpu_xq8 *xq, float *y)
+ * block against the 16-bit activations. */
+static void qmatmul_xq(const pv_qmatmul_args *a, pv_cpu_rows_xq_fn kernel, const uint8_t *w,
+                         const pv_cpu_xq16 *xq, float *y)
 {
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
     const int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
@@ -206,9 +206,9 @@ static void qmatmul_int8(const pv_qmatmul_args *a, pv_cpu_rows_q8_fn kernel, con
 
 /* Whether this CPU runs the block types' integer kernels (they come with
  * the AVX2 kernels). */
-static int int8_types_present(pv_cpu_rows_fn fast)
+static int xq_types_present(pv_cpu_rows_fn fast)
 {
-    return fast != NULL && pv_cpu_qrows_q8_avx2(PV_W_Q4_1) != NULL;
+    return fast != NULL && pv_cpu_qrows_xq_avx2(PV_W_Q4_1) != NULL;
 }
 
 static void qmatmul_fused(pv_cpu_rows_fn fast, const pv_qmatmul_args *a, const uint8_t *w, const float *x,
@@ -259,26 +259,25 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         return PV_OK;
     }
     const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
-    const pv_cpu_rows_q8_fn int8 = fast ? pv_cpu_qrows_q8_avx2(a->w_type) : NULL;
-    if (int8) {
+    const pv_cpu_rows_xq_fn xq_kernel = fast ? pv_cpu_qrows_xq_avx2(a->w_type) : NULL;
+    if (xq_kernel) {
         /* One kernel for every batch size: a token's outputs are then the
          * same bits whichever batch it ran in (decode, prefill, recovery),
-         * as stateful and stateless serving must agree; 8-bit rounding
-         * would turn the last-bit differences of two kernels into 1e-3. */
-        pv_cpu_xq8 *xq = NULL;
-        const uint64_t xq_bytes = (uint64_t)T * (uint64_t)(n_in / 32) * sizeof(pv_cpu_xq8);
+         * as stateful and stateless serving must agree (see the top). */
+        pv_cpu_xq16 *xq = NULL;
+        const uint64_t xq_bytes = (uint64_t)T * (uint64_t)(n_in / 32) * sizeof(pv_cpu_xq16);
         pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), (float **)&xq);
         if (st != PV_OK)
             return st;
         pv_cpu_quantize_x(x, T, n_in, xq);
-        qmatmul_int8(a, int8, w, xq, y);
+        qmatmul_xq(a, xq_kernel, w, xq, y);
         return PV_OK;
     }
     /* F16 and BF16 stay on the fused kernel at every batch size too: in a
      * model that mixes them with block types (F16 value projections, say),
-     * their last bits feed the 8-bit rounding of the next layer. F32 is left
+     * their last bits feed the rounding of the next layer. F32 is left
      * to sgemm above 16 rows: files hold it for norms, or for every matrix. */
-    if (small || (int8_types_present(fast) && a->w_type != PV_W_F32)) {
+    if (small || (xq_types_present(fast) && a->w_type != PV_W_F32)) {
         qmatmul_fused(fast, a, w, x, y);
         return PV_OK;
     }
@@ -291,9 +290,9 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return PV_OK;
 }
 
-int pv_cpu_qmatmul_int8(const pv_backend *be)
+int pv_cpu_qmatmul_xq(const pv_backend *be)
 {
-    return int8_types_present(fast_kernel(be, PV_W_Q4_1));
+    return xq_types_present(fast_kernel(be, PV_W_Q4_1));
 }
 
 int pv_cpu_qmatmul_supports(pv_wtype t)

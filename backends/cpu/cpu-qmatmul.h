@@ -19,24 +19,24 @@
 typedef void (*pv_cpu_rows_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in, const float *x, int64_t T,
                                float *y, int64_t ldy);
 
-/* A block of 32 activations quantised to 8 bits for the integer dot
+/* A block of 32 activations rounded to 16 bits for the integer dot
  * products of the block types: x[j] ~= d * q[j], and s = d * sum q[j] (the
  * term Q4_1's minimum and Q4_0's offset multiply). */
-typedef struct pv_cpu_xq8 {
+typedef struct pv_cpu_xq16 {
     float d, s;
-    int8_t q[32];
-} pv_cpu_xq8;
+    int16_t q[32];
+} pv_cpu_xq16;
 
 /* x[T][n_in] (n_in a multiple of 32) into xq[T][n_in / 32]. */
-void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq8 *xq);
+void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq);
 
 /* y[t * ldy + r] = sum over blocks of W row r . xq[t] for the block types
  * (Q8_0, Q4_0, Q4_1), with integer products inside each block. */
-typedef void (*pv_cpu_rows_q8_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in, const pv_cpu_xq8 *xq,
+typedef void (*pv_cpu_rows_xq_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in, const pv_cpu_xq16 *xq,
                                   int64_t T, float *y, int64_t ldy);
 
 /* The AVX2 integer kernel for block type t, or NULL. */
-pv_cpu_rows_q8_fn pv_cpu_qrows_q8_avx2(pv_wtype t);
+pv_cpu_rows_xq_fn pv_cpu_qrows_xq_avx2(pv_wtype t);
 
 /* The AVX2 + FMA + F16C kernel for type t, or NULL where not built (not
  * x86-64, or not GCC-compatible). The caller checks the CPU. */

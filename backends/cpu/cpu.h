@@ -76,8 +76,8 @@ pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
 pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
 pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
 int pv_cpu_qmatmul_supports(pv_wtype t);
-/* Whether qmatmul runs the block types against 8-bit activations here. */
-int pv_cpu_qmatmul_int8(const pv_backend *be);
+/* Whether qmatmul runs the block types against 16-bit activations here. */
+int pv_cpu_qmatmul_xq(const pv_backend *be);
 
 /* The backend's scratch buffer of at least `floats` floats, grown as
  * needed and kept until the backend is freed (cpu-backend.c). */
