@@ -1,10 +1,17 @@
 /* Host-side launch choices for kernels/attention.cl, shared by the OpenCL
  * and CUDA backends so both cut the work the same way.
  *
- * A work-group serves one KV head and up to PV_ATTENTION_GROUP_MAX of the
- * query heads that read it (grouped-query attention), so each K and V row
- * is read once per KV head: more query heads per KV head than that run as
- * several blocks of query heads, each reading the rows again.
+ * A work-group serves one KV head and up to max_group (at most
+ * PV_ATTENTION_GROUP_MAX) of the query heads that read it (grouped-query
+ * attention), so each K and V row is read once per block of query heads:
+ * once per KV head when the block holds them all. The backends' default
+ * max_group is PV_ATTENTION_GROUP_MAX on GPUs; on CPU devices (PoCL) it is
+ * 1, as there the other heads' reads of a row hit the cache, while the
+ * grouped kernel keeps max_group times more values live across its
+ * barriers, which PoCL spills (decode and prefill 1.6-1.7x slower at 9/3
+ * heads on 2 cores). The environment variable PV_ATTENTION_GROUP, read when
+ * the backend opens, overrides it: N in [1, 8]; 0 or unset keeps the
+ * default.
  *
  * Split-K (flash-decoding): each (query token, KV head, head block) may be
  * cut into S ranges of whole chunks of its context, run by S work-groups
@@ -33,22 +40,24 @@
 #define PV_ATTENTION_MAX_SPLITS 64
 #define PV_ATTENTION_SPLIT_MIN_CHUNKS 4
 
-/* Blocks of query heads per KV head, and the query heads in each. */
-static inline int pv_attention_head_blocks(int32_t n_heads, int32_t n_kv_heads)
+/* Blocks of query heads per KV head, and the query heads in each, for
+ * blocks of at most max_group. */
+static inline int pv_attention_head_blocks(int32_t n_heads, int32_t n_kv_heads, int max_group)
 {
     const int32_t group = n_heads / n_kv_heads;
-    return (group + PV_ATTENTION_GROUP_MAX - 1) / PV_ATTENTION_GROUP_MAX;
+    return (group + max_group - 1) / max_group;
 }
 
-static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_heads)
+static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_heads, int max_group)
 {
     const int32_t group = n_heads / n_kv_heads;
-    const int blocks = pv_attention_head_blocks(n_heads, n_kv_heads);
+    const int blocks = pv_attention_head_blocks(n_heads, n_kv_heads, max_group);
     return (group + blocks - 1) / blocks;
 }
 
 /* S for one call; `forced` is the PV_ATTENTION_SPLITS value (0: default). */
-static inline int pv_attention_splits(int forced, uint32_t compute_units, const pv_attention_args *a)
+static inline int pv_attention_splits(int forced, uint32_t compute_units, int max_group,
+                                      const pv_attention_args *a)
 {
     if (forced > 0)
         return forced;
@@ -57,7 +66,7 @@ static inline int pv_attention_splits(int forced, uint32_t compute_units, const 
         longest = a->token_pos[i] + 1 > longest ? a->token_pos[i] + 1 : longest;
     const int64_t chunks = (longest + a->chunk_tokens - 1) / a->chunk_tokens;
     const int64_t groups =
-        (int64_t)a->n_tokens * a->n_kv_heads * pv_attention_head_blocks(a->n_heads, a->n_kv_heads);
+        (int64_t)a->n_tokens * a->n_kv_heads * pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
     int64_t s = (2 * (int64_t)(compute_units ? compute_units : 1) + groups - 1) / groups;
     if (s > chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS)
         s = chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS;
@@ -66,20 +75,20 @@ static inline int pv_attention_splits(int forced, uint32_t compute_units, const 
     return s < 1 ? 1 : (int)s;
 }
 
-/* *forced = PV_ATTENTION_SPLITS (0 when unset); a value that is not an
- * integer in [0, PV_ATTENTION_MAX_SPLITS] is an error naming it. */
-static inline pv_status pv_attention_splits_from_env(const char *backend, int *forced)
+/* *value = the integer in environment variable `name` (0 when unset); one
+ * that is not an integer in [0, max] is an error naming it. */
+static inline pv_status pv_attention_env(const char *backend, const char *name, int max, int *value)
 {
-    *forced = 0;
-    const char *text = getenv("PV_ATTENTION_SPLITS");
+    *value = 0;
+    const char *text = getenv(name);
     if (!text || !*text)
         return PV_OK;
     char *end = NULL;
     long v = strtol(text, &end, 10);
-    if (*end != '\0' || v < 0 || v > PV_ATTENTION_MAX_SPLITS)
-        return pv_error(PV_ERR_INVALID_ARG, "%s: PV_ATTENTION_SPLITS = \"%s\" is not an integer in [0, %d]",
-                        backend, text, PV_ATTENTION_MAX_SPLITS);
-    *forced = (int)v;
+    if (*end != '\0' || v < 0 || v > max)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = \"%s\" is not an integer in [0, %d]", backend, name, text,
+                        max);
+    *value = (int)v;
     return PV_OK;
 }
 

@@ -935,12 +935,14 @@ static void check_copies(ctx *c)
 /* ---- attention split-K (GPU backends) ------------------------------------------------- */
 
 /* The GPU backends cut a decode token's context into S ranges of whole
- * chunks and combine the partial softmax rows (kernels/attention.cl); the
- * default S depends on the device's compute units, so these cases force it
- * through PV_ATTENTION_SPLITS on a fresh backend: the automatic choice, a
- * few splits, more splits than the short sequences have chunks (empty
- * ranges), and the limit. SmolLM2's 9 query heads over 3 KV heads, and 12
- * over 1 (two blocks of query heads per KV head). */
+ * chunks and combine the partial softmax rows, and serve the query heads
+ * of a KV head in blocks of up to 8 per work-group (kernels/attention.cl,
+ * kernels/attention-split.h). The defaults depend on the device (compute
+ * units; CPU devices take one query head a group), so these cases force
+ * them through PV_ATTENTION_SPLITS and PV_ATTENTION_GROUP on a fresh
+ * backend: the defaults, a few splits, more splits than the short sequences
+ * have chunks (empty ranges), the limit, and blocks of 8, 4 and 2 query
+ * heads. SmolLM2's 9 query heads over 3 KV heads, and 12 over 1. */
 static const attention_case split_cases[] = {
     {"decode, context 1300", 9, 3, 64, 32, QUERY_DECODE, 1, 1, {1300}},
     {"decode, contexts 1300 and 40", 9, 3, 64, 32, QUERY_DECODE, 1, 2, {1300, 40}},
@@ -952,15 +954,19 @@ static const attention_case split_cases[] = {
 
 static void check_attention_splits(ctx *c)
 {
-    static const char *const splits[] = {"0", "3", "7", "64"};
-    for (size_t s = 0; s < sizeof splits / sizeof splits[0]; s++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s (PV_ATTENTION_SPLITS=%s)", c->name, splits[s]);
+    static const char *const settings[][2] = {{"0", "0"}, {"3", "8"}, {"7", "8"}, {"64", "8"},
+                                              {"0", "8"}, {"5", "4"}, {"2", "2"}};
+    for (size_t s = 0; s < sizeof settings / sizeof settings[0]; s++) {
+        char name[128];
+        snprintf(name, sizeof name, "%s (PV_ATTENTION_SPLITS=%s PV_ATTENTION_GROUP=%s)", c->name, settings[s][0],
+                 settings[s][1]);
         pv_backend *be = NULL;
-        pv_status st = setenv("PV_ATTENTION_SPLITS", splits[s], 1) == 0
+        pv_status st = setenv("PV_ATTENTION_SPLITS", settings[s][0], 1) == 0 &&
+                               setenv("PV_ATTENTION_GROUP", settings[s][1], 1) == 0
                            ? pv_backend_init(&be, c->name, 0)
-                           : pv_error(PV_ERR_STATE, "setenv PV_ATTENTION_SPLITS failed");
+                           : pv_error(PV_ERR_STATE, "setenv PV_ATTENTION_SPLITS or PV_ATTENTION_GROUP failed");
         unsetenv("PV_ATTENTION_SPLITS");
+        unsetenv("PV_ATTENTION_GROUP");
         if (!ok(st == PV_OK, "%s opens", name)) {
             tap_diag("%s", pv_last_error());
             continue;

@@ -76,6 +76,7 @@ typedef struct cuda_impl {
     void *scratch[2];
     size_t scratch_bytes[2];
     int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
+    int attention_group;  /* query heads per attention work-group at most (the same header) */
 } cuda_impl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
@@ -345,7 +346,11 @@ static pv_status cuda_init(pv_backend *be)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot allocate the backend state");
     cu->device = be->device;
     be->impl = cu;
-    pv_status st = pv_attention_splits_from_env("cuda", &cu->attention_splits);
+    pv_status st = pv_attention_env("cuda", "PV_ATTENTION_SPLITS", PV_ATTENTION_MAX_SPLITS, &cu->attention_splits);
+    if (st == PV_OK)
+        st = pv_attention_env("cuda", "PV_ATTENTION_GROUP", PV_ATTENTION_GROUP_MAX, &cu->attention_group);
+    if (!cu->attention_group)
+        cu->attention_group = PV_ATTENTION_GROUP_MAX;
     if (st == PV_OK)
         st = enter(cu);
     if (st == PV_OK)
@@ -817,7 +822,7 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
-    const int splits = pv_attention_splits(cu->attention_splits, be->info.compute_units, a);
+    const int splits = pv_attention_splits(cu->attention_splits, be->info.compute_units, cu->attention_group, a);
     void *part = NULL;
     if (splits > 1)
         TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
@@ -826,7 +831,7 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
     TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
     cudaError_t err = pv_cuda_launch_attention(
         cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->q, a->q_off, 4),
-        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev, splits, (float *)part,
+        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits, (float *)part,
         (float *)dev_ptr(a->out, a->out_off, 4));
     TRY(staging_done(cu, &region, err));
     if (err != cudaSuccess)

@@ -162,11 +162,11 @@ static attention_kernels<pv_half> attention_f16_for(int head_dim)
 template <typename store_t>
 static cudaError_t launch_attention(cudaStream_t stream, const pv_attention_args *a, attention_kernels<store_t> k,
                                     const float *q, const store_t *kv, const int32_t *token_seq,
-                                    const int32_t *token_pos, const int32_t *slot_table, int splits,
-                                    float *part, float *out)
+                                    const int32_t *token_pos, const int32_t *slot_table, int max_group,
+                                    int splits, float *part, float *out)
 {
-    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads);
-    const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads);
+    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
+    const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads, max_group);
     const long long token_elems = (long long)a->n_heads * a->head_dim;
     /* part: [T][splits][n_heads][head_dim], then [T][splits][n_heads][2] */
     const long long ml_base = (long long)a->n_tokens * splits * token_elems;
@@ -195,14 +195,14 @@ static cudaError_t launch_attention(cudaStream_t stream, const pv_attention_args
 extern "C" cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
                                                 const float *q, const void *kv_pool,
                                                 const int32_t *token_seq, const int32_t *token_pos,
-                                                const int32_t *slot_table, int splits, float *part,
-                                                float *out)
+                                                const int32_t *slot_table, int max_group, int splits,
+                                                float *part, float *out)
 {
     if (a->kv_dtype == PV_F16)
         return launch_attention(stream, a, attention_f16_for(a->head_dim), q, (const pv_half *)kv_pool,
-                                token_seq, token_pos, slot_table, splits, part, out);
+                                token_seq, token_pos, slot_table, max_group, splits, part, out);
     return launch_attention(stream, a, attention_f32_for(a->head_dim), q, (const float *)kv_pool, token_seq,
-                            token_pos, slot_table, splits, part, out);
+                            token_pos, slot_table, max_group, splits, part, out);
 }
 
 /* ---- gather family ---------------------------------------------------------------- */

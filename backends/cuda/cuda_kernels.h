@@ -23,12 +23,14 @@ extern "C" {
  * cudaErrorNoKernelImageForDevice (or similar) if none was built for it. */
 cudaError_t pv_cuda_kernels_loadable(void);
 
-/* splits > 1 (kernels/attention-split.h): partial rows go to part
- * (pv_attention_split_floats floats), then the combine kernel to out. */
+/* Blocks of at most max_group query heads (kernels/attention-split.h);
+ * splits > 1: partial rows go to part (pv_attention_split_floats floats),
+ * then the combine kernel to out. */
 cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
                                      const float *q, const void *kv_pool,
                                      const int32_t *token_seq, const int32_t *token_pos,
-                                     const int32_t *slot_table, int splits, float *part, float *out);
+                                     const int32_t *slot_table, int max_group, int splits, float *part,
+                                     float *out);
 
 cudaError_t pv_cuda_launch_kv_write(cudaStream_t stream, const pv_kv_write_args *a,
                                     const float *k, const float *v, void *kv_pool,

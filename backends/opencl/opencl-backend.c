@@ -278,7 +278,11 @@ static pv_status opencl_init(pv_backend *be)
     int attention_wg = type & CL_DEVICE_TYPE_CPU ? PV_OPENCL_ATTENTION_WORK_GROUP_CPU
                                                  : PV_OPENCL_ATTENTION_WORK_GROUP;
     cl->attention_work_group = pick_work_group(attention_wg, max_wg);
-    st = pv_attention_splits_from_env("opencl", &cl->attention_splits);
+    st = pv_attention_env("opencl", "PV_ATTENTION_SPLITS", PV_ATTENTION_MAX_SPLITS, &cl->attention_splits);
+    if (st == PV_OK)
+        st = pv_attention_env("opencl", "PV_ATTENTION_GROUP", PV_ATTENTION_GROUP_MAX, &cl->attention_group);
+    if (!cl->attention_group)
+        cl->attention_group = type & CL_DEVICE_TYPE_CPU ? 1 : PV_ATTENTION_GROUP_MAX;
     if (st != PV_OK) {
         opencl_free(be);
         return st;

@@ -398,9 +398,9 @@ static pv_status attention_kernel(pv_backend *be, const pv_attention_args *a, in
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
-    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads);
-    const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads);
-    const int splits = pv_attention_splits(cl->attention_splits, be->info.compute_units, a);
+    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, cl->attention_group);
+    const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads, cl->attention_group);
+    const int splits = pv_attention_splits(cl->attention_splits, be->info.compute_units, cl->attention_group, a);
     kernel_args ka;
     pv_status st = attention_kernel(be, a, heads_per_block, "pv_attention", &ka);
     if (st != PV_OK)

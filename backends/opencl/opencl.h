@@ -17,8 +17,9 @@
 extern const pv_backend_ops pv_opencl_backend_ops;
 
 /* Default work-group sizes (PV_WG): 64 for the gather and recompute
- * families. Attention tiles PV_WG positions and sums PV_WG partials per
- * score, so it has its own: 64 on GPUs; 16 on CPU devices, where a small
+ * families. Attention sums PV_WG partials per score (over tiles of PV_WG
+ * positions with one query head a group, the CPU devices' default), so it
+ * has its own: 64 on GPUs; 16 on CPU devices, where a small
  * group keeps that sum cheap and gives each work-item 8 dims of a 128-dim
  * head in one unrolled run (PoCL, decode, 2 cores: 1.7-1.8x faster than
  * 64; 8 and 32 are slower than 16). */
@@ -72,6 +73,7 @@ typedef struct pv_opencl {
     cl_mem scratch[2];
     size_t scratch_bytes[2];
     int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
+    int attention_group;  /* query heads per attention work-group at most (the same header) */
 } pv_opencl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
