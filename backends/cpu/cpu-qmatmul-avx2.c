@@ -97,12 +97,12 @@ AVX2_INLINE float hsum(__m256 v)
                                  float *y, int64_t ldy, const int nt)                              \
     {                                                                                              \
         __m256 a0[PV_QTILE], a1[PV_QTILE];                                                         \
-        for (int j = 0; j < nt; j++)                                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++)                                                               \
             a0[j] = a1[j] = _mm256_setzero_ps();                                                   \
         for (int64_t b = 0; b < n_blocks; b++) {                                                   \
             __m256 q[4];                                                                           \
             DECODE(wr + b * (bb), q);                                                              \
-            for (int j = 0; j < nt; j++) {                                                         \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                         \
                 const float *xb = xt + j * n_in + b * 32;                                          \
                 a0[j] = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xb), a0[j]);                         \
                 a1[j] = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), a1[j]);                     \
@@ -110,7 +110,7 @@ AVX2_INLINE float hsum(__m256 v)
                 a1[j] = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), a1[j]);                    \
             }                                                                                      \
         }                                                                                          \
-        for (int j = 0; j < nt; j++)                                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++)                                                               \
             y[j * ldy] = hsum(_mm256_add_ps(a0[j], a1[j]));                                        \
     }                                                                                              \
     AVX2 static void name(const uint8_t *w, int64_t n_rows, int64_t n_in, const float *x, int64_t T,   \
@@ -137,22 +137,22 @@ DEFINE_BLOCK_ROWS(rows_q8_0, decode_q8_0, 34)
     {                                                                                              \
         const int64_t n8 = n_in / 8 * 8;                                                           \
         __m256 a0[PV_QTILE], a1[PV_QTILE];                                                         \
-        for (int j = 0; j < nt; j++)                                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++)                                                               \
             a0[j] = a1[j] = _mm256_setzero_ps();                                                   \
         int64_t k = 0;                                                                             \
         for (; k + 16 <= n8; k += 16) {                                                            \
             const __m256 q0 = LOAD8(wr + k * (es)), q1 = LOAD8(wr + (k + 8) * (es));               \
-            for (int j = 0; j < nt; j++) {                                                         \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                         \
                 a0[j] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xt + j * n_in + k), a0[j]);            \
                 a1[j] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xt + j * n_in + k + 8), a1[j]);        \
             }                                                                                      \
         }                                                                                          \
         if (k < n8) {                                                                              \
             const __m256 q0 = LOAD8(wr + k * (es));                                                \
-            for (int j = 0; j < nt; j++)                                                           \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++)                                                           \
                 a0[j] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xt + j * n_in + k), a0[j]);           \
         }                                                                                          \
-        for (int j = 0; j < nt; j++) {                                                             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                             \
             float s = hsum(_mm256_add_ps(a0[j], a1[j]));                                           \
             for (int64_t kk = n8; kk < n_in; kk++)                                                 \
                 s += pv_cpu_weight_at(type, wr, kk) * xt[j * n_in + kk];                           \
@@ -220,7 +220,7 @@ AVX2_INLINE float half_at(const uint8_t *p)
     {                                                                                              \
         __m256 acc0[PV_QTILE], acc1[PV_QTILE];                                                     \
         float m0[PV_QTILE], m1[PV_QTILE];                                                          \
-        for (int j = 0; j < nt; j++) {                                                             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                             \
             acc0[j] = acc1[j] = _mm256_setzero_ps();                                               \
             m0[j] = m1[j] = 0.0f;                                                                  \
         }                                                                                          \
@@ -230,7 +230,7 @@ AVX2_INLINE float half_at(const uint8_t *p)
             float mw0, mw1;                                                                        \
             name##_block(w0 + b * (bb), &lo0, &hi0, &d0, &mw0);                                    \
             name##_block(w1 + b * (bb), &lo1, &hi1, &d1, &mw1);                                    \
-            for (int j = 0; j < nt; j++) {                                                         \
+            _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                         \
                 const pv_cpu_xq16 *xb = xt + j * x_stride + b;                                      \
                 const __m256 dx = _mm256_broadcast_ss(&xb->d);                                     \
                 acc0[j] = _mm256_fmadd_ps(name##_dot(lo0, hi0, xb->q), _mm256_mul_ps(d0, dx), acc0[j]); \
@@ -241,7 +241,7 @@ AVX2_INLINE float half_at(const uint8_t *p)
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \
-        for (int j = 0; j < nt; j++) {                                                             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < nt; j++) {                                                             \
             y0[j * ldy] = hsum(acc0[j]) + m0[j];                                                   \
             y1[j * ldy] = hsum(acc1[j]) + m1[j];                                                   \
         }                                                                                          \
