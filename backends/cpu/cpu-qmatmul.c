@@ -27,6 +27,9 @@
 #include "backends/cpu/cpu-qmatmul.h"
 
 #include <cblas.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -129,13 +132,23 @@ void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+ * not know the name. */
+static int cpu_has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
+}
+#endif
+
 /* The AVX2 kernel for t when the CPU runs it, else NULL (portable). */
 static pv_cpu_rows_fn fast_kernel(const pv_backend *be, pv_wtype t)
 {
     if (pv_cpu_portable_kernels(be))
         return NULL;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
         return pv_cpu_qrows_avx2(t);
 #endif
     (void)t;
