@@ -10,7 +10,7 @@ PV_KERNEL_FILES = \
 	kernels/qmatmul.cl \
 	kernels/recompute.cl
 EXTRA_DIST += $(PV_KERNEL_FILES)
-noinst_HEADERS += kernels/kernel-sources.h kernels/attention-split.h
+noinst_HEADERS += kernels/kernel-sources.h
 
 if HAVE_OPENCL
 # kernels/kernel-sources.c holds each file as one C string literal (line by

@@ -937,7 +937,7 @@ static void check_copies(ctx *c)
 /* The GPU backends cut a decode token's context into S ranges of whole
  * chunks and combine the partial softmax rows, and serve the query heads
  * of a KV head in blocks of up to 8 per work-group (kernels/attention.cl,
- * kernels/attention-split.h). The defaults depend on the device (compute
+ * backends/attention-split.h). The defaults depend on the device (compute
  * units; CPU devices take one query head a group), so these cases force
  * them through PV_ATTENTION_SPLITS and PV_ATTENTION_GROUP on a fresh
  * backend: the defaults, a few splits, more splits than the short sequences

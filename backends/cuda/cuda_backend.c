@@ -24,7 +24,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_kernels.h"
-#include "kernels/attention-split.h"
+#include "backends/attention-split.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -75,7 +75,7 @@ typedef struct cuda_impl {
      * needed and kept. */
     void *scratch[2];
     size_t scratch_bytes[2];
-    int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
+    int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
 } cuda_impl;
 

@@ -24,7 +24,7 @@
  * launches, each shifted to its first row through the kernel's offset
  * arguments and the index-array pointers. */
 #include "backends/cuda/cuda_kernels.h"
-#include "kernels/attention-split.h"
+#include "backends/attention-split.h"
 
 #define PV_STORE_F16 0
 #include "kernels/gather.cl"

@@ -23,7 +23,7 @@ extern "C" {
  * cudaErrorNoKernelImageForDevice (or similar) if none was built for it. */
 cudaError_t pv_cuda_kernels_loadable(void);
 
-/* Blocks of at most max_group query heads (kernels/attention-split.h);
+/* Blocks of at most max_group query heads (backends/attention-split.h);
  * splits > 1: partial rows go to part (pv_attention_split_floats floats),
  * then the combine kernel to out. */
 cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,

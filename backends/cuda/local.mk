@@ -24,7 +24,7 @@ PV_CUDA_KERNEL_DEPS = \
 	$(srcdir)/backends/backend.h \
 	$(srcdir)/include/pensieve/status.h \
 	$(srcdir)/kernels/dialect.h \
-	$(srcdir)/kernels/attention-split.h \
+	$(srcdir)/backends/attention-split.h \
 	$(srcdir)/kernels/attention.cl \
 	$(srcdir)/kernels/gather.cl \
 	$(srcdir)/kernels/qmatmul.cl \

@@ -13,7 +13,7 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
-#include "kernels/attention-split.h"
+#include "backends/attention-split.h"
 
 #include <pensieve/half.h>
 

@@ -5,7 +5,7 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
-#include "kernels/attention-split.h"
+#include "backends/attention-split.h"
 #include "kernels/kernel-sources.h"
 
 #include <clblast_c.h>

@@ -72,7 +72,7 @@ typedef struct pv_opencl {
      * and a released one lives on until the kernels using it finish. */
     cl_mem scratch[2];
     size_t scratch_bytes[2];
-    int attention_splits; /* PV_ATTENTION_SPLITS (kernels/attention-split.h); 0: the default */
+    int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
 } pv_opencl;
 
