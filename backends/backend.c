@@ -318,6 +318,16 @@ static pv_status need_span(pv_op op, const char *arg, int64_t rows, int64_t ld, 
     return PV_OK;
 }
 
+/* Sizes a kernel or BLAS call takes as 32-bit ints: each at most INT32_MAX. */
+static pv_status need_int_sizes(pv_op op, const char *const *size_names, const int64_t *sizes, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (sizes[i] > INT32_MAX)
+            return pv_error(PV_ERR_UNSUPPORTED, "%s: %s = %" PRId64 " exceeds %d", pv_op_name(op),
+                            size_names[i], sizes[i], INT32_MAX);
+    return PV_OK;
+}
+
 #define PRODUCT(op, arg, formula, out, ...)                                                        \
     need_product(op, arg, formula, (const int64_t[]){__VA_ARGS__},                                   \
                  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), out)
@@ -577,12 +587,8 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
     if (a->ldc < (a->n > 1 ? a->n : 1))
         return pv_error(PV_ERR_INVALID_ARG, "gemm: ldc = %" PRId64 " < n = %" PRId64, a->ldc, a->n);
     /* cuBLAS and OpenBLAS (32-bit build) take int sizes. */
-    const int64_t dims[6] = {a->m, a->n, a->k, a->lda, a->ldb, a->ldc};
     static const char *const dim_names[6] = {"m", "n", "k", "lda", "ldb", "ldc"};
-    for (int i = 0; i < 6; i++)
-        if (dims[i] > INT32_MAX)
-            return pv_error(PV_ERR_UNSUPPORTED, "gemm: %s = %" PRId64 " exceeds %d", dim_names[i],
-                            dims[i], INT32_MAX);
+    TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->m, a->n, a->k, a->lda, a->ldb, a->ldc}, 6));
     if (a->m == 0 || a->n == 0)
         return PV_OK;
     size_t es = pv_dtype_size(a->dtype);
@@ -785,12 +791,8 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     TRY(need_positive(op, "n_out", a->n_out));
     TRY(need_whole_blocks(op, a->w_type, "n_in", a->n_in, "w_off", a->w_off));
     /* Kernels index rows and columns with 32-bit ints, as the BLAS calls do. */
-    const int64_t dims[3] = {a->n_tokens, a->n_in, a->n_out};
     static const char *const dim_names[3] = {"n_tokens", "n_in", "n_out"};
-    for (int i = 0; i < 3; i++)
-        if (dims[i] > INT32_MAX)
-            return pv_error(PV_ERR_UNSUPPORTED, "qmatmul: %s = %" PRId64 " exceeds %d", dim_names[i], dims[i],
-                            INT32_MAX);
+    TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->n_tokens, a->n_in, a->n_out}, 3));
     if (a->n_tokens == 0)
         return PV_OK;
     uint64_t w_elems = 0, x_elems = 0, y_elems = 0;

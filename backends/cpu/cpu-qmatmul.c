@@ -142,17 +142,20 @@ static int cpu_has_f16c(void)
 }
 #endif
 
-/* The AVX2 kernel for t when the CPU runs it, else NULL (portable). */
+int pv_cpu_avx2_available(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
+           pv_cpu_qrows_avx2(PV_W_Q4_1) != NULL;
+#else
+    return 0;
+#endif
+}
+
+/* The AVX2 kernel for t when this backend runs them, else NULL (portable). */
 static pv_cpu_rows_fn fast_kernel(const pv_backend *be, pv_wtype t)
 {
-    if (pv_cpu_portable_kernels(be))
-        return NULL;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
-        return pv_cpu_qrows_avx2(t);
-#endif
-    (void)t;
-    return NULL;
+    return pv_cpu_avx2_kernels(be) ? pv_cpu_qrows_avx2(t) : NULL;
 }
 
 /* ---- widening rows to f32 (embedding rows, the batched path) ------------------- */
@@ -215,13 +218,6 @@ static void qmatmul_xq(const pv_qmatmul_args *a, pv_cpu_rows_xq_fn kernel, const
         const int64_t n_rows = a->n_out - r0 < ROWS_PER_UNIT ? a->n_out - r0 : ROWS_PER_UNIT;
         kernel(w + (uint64_t)r0 * row_bytes, n_rows, a->n_in, xq, a->n_tokens, y + r0, a->n_out);
     }
-}
-
-/* Whether this CPU runs the block types' integer kernels (they come with
- * the AVX2 kernels). */
-static int xq_types_present(pv_cpu_rows_fn fast)
-{
-    return fast != NULL && pv_cpu_qrows_xq_avx2(PV_W_Q4_1) != NULL;
 }
 
 static void qmatmul_fused(pv_cpu_rows_fn fast, const pv_qmatmul_args *a, const uint8_t *w, const float *x,
@@ -290,7 +286,7 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
      * model that mixes them with block types (F16 value projections, say),
      * their last bits feed the rounding of the next layer. F32 is left
      * to sgemm above 16 rows: files hold it for norms, or for every matrix. */
-    if (small || (xq_types_present(fast) && a->w_type != PV_W_F32)) {
+    if (small || (pv_cpu_avx2_kernels(be) && a->w_type != PV_W_F32)) {
         qmatmul_fused(fast, a, w, x, y);
         return PV_OK;
     }
@@ -305,7 +301,7 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 
 int pv_cpu_qmatmul_xq(const pv_backend *be)
 {
-    return xq_types_present(fast_kernel(be, PV_W_Q4_1));
+    return pv_cpu_avx2_kernels(be); /* the integer kernels come with the AVX2 ones */
 }
 
 int pv_cpu_qmatmul_supports(pv_wtype t)

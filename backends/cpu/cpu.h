@@ -82,9 +82,13 @@ int pv_cpu_qmatmul_xq(const pv_backend *be);
 /* The backend's scratch buffer of at least `floats` floats, grown as
  * needed and kept until the backend is freed (cpu-backend.c). */
 pv_status pv_cpu_scratch(pv_backend *be, uint64_t floats, float **out);
-/* Whether the environment asked for the portable kernels only
- * (PV_CPU_KERNELS=portable, read when the backend opens). */
-int pv_cpu_portable_kernels(const pv_backend *be);
+/* Whether this backend runs the AVX2 kernels: the CPU has them and the
+ * environment did not ask for the portable ones (PV_CPU_KERNELS=portable);
+ * decided when the backend opens. */
+int pv_cpu_avx2_kernels(const pv_backend *be);
+/* Whether the CPU runs the AVX2 + FMA + F16C kernels and they are built
+ * (cpu-qmatmul.c). */
+int pv_cpu_avx2_available(void);
 
 /* The rest of a layer and the sampling helpers (cpu-recompute.c). */
 pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a);
