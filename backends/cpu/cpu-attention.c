@@ -586,10 +586,14 @@ static pv_status plan_items(attention_problem *pb, int n_threads, int32_t forced
      * rows stream front to back. Only when groups are too few to keep every
      * thread busy (long-context decode of a few sequences) are heads split,
      * and then the context (split_count). */
+    /* Parts: the fewest that divide the KV heads and reach the target, else
+     * one per KV head (SmolLM2's 3 heads: 3 items, not 1 on one thread). */
     int32_t parts = 1;
-    while ((int64_t)n_groups * parts < ITEMS_PER_THREAD * (int64_t)n_threads &&
-           pb->kv.n_kv_heads % (parts * 2) == 0)
-        parts *= 2;
+    while ((int64_t)n_groups * parts < ITEMS_PER_THREAD * (int64_t)n_threads && parts < pb->kv.n_kv_heads) {
+        parts++;
+        while (pb->kv.n_kv_heads % parts != 0)
+            parts++;
+    }
     pb->part_kv_heads = pb->kv.n_kv_heads / parts;
 
     int64_t block = pb->kv.block_tokens, total_blocks = 0;
