@@ -43,3 +43,11 @@ TESTS += tests/test-attention-splitk
 tests_test_attention_splitk_SOURCES = tests/test-attention-splitk.c
 tests_test_attention_splitk_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_attention_splitk_LDADD = $(PV_LINK)
+
+# The CPU backend's 16-bit activation rounding: AVX2 and portable agree bit
+# for bit, and the portable one follows its definition.
+check_PROGRAMS += tests/test-cpu-quantize-x
+TESTS += tests/test-cpu-quantize-x
+tests_test_cpu_quantize_x_SOURCES = tests/test-cpu-quantize-x.c
+tests_test_cpu_quantize_x_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cpu_quantize_x_LDADD = $(PV_LINK)

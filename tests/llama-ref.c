@@ -4,6 +4,7 @@
  * oracle the paged forward pass is checked against. */
 #include "llama-ref.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,7 +144,7 @@ static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_o
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         for (int j = 0; j < 32; j++)
             xr[b + j] = d * (float)lrintf(x[b + j] * inv);
     }

@@ -9,6 +9,7 @@
 
 #include <pensieve/gguf.h>
 
+#include <float.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,7 +37,7 @@ static void quantize_like_x16(const float *x, float *out, size_t n)
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
         for (int j = 0; j < 32; j++)
             out[b + j] = d * (float)lrintf(x[b + j] * inv);
     }

@@ -27,6 +27,7 @@
 #include "backends/cpu/cpu-qmatmul.h"
 
 #include <cblas.h>
+#include <float.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
@@ -112,24 +113,53 @@ static void rows_portable(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t 
     }
 }
 
+static int64_t xq_stride(int64_t n_in)
+{
+    return (n_in / 32 + PV_XQ_GROUP - 1) / PV_XQ_GROUP * PV_XQ_GROUP;
+}
+
+uint64_t pv_cpu_xq16_bytes(int64_t T, int64_t n_in)
+{
+    return (uint64_t)T * (uint64_t)xq_stride(n_in) * (32 * sizeof(int16_t) + 2 * sizeof(float));
+}
+
+void pv_cpu_xq16_view(pv_cpu_xq16 *xq, void *mem, int64_t T, int64_t n_in)
+{
+    xq->stride = xq_stride(n_in);
+    const uint64_t blocks = (uint64_t)T * (uint64_t)xq->stride;
+    xq->d = mem;
+    xq->s = xq->d + blocks;
+    xq->q = (int16_t *)(xq->s + blocks);
+}
+
 void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
 {
     const int64_t n_blocks = n_in / 32;
-    for (int64_t i = 0; i < T * n_blocks; i++) {
-        const float *xb = x + i * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-        const float d = amax / 32767.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        int sum = 0;
-        for (int j = 0; j < 32; j++) {
-            const int q = (int)lrintf(xb[j] * inv);
-            xq[i].q[j] = (int16_t)q;
-            sum += q;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t b = 0; b < xq->stride; b++) {
+            const int64_t i = t * xq->stride + b;
+            int16_t *q = xq->q + i * 32;
+            if (b >= n_blocks) {
+                memset(q, 0, 32 * sizeof *q);
+                xq->d[i] = xq->s[i] = 0.0f;
+                continue;
+            }
+            const float *xb = x + t * n_in + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+            /* Below FLT_MIN, 1 / d would overflow: such a block counts as zero. */
+            const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f;
+            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                const int v = (int)lrintf(xb[j] * inv);
+                q[j] = (int16_t)v;
+                sum += v;
+            }
+            xq->d[i] = d;
+            xq->s[i] = d * (float)sum;
         }
-        xq[i].d = d;
-        xq[i].s = d * (float)sum;
-    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -146,7 +176,7 @@ int pv_cpu_avx2_available(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c() &&
-           pv_cpu_qrows_avx2(PV_W_Q4_1) != NULL;
+           pv_cpu_qrows_avx2(PV_W_F16) != NULL;
 #else
     return 0;
 #endif
@@ -268,18 +298,20 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         return PV_OK;
     }
     const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
-    const pv_cpu_rows_xq_fn xq_kernel = fast ? pv_cpu_qrows_xq_avx2(a->w_type) : NULL;
+    const pv_cpu_rows_xq_fn xq_kernel = pv_cpu_avx2_kernels(be) ? pv_cpu_qrows_xq_avx2(a->w_type) : NULL;
     if (xq_kernel) {
         /* One kernel for every batch size: a token's outputs are then the
          * same bits whichever batch it ran in (decode, prefill, recovery),
          * as stateful and stateless serving must agree (see the top). */
-        pv_cpu_xq16 *xq = NULL;
-        const uint64_t xq_bytes = (uint64_t)T * (uint64_t)(n_in / 32) * sizeof(pv_cpu_xq16);
-        pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), (float **)&xq);
+        float *mem = NULL;
+        const uint64_t xq_bytes = pv_cpu_xq16_bytes(T, n_in);
+        pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), &mem);
         if (st != PV_OK)
             return st;
-        pv_cpu_quantize_x(x, T, n_in, xq);
-        qmatmul_xq(a, xq_kernel, w, xq, y);
+        pv_cpu_xq16 xq;
+        pv_cpu_xq16_view(&xq, mem, T, n_in);
+        pv_cpu_quantize_x_avx2(x, T, n_in, &xq);
+        qmatmul_xq(a, xq_kernel, w, &xq, y);
         return PV_OK;
     }
     /* F16 and BF16 stay on the fused kernel at every batch size too: in a

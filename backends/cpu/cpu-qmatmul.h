@@ -19,16 +19,28 @@
 typedef void (*pv_cpu_rows_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in, const float *x, int64_t T,
                                float *y, int64_t ldy);
 
-/* A block of 32 activations rounded to 16 bits for the integer dot
- * products of the block types: x[j] ~= d * q[j], and s = d * sum q[j] (the
- * term Q4_1's minimum and Q4_0's offset multiply). */
+/* Activations rounded to 16 bits per block of 32 for the integer dot
+ * products of the block types: x[t][32 b + j] ~= d[t][b] * q[t][b][j], and
+ * s[t][b] = d[t][b] * sum_j q[t][b][j] (the term Q4_1's minimum and Q4_0's
+ * offset multiply). Each token's blocks are padded with zeros to a whole
+ * group of PV_XQ_GROUP, so the kernels read eight scales at once. */
+#define PV_XQ_GROUP 8
 typedef struct pv_cpu_xq16 {
-    float d, s;
-    int16_t q[32];
+    int64_t stride; /* blocks per token, padded */
+    int16_t *q;     /* [T][stride][32] */
+    float *d, *s;   /* [T][stride] */
 } pv_cpu_xq16;
 
-/* x[T][n_in] (n_in a multiple of 32) into xq[T][n_in / 32]. */
+/* Bytes that pv_cpu_xq16_view needs for T tokens of n_in (a multiple of 32). */
+uint64_t pv_cpu_xq16_bytes(int64_t T, int64_t n_in);
+
+/* Lays xq out in mem (pv_cpu_xq16_bytes, float-aligned). */
+void pv_cpu_xq16_view(pv_cpu_xq16 *xq, void *mem, int64_t T, int64_t n_in);
+
+/* x[T][n_in] (n_in a multiple of 32) into xq, padding included. */
 void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq);
+/* The same, bit for bit, with AVX2 (only where pv_cpu_qrows_xq_avx2 has kernels). */
+void pv_cpu_quantize_x_avx2(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq);
 
 /* y[t * ldy + r] = sum over blocks of W row r . xq[t] for the block types
  * (Q8_0, Q4_0, Q4_1), with integer products inside each block. */
