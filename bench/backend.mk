@@ -6,3 +6,9 @@ noinst_PROGRAMS += bench/bench-kernels
 bench_bench_kernels_SOURCES = bench/bench-kernels.c
 bench_bench_kernels_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_bench_kernels_LDADD = $(PV_LINK) $(OPENBLAS_LIBS)
+
+# Quantized matrix products per weight type, shape and batch: weight GB/s
+# against the all-core STREAM read, GFLOP/s against the nominal FMA peak.
+noinst_PROGRAMS += bench/bench-qmatmul
+bench_bench_qmatmul_SOURCES = bench/bench-qmatmul.c
+bench_bench_qmatmul_LDADD = $(PV_LINK)
