@@ -95,12 +95,13 @@ int main(int argc, char **argv)
     const char *model_path = NULL, *backend = "cpu";
     int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16;
     pv_llama_weights weights = PV_LLAMA_WEIGHTS_NATIVE;
+    pv_dtype kv_dtype = PV_F32;
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'}, {"backend", required_argument, 0, 'b'},
         {"prompt", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'd'},
         {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
         {"batch", required_argument, 0, 'B'},  {"weights", required_argument, 0, 'w'},
-        {0, 0, 0, 0},
+        {"kv", required_argument, 0, 'k'},     {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -112,15 +113,22 @@ int main(int argc, char **argv)
         case 'r': reps = atoi(optarg); break;
         case 'j': json = 1; break;
         case 'B': batch = atoi(optarg); break;
+        case 'k':
+            if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "f16") == 0) {
+                kv_dtype = optarg[1] == '3' ? PV_F32 : PV_F16;
+                break;
+            }
+            goto usage;
         case 'w':
             if (strcmp(optarg, "native") == 0 || strcmp(optarg, "f32") == 0) {
                 weights = optarg[0] == 'n' ? PV_LLAMA_WEIGHTS_NATIVE : PV_LLAMA_WEIGHTS_F32;
                 break;
             }
-            /* fall through */
+            goto usage;
         default:
+        usage:
             fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] "
-                            "[--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n");
+                            "[--kv f32|f16] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n");
             return 2;
         }
     }
@@ -145,6 +153,7 @@ int main(int argc, char **argv)
     pv_llama_options lo;
     pv_llama_options_default(&lo);
     lo.weights = weights;
+    lo.kv_dtype = kv_dtype;
     if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
         return fail("model");
     pv_gguf_free(&file);
@@ -277,8 +286,13 @@ int main(int argc, char **argv)
     }
     bench_stream_merge(&mem, &after);
     double prefill_bound = gemm_best * 1e9 / flops_per_token;
-    double decode_bound = mem.read.best * 1e9 / (double)wb.per_token;
-    double decode_gbs = decode_tps * (double)wb.per_token / 1e9;
+    /* A decode step reads the weights and the K and V rows of its context:
+     * positions prompt .. ctx - 1 attend over prompt + 1 .. ctx rows. */
+    const double mean_context = prompt + (decode + 1) / 2.0;
+    const double kv_bytes = hp->n_layers * mean_context * 2.0 * kv_dim * (double)pv_dtype_size(kv_dtype);
+    const double step_bytes = (double)wb.per_token + kv_bytes;
+    double decode_bound = mem.read.best * 1e9 / step_bytes;
+    double decode_gbs = decode_tps * step_bytes / 1e9;
 
     if (json) {
         printf("{\"backend\": \"%s\", \"model\": \"%s\", \"prompt_tokens\": %d, \"decode_tokens\": %d, "
@@ -286,10 +300,11 @@ int main(int argc, char **argv)
                "\"gemm_peak_gflops\": %.2f, \"prefill_bound_tps\": %.2f, \"decode_bound_tps\": %.2f,\n"
                " \"weights\": \"%s\", \"weight_bytes_resident\": %" PRIu64 ", \"weight_bytes_file\": %" PRIu64
                ", \"weight_bytes_per_token\": %" PRIu64 ", \"process_rss_after_load\": %" PRIu64
-               ", \"decode_gbs\": %.3f, \"batch\": %d, \"batch_decode_tps\": %.2f,\n \"cpu\": ",
+               ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
+               "\"batch_decode_tps\": %.2f,\n \"cpu\": ",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
-               rss_model, decode_gbs, batch, batch_tps);
+               rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps);
         bench_cpu_json(&cpu);
         printf(",\n \"stream\": ");
         bench_stream_json(&mem);
@@ -297,10 +312,12 @@ int main(int argc, char **argv)
     } else {
         printf("model %s on %s (%s), %.1fM weight parameters\n", model_path, backend, be->info.name,
                weight_params / 1e6);
-        printf("weights %s: %.1f MB resident, %.1f MB of GGUF tensors (%.2fx); a decode step reads %.1f MB; "
-               "the process held %.1f MB once the model was loaded\n",
+        printf("weights %s: %.1f MB resident, %.1f MB of GGUF tensors (%.2fx); the process held %.1f MB once "
+               "the model was loaded\n",
                pv_llama_weights_name(weights), wb.resident / 1e6, wb.file / 1e6,
-               (double)wb.resident / (double)wb.file, wb.per_token / 1e6, rss_model / 1e6);
+               (double)wb.resident / (double)wb.file, rss_model / 1e6);
+        printf("a decode step reads %.1f MB of weights and %.1f MB of K/V (%s, mean context %.0f tokens)\n",
+               wb.per_token / 1e6, kv_bytes / 1e6, pv_dtype_name(kv_dtype), mean_context);
         bench_cpu_print(&cpu);
         bench_stream_print(&mem);
         printf("GEMM f32 through the backend: %d x %u x %u (FFN) %.1f GFLOP/s; peak (best of it and "
@@ -309,8 +326,8 @@ int main(int argc, char **argv)
         if (cpu.peak_gflops > 0)
             printf(", %.2f of the nominal FMA peak", gemm_best / cpu.peak_gflops);
         printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = STREAM read (best) / %.1f MB "
-               "of weights per token\n",
-               flops_per_token / 1e6, wb.per_token / 1e6);
+               "read per step\n",
+               flops_per_token / 1e6, step_bytes / 1e6);
         printf("%-26s %12s %12s %10s\n", "measure", "tokens/s", "bound", "of bound");
         printf("%-26s %12.1f %12.1f %9.0f%%\n", "prefill (one batch)", prefill_tps, prefill_bound,
                100 * prefill_tps / prefill_bound);
@@ -319,7 +336,7 @@ int main(int argc, char **argv)
         if (batch > 1)
             printf("%-26s %12.1f %12s %10s   (%.2fx single stream)\n", "decode (batch)", batch_tps, "", "",
                    batch_tps / decode_tps);
-        printf("decode streams %.2f GB/s of weights: %.0f%% of the STREAM read bandwidth (best %.1f GB/s)\n",
+        printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the STREAM read bandwidth (best %.1f GB/s)\n",
                decode_gbs, 100 * decode_gbs / mem.read.best, mem.read.best);
         printf("(timings: median of %d after a warm-up)\n", reps);
     }

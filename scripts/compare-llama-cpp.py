@@ -32,6 +32,8 @@ directory:
   /tmp/venv-ref/bin/python ../scripts/compare-llama-cpp.py --generate apps/pensieve-generate
 With --bench-model bench/bench-model the timings run alternately with
 bench-model on the same files and shapes, and the table gives the ratios.
+Both engines' K/V caches hold the same type in the timings: --kv, f16 by
+default as in llama.cpp (Pensieve-C's own default is f32).
 """
 import argparse
 import os
@@ -82,6 +84,7 @@ def check(args, model, label):
     """Top-1 agreement and greedy continuations on one file; returns
     (agreeing positions, positions, identical continuations)."""
     import numpy as np
+    import llama_cpp
     from llama_cpp import Llama
 
     llm = Llama(model_path=model, n_ctx=2048, n_batch=512, logits_all=True,
@@ -162,8 +165,9 @@ def timing(args, model, label):
     single-token decode steps; logits only where needed, like bench-model."""
     from llama_cpp import Llama
 
+    kv_type = llama_cpp.GGML_TYPE_F16 if args.kv == "f16" else llama_cpp.GGML_TYPE_F32
     llm = Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=args.threads,
-                verbose=False)
+                type_k=kv_type, type_v=kv_type, verbose=False)
     n_vocab = llm.n_vocab()
     ids = [(i * 7919 + 13) % n_vocab for i in range(args.prompt_tokens + args.decode_tokens)]
     pre, dec = [], []
@@ -179,7 +183,7 @@ def timing(args, model, label):
         dec.append((t2 - t1) / args.decode_tokens)
     pre, dec = sorted(pre[1:]), sorted(dec[1:])
     prefill, decode = args.prompt_tokens / pre[2], 1.0 / dec[2]
-    print(f"llama.cpp ({args.threads} threads, {label}): prefill "
+    print(f"llama.cpp ({args.threads} threads, {label}, K/V {args.kv}): prefill "
           f"{prefill:.1f} tokens/s, decode {decode:.1f} tokens/s "
           f"(median of 5 after a warm-up)")
     return prefill, decode
@@ -190,10 +194,10 @@ def ours_timing(args, model, label):
     import json
     cmd = [args.bench_model, "--model", model, "--backend", args.backend,
            "--prompt", str(args.prompt_tokens), "--decode", str(args.decode_tokens),
-           "--reps", "5", "--batch", "1", "--json"]
+           "--reps", "5", "--batch", "1", "--kv", args.kv, "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
-    print(f"Pensieve-C ({args.backend}, {label}): prefill {r['prefill_tps']:.1f} tokens/s, "
+    print(f"Pensieve-C ({args.backend}, {label}, K/V {args.kv}): prefill {r['prefill_tps']:.1f} tokens/s, "
           f"decode {r['decode_tps']:.1f} tokens/s (bench-model, median of 5 after a warm-up)")
     return r["prefill_tps"], r["decode_tps"]
 
@@ -221,6 +225,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--kv", choices=("f16", "f32"), default="f16",
+                    help="K/V cache type of both engines in the timings (llama.cpp's default: f16)")
     ap.add_argument("--timing-only", action="store_true",
                     help="only time llama.cpp on the stored file and its F32 copy")
     ap.add_argument("--bench-model", default=None,
