@@ -472,6 +472,15 @@ static pv_status need_bytes(const char *fn, const char *arg, const pv_buffer *bu
     return PV_OK;
 }
 
+pv_status pv_buffer_advise_streamed(pv_buffer *buf)
+{
+    if (!buf)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_advise_streamed: buf is NULL");
+    if (!buf->backend->ops->buffer_advise_streamed)
+        return PV_OK;
+    return buf->backend->ops->buffer_advise_streamed(buf->backend, buf);
+}
+
 pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes)
 {
     TRY(need_bytes("pv_buffer_write", "dst", dst, dst_off, bytes));

@@ -340,6 +340,9 @@ typedef struct pv_backend_ops {
 
     pv_status (*buffer_alloc)(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf);
     void (*buffer_free)(pv_backend *be, pv_buffer *buf);
+    /* Optional (NULL: nothing to do): buf will be read front to back over
+     * and over, as weights are; called before its first write. */
+    pv_status (*buffer_advise_streamed)(pv_backend *be, pv_buffer *buf);
     /* Blocking transfers between host memory and a buffer (bytes), ordered
      * on the compute queue only. */
     pv_status (*buffer_write)(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
@@ -403,6 +406,10 @@ int pv_backend_supports_weights(const pv_backend *be, pv_op op, pv_wtype t);
 
 pv_status pv_buffer_init(pv_buffer **out, pv_backend *be, pv_mem_kind kind, uint64_t bytes);
 void pv_buffer_free(pv_buffer *buf);
+/* Tells the backend that buf will be streamed front to back over and over
+ * (weights), before anything is written to it: the CPU backend then backs a
+ * large buffer with 2 MiB pages. Advice only: PV_OK whether or not it acts. */
+pv_status pv_buffer_advise_streamed(pv_buffer *buf);
 pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
 pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
 pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,

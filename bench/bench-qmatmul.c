@@ -128,6 +128,8 @@ static pv_status bench_one(pv_backend *be, const options *opt, pv_wtype t, int64
     if (st == PV_OK)
         st = pv_buffer_init(&w, be, PV_MEM_DEVICE, mat_bytes * copies);
     if (st == PV_OK)
+        st = pv_buffer_advise_streamed(w); /* as the model's weights are */
+    if (st == PV_OK)
         st = pv_buffer_init(&x, be, PV_MEM_DEVICE, (uint64_t)(max_t * n_in) * sizeof(float));
     if (st == PV_OK)
         st = pv_buffer_init(&y, be, PV_MEM_DEVICE, (uint64_t)(max_t * n_out) * sizeof(float));

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -69,6 +70,22 @@ static inline size_t bench_stream_array_bytes(void)
     return bytes;
 }
 
+/* Memory for a streamed array: on a 2 MiB boundary with transparent huge
+ * pages asked for, as the CPU backend does for weights
+ * (pv_buffer_advise_streamed), so the reference streams the way the
+ * kernels it is compared with do.
+ * Freed with free(); NULL when out of memory. */
+static inline void *bench_alloc_streamed(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, (size_t)2 << 20, bytes) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static inline int bench_max_threads(void)
 {
 #ifdef _OPENMP
@@ -122,7 +139,8 @@ static inline int bench_stream_measure(bench_stream *st, int reps)
     st->reps = reps < 1 ? 1 : reps > 32 ? 32 : reps;
     size_t n = st->array_bytes / sizeof(float);
     n -= n % BENCH_READ_LANES;
-    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *c = malloc(n * sizeof *c);
+    float *a = bench_alloc_streamed(n * sizeof *a), *b = bench_alloc_streamed(n * sizeof *b);
+    float *c = bench_alloc_streamed(n * sizeof *c);
     if (!a || !b || !c) {
         free(a);
         free(b);

@@ -363,6 +363,33 @@ static void other_op_cases(const char *name, pv_backend *be)
     tensor_free(&out);
 }
 
+/* Advice is only advice: a buffer advised as streamed (small, and large
+ * enough for the CPU backend's 2 MiB pages) keeps what is written to it. */
+static void streamed_advice_case(const char *name, pv_backend *be)
+{
+    static const uint64_t sizes[] = {4096, (uint64_t)12 << 20};
+    for (int i = 0; i < 2; i++) {
+        pv_buffer *buf = NULL;
+        const uint64_t n = sizes[i] / sizeof(uint32_t);
+        uint32_t *data = malloc(sizes[i]), *back = malloc(sizes[i]);
+        pv_status st = data && back ? pv_buffer_init(&buf, be, PV_MEM_DEVICE, sizes[i]) : PV_ERR_OUT_OF_MEMORY;
+        if (st == PV_OK)
+            st = pv_buffer_advise_streamed(buf);
+        for (uint64_t k = 0; data && k < n; k++)
+            data[k] = (uint32_t)(k * 2654435761u);
+        if (st == PV_OK)
+            st = pv_buffer_write(buf, 0, data, sizes[i]);
+        if (st == PV_OK)
+            st = pv_buffer_read(buf, 0, back, sizes[i]);
+        ok(st == PV_OK && memcmp(data, back, sizes[i]) == 0,
+           "%s: a buffer of %llu bytes advised as streamed keeps its contents (%s)", name,
+           (unsigned long long)sizes[i], st == PV_OK ? "ok" : pv_last_error());
+        pv_buffer_free(buf);
+        free(data);
+        free(back);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
@@ -383,6 +410,9 @@ int main(int argc, char **argv)
     expect("front end", "cpu device 1 of 1", pv_backend_init(&cpu, "cpu", 1), PV_ERR_INVALID_ARG, NAMES("device", "1"),
            NULL);
 
+    expect("front end", "advice on a NULL buffer", pv_buffer_advise_streamed(NULL), PV_ERR_INVALID_ARG,
+           NAMES("buf", "NULL"), NULL);
+
     for (const char *const *name = pv_backend_names(); *name; name++) {
         if (only && strcmp(only, *name) != 0)
             continue;
@@ -401,6 +431,7 @@ int main(int argc, char **argv)
         attention_cases(*name, be);
         other_op_cases(*name, be);
         many_rows_case(*name, be);
+        streamed_advice_case(*name, be);
         pv_backend_free(be);
     }
     return tap_done();

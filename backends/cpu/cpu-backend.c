@@ -12,10 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* Cache-line and SIMD friendly; also what posix_memalign needs. */
 #define PV_CPU_ALIGN 64
+/* Buffers of at least PV_CPU_HUGE_MIN bytes start on a 2 MiB boundary, so
+ * that those advised as streamed (weights) can be backed by transparent huge
+ * pages: the hardware prefetchers stop at every 4 KiB page boundary. Others
+ * (the KV pool) keep small pages: a huge page's first touch may compact
+ * memory, a pause that belongs at load, not in a request. */
+#define PV_CPU_HUGE_PAGE ((size_t)2 << 20)
+#define PV_CPU_HUGE_MIN ((uint64_t)8 << 20)
 
 static pv_status cpu_device_count(int *count)
 {
@@ -166,7 +174,7 @@ static pv_status cpu_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t byt
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: buffer of %llu bytes exceeds the address space",
                         (unsigned long long)bytes);
     void *mem = NULL;
-    int rc = posix_memalign(&mem, PV_CPU_ALIGN, (size_t)rounded);
+    int rc = posix_memalign(&mem, rounded >= PV_CPU_HUGE_MIN ? PV_CPU_HUGE_PAGE : PV_CPU_ALIGN, (size_t)rounded);
     if (rc != 0)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a buffer of %llu bytes: %s",
                         (unsigned long long)bytes, strerror(rc));
@@ -175,6 +183,19 @@ static pv_status cpu_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t byt
     buf->bytes = bytes;
     buf->host_ptr = mem;
     buf->handle = mem;
+    return PV_OK;
+}
+
+static pv_status cpu_buffer_advise_streamed(pv_backend *be, pv_buffer *buf)
+{
+    (void)be;
+#ifdef MADV_HUGEPAGE
+    /* Advice to the kernel too: where it declines, nothing changes. */
+    if (buf->bytes >= PV_CPU_HUGE_MIN)
+        madvise(buf->host_ptr, (size_t)buf->bytes, MADV_HUGEPAGE);
+#else
+    (void)buf;
+#endif
     return PV_OK;
 }
 
@@ -287,6 +308,7 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .supports_weights = cpu_supports_weights,
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
+    .buffer_advise_streamed = cpu_buffer_advise_streamed,
     .buffer_write = cpu_buffer_write,
     .buffer_read = cpu_buffer_read,
     .copy_async = cpu_copy_async,
