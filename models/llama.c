@@ -16,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A weight on the backend: its buffer and the type the bytes are in. */
+/* A weight matrix on the backend: where it lies in the model's weight
+ * buffers (see upload_matrices) and the type its bytes are in. */
 typedef struct llama_weight {
-    pv_buffer *buf;
+    pv_buffer *buf; /* an arena segment, owned by pv_llama */
+    uint64_t off;   /* elements of `type` from the segment's start */
     pv_wtype type;
 } llama_weight;
 
@@ -37,6 +39,8 @@ struct pv_llama {
     pv_buffer *output_norm;          /* [dim] f32 */
     llama_weight output;             /* [vocab][dim]; the embedding when tied */
     llama_layer *layers;
+    pv_buffer **segments;            /* the weight matrices' arena */
+    int n_segments;
     pv_llama_weight_bytes weight_bytes;
     int qmatmul_f32;                 /* f32 matrices go through qmatmul, not gemm */
     /* run state, sized for max_batch_tokens rows */
@@ -58,6 +62,7 @@ void pv_llama_options_default(pv_llama_options *o)
     o->chunk_tokens = 32;
     o->max_batch_tokens = 512;
     o->max_logit_rows = 64;
+    o->max_weight_buffer_bytes = (uint64_t)256 << 20;
 }
 
 const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m)
@@ -95,93 +100,210 @@ const char *pv_llama_weights_name(pv_llama_weights w)
     return w == PV_LLAMA_WEIGHTS_F32 ? "f32" : "native";
 }
 
-/* Upload tensor `name`: its bytes as they are in the file when the model
- * keeps native weights and the backend reads its type for every op in
- * `ops` (matrices: qmatmul; the embedding: embed_gather, and qmatmul too
+/* The weight matrices share a few large buffers (arena segments) instead of
+ * a buffer each: advised as streamed, a buffer of tens of MB is backed by
+ * 2 MiB pages on the CPU backend, which the hardware prefetchers stream
+ * through without stopping at every 4 KiB page (F32 decode 5% faster), and
+ * a device keeps fewer allocations. A segment stops growing at
+ * opt.max_weight_buffer_bytes; a larger tensor gets one of its own. */
+
+typedef struct matrix_upload {
+    char name[96];
+    const pv_op *ops;
+    int n_ops;
+    int per_token; /* streamed once per decoded token */
+    llama_weight *dst;
+    const pv_gguf_tensor *t;
+    int native;      /* kept in its GGUF type, else widened to f32 */
+    uint64_t bytes;  /* on the device */
+    int segment;
+    uint64_t offset; /* bytes into the segment */
+} matrix_upload;
+
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+/* Decides how `u` is kept: its bytes as they are in the file when the
+ * model keeps native weights and the backend reads the type for every op in
+ * u->ops (matrices: qmatmul; the embedding: embed_gather, and qmatmul too
  * when it is also the output matrix), else widened to f32. */
-static pv_status upload_as_needed(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops,
-                                  int n_ops, llama_weight *out)
+static pv_status plan_matrix(pv_llama *m, const pv_gguf *g, matrix_upload *u)
+{
+    pv_status st = pv_gguf_get_tensor(g, u->name, &u->t);
+    if (st != PV_OK)
+        return st;
+    u->native = m->opt.weights == PV_LLAMA_WEIGHTS_NATIVE;
+    for (int i = 0; i < u->n_ops; i++)
+        u->native = u->native && pv_backend_supports_weights(m->be, u->ops[i], (pv_wtype)u->t->type);
+    if (!u->native && u->t->n_elements > UINT64_MAX / sizeof(float))
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': %" PRIu64 " elements do not fit in memory",
+                        g->path, u->name, u->t->n_elements);
+    u->dst->type = u->native ? (pv_wtype)u->t->type : PV_W_F32;
+    u->bytes = u->native ? u->t->n_bytes : u->t->n_elements * sizeof(float);
+    return PV_OK;
+}
+
+/* Places the matrices in segments: each starts on a multiple of 64 bytes
+ * and of its type's block (so its offset is whole blocks), in file order. */
+static pv_status place_matrices(pv_llama *m, matrix_upload *u, int n, uint64_t *segment_bytes)
+{
+    const uint64_t limit = m->opt.max_weight_buffer_bytes;
+    int seg = 0;
+    uint64_t used = 0;
+    for (int i = 0; i < n; i++) {
+        uint32_t elems = 1, bb = 4;
+        pv_wtype_block(u[i].dst->type, &elems, &bb);
+        const uint64_t step = 64 / gcd_u64(64, bb) * bb;
+        uint64_t at = (used + step - 1) / step * step;
+        if (used > 0 && (at > limit || u[i].bytes > limit - at)) {
+            segment_bytes[seg++] = used;
+            at = 0;
+        }
+        u[i].segment = seg;
+        u[i].offset = at;
+        used = at + u[i].bytes;
+    }
+    segment_bytes[seg] = used;
+    m->n_segments = n > 0 ? seg + 1 : 0;
+    return PV_OK;
+}
+
+static pv_status write_matrix(pv_llama *m, const pv_gguf *g, matrix_upload *u)
+{
+    pv_buffer *buf = m->segments[u->segment];
+    uint32_t elems = 1, bb = 4;
+    pv_wtype_block(u->dst->type, &elems, &bb);
+    u->dst->buf = buf;
+    u->dst->off = u->offset / bb * elems;
+    if (u->native)
+        return pv_buffer_write(buf, u->offset, u->t->data, u->bytes);
+    float *host = malloc((size_t)u->bytes);
+    if (!host)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats", g->path,
+                        u->name, u->t->n_elements);
+    pv_status st = pv_gguf_tensor_f32(u->t, host, u->t->n_elements);
+    if (st == PV_OK)
+        st = pv_buffer_write(buf, u->offset, host, u->bytes);
+    free(host);
+    return st;
+}
+
+/* Uploads the n matrices of u into the arena and counts their bytes. */
+static pv_status upload_matrices(pv_llama *m, const pv_gguf *g, matrix_upload *u, int n)
+{
+    pv_status st = PV_OK;
+    for (int i = 0; i < n && st == PV_OK; i++)
+        st = plan_matrix(m, g, &u[i]);
+    uint64_t *segment_bytes = st == PV_OK ? calloc((size_t)n + 1, sizeof *segment_bytes) : NULL;
+    if (st == PV_OK && !segment_bytes)
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_init: cannot allocate the arena plan");
+    if (st == PV_OK)
+        st = place_matrices(m, u, n, segment_bytes);
+    if (st == PV_OK && m->n_segments > 0 && !(m->segments = calloc((size_t)m->n_segments, sizeof *m->segments)))
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_init: cannot allocate %d arena segments", m->n_segments);
+    for (int s = 0; s < m->n_segments && st == PV_OK; s++) {
+        st = pv_buffer_init(&m->segments[s], m->be, PV_MEM_DEVICE, segment_bytes[s]);
+        if (st == PV_OK)
+            st = pv_buffer_advise_streamed(m->segments[s]);
+    }
+    free(segment_bytes);
+    for (int i = 0; i < n && st == PV_OK; i++) {
+        st = write_matrix(m, g, &u[i]);
+        if (st != PV_OK)
+            break;
+        m->weight_bytes.file += u[i].t->n_bytes;
+        m->weight_bytes.resident += u[i].bytes;
+        if (u[i].native)
+            m->weight_bytes.n_native++;
+        else
+            m->weight_bytes.n_widened++;
+        if (u[i].per_token)
+            m->weight_bytes.per_token += u[i].bytes;
+    }
+    return st;
+}
+
+/* Norm weights are vectors the element-wise ops read in f32, a small
+ * buffer each. */
+static pv_status upload_vector(pv_llama *m, const pv_gguf *g, const char *name, pv_buffer **out)
 {
     const pv_gguf_tensor *t;
     pv_status st = pv_gguf_get_tensor(g, name, &t);
     if (st != PV_OK)
         return st;
-    int native = m->opt.weights == PV_LLAMA_WEIGHTS_NATIVE && n_ops > 0;
-    for (int i = 0; i < n_ops; i++)
-        native = native && pv_backend_supports_weights(m->be, ops[i], (pv_wtype)t->type);
-    m->weight_bytes.file += t->n_bytes;
-    if (native) {
-        out->type = (pv_wtype)t->type;
-        st = pv_buffer_init(&out->buf, m->be, PV_MEM_DEVICE, t->n_bytes);
-        if (st == PV_OK)
-            st = pv_buffer_write(out->buf, 0, t->data, t->n_bytes);
-        if (st == PV_OK) {
-            m->weight_bytes.resident += t->n_bytes;
-            m->weight_bytes.n_native++;
-        }
-        return st;
-    }
-    out->type = PV_W_F32;
     if (t->n_elements > SIZE_MAX / sizeof(float))
         return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': %" PRIu64 " elements do not fit in memory",
                         g->path, name, t->n_elements);
     float *host = malloc(t->n_elements * sizeof *host);
     if (!host)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats",
-                        g->path, name, t->n_elements);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats", g->path,
+                        name, t->n_elements);
     st = pv_gguf_tensor_f32(t, host, t->n_elements);
     if (st == PV_OK)
-        st = pv_buffer_init(&out->buf, m->be, PV_MEM_DEVICE, t->n_elements * sizeof *host);
+        st = pv_buffer_init(out, m->be, PV_MEM_DEVICE, t->n_elements * sizeof *host);
     if (st == PV_OK)
-        st = pv_buffer_write(out->buf, 0, host, t->n_elements * sizeof *host);
+        st = pv_buffer_write(*out, 0, host, t->n_elements * sizeof *host);
     free(host);
     if (st == PV_OK) {
+        m->weight_bytes.file += t->n_bytes;
         m->weight_bytes.resident += t->n_elements * sizeof *host;
+        m->weight_bytes.per_token += t->n_elements * sizeof *host;
         m->weight_bytes.n_widened++;
     }
     return st;
 }
 
-static pv_status upload_weight(pv_llama *m, const pv_gguf *g, const char *name, const pv_op *ops, int n_ops,
-                               llama_weight *out)
-{
-    const uint64_t resident_before = m->weight_bytes.resident;
-    pv_status st = upload_as_needed(m, g, name, ops, n_ops, out);
-    /* An untied embedding table is read a row per token, not streamed. */
-    if (st == PV_OK && !(strcmp(name, "token_embd.weight") == 0 && !m->hp.tied_embeddings))
-        m->weight_bytes.per_token += m->weight_bytes.resident - resident_before;
-    return st;
-}
-
-/* Norm weights are vectors the element-wise ops read in f32. */
-static pv_status upload_vector(pv_llama *m, const pv_gguf *g, const char *name, pv_buffer **out)
-{
-    llama_weight w = {0};
-    pv_status st = upload_weight(m, g, name, NULL, 0, &w);
-    *out = w.buf;
-    return st;
-}
-
 static const pv_op matrix_ops[] = {PV_OP_QMATMUL};
+static const pv_op embed_ops[] = {PV_OP_EMBED_GATHER, PV_OP_QMATMUL};
 
-static pv_status upload_layer(pv_llama *m, const pv_gguf *g, uint32_t l)
+/* Every matrix of the model in file order: the embedding, the output
+ * matrix when untied, then each layer's seven. */
+static pv_status upload_weights(pv_llama *m, const pv_gguf *g)
 {
-    static const char *const matrices[] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                           "ffn_gate", "ffn_up", "ffn_down"};
-    llama_layer *L = &m->layers[l];
-    llama_weight *dst[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    char name[96];
-    pv_status st;
-    for (size_t i = 0; i < sizeof matrices / sizeof matrices[0]; i++) {
-        snprintf(name, sizeof name, "blk.%u.%s.weight", l, matrices[i]);
-        if ((st = upload_weight(m, g, name, matrix_ops, 1, dst[i])) != PV_OK)
-            return st;
+    static const char *const layer_matrices[] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                 "ffn_gate", "ffn_up", "ffn_down"};
+    const int per_layer = (int)(sizeof layer_matrices / sizeof layer_matrices[0]);
+    const int n_max = 2 + per_layer * (int)m->hp.n_layers;
+    matrix_upload *u = calloc((size_t)n_max, sizeof *u);
+    if (!u)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_init: cannot allocate %d weight uploads", n_max);
+    int n = 0;
+    /* An untied embedding table is read a row per token, not streamed. */
+    u[n++] = (matrix_upload){.name = "token_embd.weight", .ops = embed_ops,
+                             .n_ops = m->hp.tied_embeddings ? 2 : 1, .per_token = m->hp.tied_embeddings,
+                             .dst = &m->tok_embd};
+    if (!m->hp.tied_embeddings)
+        u[n++] = (matrix_upload){.name = "output.weight", .ops = matrix_ops, .n_ops = 1, .per_token = 1,
+                                 .dst = &m->output};
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        llama_layer *L = &m->layers[l];
+        llama_weight *dst[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < per_layer; i++) {
+            matrix_upload *v = &u[n++];
+            *v = (matrix_upload){.ops = matrix_ops, .n_ops = 1, .per_token = 1, .dst = dst[i]};
+            snprintf(v->name, sizeof v->name, "blk.%u.%s.weight", l, layer_matrices[i]);
+        }
     }
-    snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l);
-    if ((st = upload_vector(m, g, name, &L->attn_norm)) != PV_OK)
-        return st;
-    snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l);
-    return upload_vector(m, g, name, &L->ffn_norm);
+    pv_status st = upload_matrices(m, g, u, n);
+    free(u);
+    if (st == PV_OK && m->hp.tied_embeddings)
+        m->output = m->tok_embd;
+    for (uint32_t l = 0; l < m->hp.n_layers && st == PV_OK; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%u.attn_norm.weight", l);
+        if ((st = upload_vector(m, g, name, &m->layers[l].attn_norm)) != PV_OK)
+            break;
+        snprintf(name, sizeof name, "blk.%u.ffn_norm.weight", l);
+        st = upload_vector(m, g, name, &m->layers[l].ffn_norm);
+    }
+    return st == PV_OK ? upload_vector(m, g, "output_norm.weight", &m->output_norm) : st;
 }
 
 static pv_status alloc_state(pv_llama *m)
@@ -235,11 +357,13 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
                       (int)m->opt.kv_dtype);
         goto fail;
     }
-    if (m->opt.chunk_tokens <= 0 || m->opt.max_batch_tokens <= 0 || m->opt.max_logit_rows <= 0) {
+    if (m->opt.chunk_tokens <= 0 || m->opt.max_batch_tokens <= 0 || m->opt.max_logit_rows <= 0 ||
+        m->opt.max_weight_buffer_bytes == 0) {
         st = pv_error(PV_ERR_INVALID_ARG,
-                      "pv_llama_init: chunk_tokens %d, max_batch_tokens %d, max_logit_rows %d must "
-                      "all be > 0",
-                      m->opt.chunk_tokens, m->opt.max_batch_tokens, m->opt.max_logit_rows);
+                      "pv_llama_init: chunk_tokens %d, max_batch_tokens %d, max_logit_rows %d, "
+                      "max_weight_buffer_bytes %" PRIu64 " must all be > 0",
+                      m->opt.chunk_tokens, m->opt.max_batch_tokens, m->opt.max_logit_rows,
+                      m->opt.max_weight_buffer_bytes);
         goto fail;
     }
     if (m->hp.rope_dim != m->hp.head_dim) {
@@ -261,19 +385,7 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_init: cannot allocate %u layers", m->hp.n_layers);
         goto fail;
     }
-    static const pv_op embed_ops[] = {PV_OP_EMBED_GATHER, PV_OP_QMATMUL};
-    if ((st = upload_weight(m, g, "token_embd.weight", embed_ops, m->hp.tied_embeddings ? 2 : 1,
-                            &m->tok_embd)) != PV_OK ||
-        (st = upload_vector(m, g, "output_norm.weight", &m->output_norm)) != PV_OK)
-        goto fail;
-    if (m->hp.tied_embeddings)
-        m->output = m->tok_embd;
-    else if ((st = upload_weight(m, g, "output.weight", matrix_ops, 1, &m->output)) != PV_OK)
-        goto fail;
-    for (uint32_t l = 0; l < m->hp.n_layers; l++)
-        if ((st = upload_layer(m, g, l)) != PV_OK)
-            goto fail;
-    if ((st = alloc_state(m)) != PV_OK)
+    if ((st = upload_weights(m, g)) != PV_OK || (st = alloc_state(m)) != PV_OK)
         goto fail;
     *out = m;
     return PV_OK;
@@ -289,16 +401,15 @@ void pv_llama_free(pv_llama *m)
     if (m->layers) {
         for (uint32_t l = 0; l < m->hp.n_layers; l++) {
             llama_layer *L = &m->layers[l];
-            pv_buffer *bufs[] = {L->attn_norm, L->wq.buf, L->wk.buf, L->wv.buf, L->wo.buf,
-                                 L->ffn_norm, L->w_gate.buf, L->w_up.buf, L->w_down.buf};
-            for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-                pv_buffer_free(bufs[i]);
+            pv_buffer_free(L->attn_norm);
+            pv_buffer_free(L->ffn_norm);
         }
         free(m->layers);
     }
-    if (m->output.buf != m->tok_embd.buf)
-        pv_buffer_free(m->output.buf);
-    pv_buffer *bufs[] = {m->tok_embd.buf, m->output_norm, m->x, m->h, m->q, m->k, m->v,
+    for (int s = 0; s < m->n_segments && m->segments; s++)
+        pv_buffer_free(m->segments[s]);
+    free(m->segments);
+    pv_buffer *bufs[] = {m->output_norm, m->x, m->h, m->q, m->k, m->v,
                          m->att, m->proj, m->gate, m->up, m->sel, m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pv_buffer_free(bufs[i]);
@@ -316,12 +427,12 @@ static pv_status linear(pv_llama *m, const pv_buffer *x, const llama_weight *w, 
         pv_gemm_args g = {
             .dtype = PV_F32, .trans_a = 0, .trans_b = 1, .m = T, .n = n_out, .k = n_in,
             .alpha = 1.0f, .beta = 0.0f,
-            .a = x, .lda = n_in, .b = w->buf, .ldb = n_in, .c = y, .ldc = n_out,
+            .a = x, .lda = n_in, .b = w->buf, .b_off = w->off, .ldb = n_in, .c = y, .ldc = n_out,
         };
         return pv_gemm(m->be, &g);
     }
     pv_qmatmul_args q = {.w_type = w->type, .n_tokens = T, .n_in = n_in, .n_out = n_out,
-                         .w = w->buf, .x = x, .y = y};
+                         .w = w->buf, .w_off = w->off, .x = x, .y = y};
     return pv_qmatmul(m->be, &q);
 }
 
@@ -445,7 +556,7 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
     const int32_t T = b->n_tokens;
 
     pv_embed_gather_args e = {.table_type = m->tok_embd.type, .n_rows = hp->n_vocab, .dim = hp->n_embd,
-                              .table = m->tok_embd.buf, .ids = b->tokens, .n_ids = T, .out = m->x};
+                              .table = m->tok_embd.buf, .table_off = m->tok_embd.off, .ids = b->tokens, .n_ids = T, .out = m->x};
     if ((st = pv_embed_gather(m->be, &e)) != PV_OK)
         return st;
     for (uint32_t l = 0; l < hp->n_layers; l++)

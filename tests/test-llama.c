@@ -45,7 +45,9 @@ static uint32_t rng(void)
     return (uint32_t)(rng_state >> 11);
 }
 
-static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g, pv_dtype kv)
+/* weight_buffer: the model's max_weight_buffer_bytes, 0 for the default. */
+static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g, pv_dtype kv,
+                              uint64_t weight_buffer)
 {
     memset(f, 0, sizeof *f);
     pv_status st = pv_backend_init(&f->be, backend, 0);
@@ -57,6 +59,8 @@ static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g,
     o.chunk_tokens = CHUNK;
     o.max_batch_tokens = 96;
     o.max_logit_rows = 96;
+    if (weight_buffer)
+        o.max_weight_buffer_bytes = weight_buffer;
     if ((st = pv_llama_init(&f->model, f->be, g, &o)) != PV_OK)
         return st;
     f->n_layers = pv_llama_hparams_of(f->model)->n_layers;
@@ -200,7 +204,7 @@ static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const i
     double tol = kv == PV_F32 ? 1e-4 : 2e-2;
     char what[96];
     fixture f;
-    pv_status st = fixture_init(&f, name, g, kv);
+    pv_status st = fixture_init(&f, name, g, kv, 0);
     if (st == PV_ERR_NO_DEVICE) {
         tap_skip("backend %s: %s", name, pv_last_error());
         fixture_free(&f);
@@ -437,6 +441,42 @@ static void test_wrong_files(const pv_gguf *g)
 }
 
 /* All scenarios on every backend for one model file. */
+/* The weight matrices in one shared buffer, one buffer each (1 byte per
+ * buffer: every matrix overflows it) or a few (a third of the total): the
+ * same logits, bit for bit, on the CPU backend, so every offset into a shared
+ * buffer lands where the matrix was written. */
+static void test_weight_buffers(const pv_gguf *g, const int *tokens)
+{
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        total += g->tensors[i].n_bytes;
+    const uint64_t limits[] = {0, 1, total / 3};
+    float *logits[3] = {NULL, NULL, NULL};
+    uint32_t vocab = 0;
+    int ran = 0;
+    for (int k = 0; k < 3; k++) {
+        fixture f;
+        pv_status st = fixture_init(&f, "cpu", g, PV_F32, limits[k]);
+        if (st == PV_OK) {
+            vocab = f.n_vocab;
+            logits[k] = malloc(sizeof(float) * LEN_A * vocab);
+            batch_builder b = {0};
+            assign_slots(&f, 0, 0, LEN_A);
+            add_tokens(&b, tokens, 0, 0, LEN_A);
+            st = logits[k] ? run(&f, &b, logits[k]) : PV_ERR_OUT_OF_MEMORY;
+        }
+        ran += ok(st == PV_OK, "weight buffers of at most %llu bytes (0: the default): the model loads and runs (%s)",
+                  (unsigned long long)limits[k], st == PV_OK ? "ok" : pv_last_error());
+        fixture_free(&f);
+    }
+    for (int k = 1; k < 3; k++)
+        ok(ran == 3 && memcmp(logits[0], logits[k], sizeof(float) * LEN_A * vocab) == 0,
+           "weight buffers of at most %llu bytes give the default layout's logits bit for bit",
+           (unsigned long long)limits[k]);
+    for (int k = 0; k < 3; k++)
+        free(logits[k]);
+}
+
 /* x16_tol: the limit for backends that round activations to 16 bits. The
  * last bits of their f32 against the reference's doubles move a rounding by
  * a step (2^-15 of its block's largest) now and then: measured 4.5e-5 of the
@@ -489,6 +529,13 @@ int main(void)
     if (!ok(st == PV_OK, "synthetic model builds (%s)", st == PV_OK ? "ok" : pv_last_error()))
         return tap_done();
     run_model("synthetic model", &g, 1, 2e-4);
+    pv_llama_hparams hp;
+    if (pv_llama_hparams_read(&g, &hp) == PV_OK) {
+        int tokens[LEN_A];
+        for (int i = 0; i < LEN_A; i++)
+            tokens[i] = (int)(rng() % hp.n_vocab);
+        test_weight_buffers(&g, tokens);
+    }
     test_wrong_files(&g);
     pv_gguf_free(&g);
     free(image);

@@ -29,6 +29,10 @@ typedef struct pv_llama_options {
     int32_t chunk_tokens;     /* tokens per KV slot (default 32) */
     int32_t max_batch_tokens; /* tokens one forward call may carry (default 512) */
     int32_t max_logit_rows;   /* rows one call may ask logits for (default 64) */
+    /* Weight matrices share buffers of at most this many bytes (default 256
+     * MiB, under OpenCL devices' allocation limits); a larger matrix gets a
+     * buffer of its own. */
+    uint64_t max_weight_buffer_bytes;
 } pv_llama_options;
 
 void pv_llama_options_default(pv_llama_options *o);
