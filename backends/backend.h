@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 3 /* 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 4 /* 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
