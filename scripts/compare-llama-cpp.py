@@ -84,7 +84,6 @@ def check(args, model, label):
     """Top-1 agreement and greedy continuations on one file; returns
     (agreeing positions, positions, identical continuations)."""
     import numpy as np
-    import llama_cpp
     from llama_cpp import Llama
 
     llm = Llama(model_path=model, n_ctx=2048, n_batch=512, logits_all=True,
@@ -163,6 +162,7 @@ def self_check(args, model, label):
 def timing(args, model, label):
     """llama.cpp speed with bench-model's shapes: one prefill batch, then
     single-token decode steps; logits only where needed, like bench-model."""
+    import llama_cpp
     from llama_cpp import Llama
 
     kv_type = llama_cpp.GGML_TYPE_F16 if args.kv == "f16" else llama_cpp.GGML_TYPE_F32
