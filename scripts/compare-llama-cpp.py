@@ -203,12 +203,12 @@ def ours_timing(args, model, label):
 
 
 def side_by_side(args, files):
-    """llama.cpp and bench-model alternately, twice per file, so both see
+    """llama.cpp and bench-model alternately, --rounds times per file, so both see
     the same minutes of a shared machine; ratios per round."""
     print("\n| file | round | llama.cpp prefill | ours | ratio | llama.cpp decode | ours | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     rows = []
-    for rnd in (1, 2):
+    for rnd in range(1, args.rounds + 1):
         for label, model in files:
             lp, ld = timing(args, model, label)
             op, od = ours_timing(args, model, label)
@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="alternating rounds per file with --bench-model")
     ap.add_argument("--kv", choices=("f16", "f32"), default="f16",
                     help="K/V cache type of both engines in the timings (llama.cpp's default: f16)")
     ap.add_argument("--timing-only", action="store_true",
