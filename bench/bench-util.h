@@ -99,8 +99,41 @@ static inline int bench_max_threads(void)
  * read wait on the latency of its adds instead of on memory. */
 #define BENCH_READ_LANES 64
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* The read with 32-byte loads into eight accumulators: the strongest
+ * reference where the kernels it is compared with use AVX2 (the portable
+ * loop, built for SSE2, read 26.5 GB/s where this read 29-30 and the F32
+ * qmatmul 28-30). n is a multiple of BENCH_READ_LANES. */
+__attribute__((target("avx2"))) static inline float bench_read_pass_avx2(const float *a, size_t n, int threads)
+{
+    float total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+        __m256 s[8];
+        for (int k = 0; k < 8; k++)
+            s[k] = _mm256_setzero_ps();
+#pragma omp for schedule(static)
+        for (size_t b = 0; b < n / BENCH_READ_LANES; b++)
+            for (int k = 0; k < 8; k++)
+                s[k] = _mm256_add_ps(s[k], _mm256_loadu_ps(a + b * BENCH_READ_LANES + 8 * k));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])),
+                                              _mm256_add_ps(_mm256_add_ps(s[4], s[5]), _mm256_add_ps(s[6], s[7]))));
+        for (int k = 0; k < 8; k++)
+            total += lanes[k];
+    }
+    (void)threads;
+    return total;
+}
+#endif
+
 static inline float bench_read_pass(const float *a, size_t n, int threads)
 {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2"))
+        return bench_read_pass_avx2(a, n, threads);
+#endif
     float total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
     {
