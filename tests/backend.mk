@@ -32,7 +32,7 @@ tests_test_backend_async_LDADD = $(PV_LINK)
 # every type x batch size against a double-precision product.
 check_PROGRAMS += tests/test-backend-qmatmul
 TESTS += tests/test-backend-qmatmul
-tests_test_backend_qmatmul_SOURCES = tests/test-backend-qmatmul.c
+tests_test_backend_qmatmul_SOURCES = tests/test-backend-qmatmul.c tests/llama-ref.c tests/llama-ref.h
 tests_test_backend_qmatmul_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_qmatmul_LDADD = $(PV_LINK)
 

@@ -126,8 +126,20 @@ static void matvec(float *y, const float *W, const float *x, int n_in, int n_out
     }
 }
 
+void llama_ref_round16(const float *x, float *out, size_t n)
+{
+    for (size_t b = 0; b + 32 <= n; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
+        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++)
+            out[b + j] = d * (float)lrintf(x[b + j] * inv);
+    }
+}
+
 /* matvec with x rounded to 16 bits per block of 32 when `round16` (n_in is
- * then a multiple of 32): d = max |x| / 32767, x ~= d * round(x / d). */
+ * then a multiple of 32; llama_ref_round16). */
 static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_out, int round16)
 {
     if (!round16) {
@@ -140,14 +152,7 @@ static void matvec_q(float *y, const float *W, const float *x, int n_in, int n_o
             y[o] = NAN; /* fails the comparison loudly */
         return;
     }
-    for (int b = 0; b + 32 <= n_in; b += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++)
-            xr[b + j] = d * (float)lrintf(x[b + j] * inv);
-    }
+    llama_ref_round16(x, xr, (size_t)n_in);
     matvec(y, W, xr, n_in, n_out);
     free(xr);
 }

@@ -22,6 +22,11 @@ typedef struct llama_ref {
     int int16_activations;
 } llama_ref;
 
+/* x[n] (whole blocks of 32) as 16-bit activations hold it: per block,
+ * d = max |x| / 32767 (0 below FLT_MIN, where 1 / d would overflow) and
+ * out = d * round-to-even(x / d). */
+void llama_ref_round16(const float *x, float *out, size_t n);
+
 pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos);
 void llama_ref_free(llama_ref *r);
 

@@ -6,10 +6,10 @@
  * message. Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
+#include "llama-ref.h"
 
 #include <pensieve/gguf.h>
 
-#include <float.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,18 +30,6 @@ static const int64_t batches[] = {1, 2, 7, 16, 64, 300};
  * references and names it. */
 #define ERROR_LIMIT 1e-5
 
-/* x with every block of 32 rounded as the 16-bit activations hold it. */
-static void quantize_like_x16(const float *x, float *out, size_t n)
-{
-    for (size_t b = 0; b + 32 <= n; b += 32) {
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++)
-            out[b + j] = d * (float)lrintf(x[b + j] * inv);
-    }
-}
 /* Leading blocks before W in its buffer, so w_off is tested non-zero. */
 #define PAD_BLOCKS 3
 
@@ -101,7 +89,7 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
         uint32_t block = 1;
         pv_wtype_block(t, &block, NULL);
         if (block == 32)
-            quantize_like_x16(x, xq, (size_t)(T * n_in));
+            llama_ref_round16(x, xq, (size_t)(T * n_in));
         double *want = xmalloc((size_t)(T * n_out) * sizeof *want);
         double *want_x16 = xmalloc((size_t)(T * n_out) * sizeof *want_x16);
         for (int64_t i = 0; i < T; i++)
