@@ -491,6 +491,29 @@ pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uin
     return dst->backend->ops->buffer_write(dst->backend, dst, dst_off, src, bytes);
 }
 
+pv_status pv_weights_write(pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows, int64_t n_cols,
+                           const void *src)
+{
+    uint32_t block_elems = 1, block_bytes = 4;
+    if (!pv_wtype_block(t, &block_elems, &block_bytes))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_weights_write: weight type %d is not a known weight type", (int)t);
+    if (n_rows <= 0 || n_cols <= 0 || n_cols % block_elems != 0)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_weights_write: a %s matrix of %" PRId64 " x %" PRId64
+                        " needs rows > 0 and columns a positive multiple of %u",
+                        pv_wtype_name(t), n_rows, n_cols, block_elems);
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow((uint64_t)n_rows, (uint64_t)n_cols / block_elems * block_bytes, &bytes))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_weights_write: a %s matrix of %" PRId64 " x %" PRId64
+                        " has more than %" PRIu64 " bytes", pv_wtype_name(t), n_rows, n_cols, UINT64_MAX);
+    TRY(need_bytes("pv_weights_write", "dst", dst, dst_off, bytes));
+    if (!src)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_weights_write: src is NULL");
+    if (!dst->backend->ops->weights_write)
+        return dst->backend->ops->buffer_write(dst->backend, dst, dst_off, src, bytes);
+    return dst->backend->ops->weights_write(dst->backend, dst, dst_off, t, n_rows, n_cols, src);
+}
+
 pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes)
 {
     TRY(need_bytes("pv_buffer_read", "src", src, src_off, bytes));

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 4 /* 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 5 /* 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -101,9 +101,10 @@ typedef struct pv_device_info {
     uint64_t global_mem_bytes;
     uint32_t compute_units;
     int has_f16; /* f16 arithmetic (GEMM) is available */
-    /* qmatmul of the block types rounds x to 16 bits (pv_qmatmul_args); set
-     * once the backend is open, as it may depend on the CPU or environment */
-    int int16_activations;
+    /* qmatmul of the block types rounds x to this many bits per block of 32
+     * (pv_qmatmul_args), 0 when it multiplies x in f32; set once the backend
+     * is open, as it may depend on the CPU or environment */
+    int activation_bits;
 } pv_device_info;
 
 typedef struct pv_backend pv_backend;
@@ -230,9 +231,10 @@ typedef struct pv_slot_copy_args {
     const int32_t *slots; int32_t n_slots_moved; /* host */
 } pv_slot_copy_args;
 
-/* out[i][:] = table[ids[i]][:] as f32; the table is in any weight type the
- * backend supports for this op (pv_backend_supports_weights); dim is a
- * multiple of the type's block, and table_off (in elements) too. */
+/* out[i][:] = table[ids[i]][:] as f32; the table ([n_rows][dim], written by
+ * pv_weights_write) is in any weight type the backend supports for this op
+ * (pv_backend_supports_weights); dim is a multiple of the type's block, and
+ * table_off (in elements) too. */
 typedef struct pv_embed_gather_args {
     pv_wtype table_type;
     int64_t n_rows, dim;
@@ -242,13 +244,15 @@ typedef struct pv_embed_gather_args {
 } pv_embed_gather_args;
 
 /* y[T][n_out] = x[T][n_in] W^T: the model's linear layers, with the weight
- * matrix W[n_out][n_in] row-major in weight type w_type (row r is n_in /
- * block_elems blocks from element offset w_off + r * n_in; n_in and w_off
- * are multiples of the block). Accumulation is in f32 over the dequantised
- * weights; decode-sized T reads each weight byte once per call. For the
- * block types (Q8_0, Q4_0, Q4_1) a backend may multiply by x quantised to 8
- * bits per block of 32 (d = max |x| / 32767, q = round(x / d)), as llama.cpp
- * does: integer products are about twice as fast, at ~1e-3 relative error. */
+ * matrix W[n_out][n_in] of weight type w_type written by pv_weights_write at
+ * element offset w_off (n_in and w_off are multiples of the block; n_out and
+ * n_in as written). Accumulation is in f32 over the dequantised weights;
+ * decode-sized T reads each weight byte once per call. For the block types
+ * (Q8_0, Q4_0, Q4_1) a backend may multiply by x rounded per block of 32 to
+ * pv_device_info.activation_bits bits, for integer products: 16 on the CPU
+ * (steps of max |x| / 32512; backends/cpu/cpu-qmatmul.h), about 1e-5
+ * relative error. (llama.cpp rounds to 8 bits, which on SmolLM2 changes 5%
+ * of the teacher-forced top-1 tokens against f32.) */
 typedef struct pv_qmatmul_args {
     pv_wtype w_type;
     int64_t n_tokens, n_in, n_out;
@@ -346,6 +350,10 @@ typedef struct pv_backend_ops {
     /* Blocking transfers between host memory and a buffer (bytes), ordered
      * on the compute queue only. */
     pv_status (*buffer_write)(pv_backend *be, pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
+    /* Optional (NULL: buffer_write of the GGUF bytes): a weight matrix in the
+     * layout this backend's qmatmul and embed_gather read, the same bytes. */
+    pv_status (*weights_write)(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
+                               int64_t n_cols, const void *src);
     pv_status (*buffer_read)(pv_backend *be, const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
     /* Asynchronous buffer -> buffer copy (host<->device, device<->device) on
      * queue q, after `wait` (may be NULL); *done (if non-NULL) gets an event
@@ -411,6 +419,14 @@ void pv_buffer_free(pv_buffer *buf);
  * large buffer with 2 MiB pages. Advice only: PV_OK whether or not it acts. */
 pv_status pv_buffer_advise_streamed(pv_buffer *buf);
 pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes);
+/* Writes the weight matrix src ([n_rows][n_cols] of type t, GGUF block
+ * layout, n_rows * n_cols / block elements * block bytes) at byte dst_off of
+ * dst, in the layout the backend's qmatmul and embed_gather read: the same
+ * number of bytes, possibly reordered (the CPU backend interleaves rows of the
+ * block types for its integer kernels). The ops then take the matrix whole:
+ * w_off or table_off at its first element, its n_rows and n_cols. */
+pv_status pv_weights_write(pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows, int64_t n_cols,
+                           const void *src);
 pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes);
 pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,
                         uint64_t src_off, uint64_t bytes, pv_event *wait, pv_event **done);

@@ -139,7 +139,7 @@ static pv_status bench_one(pv_backend *be, const options *opt, pv_wtype t, int64
         for (int64_t r = 0; r < n_out; r++)
             fill_row(t, host + (uint64_t)r * row_bytes, n_in, &state);
         for (uint64_t c = 0; c < copies && st == PV_OK; c++)
-            st = pv_buffer_write(w, c * mat_bytes, host, mat_bytes);
+            st = pv_weights_write(w, c * mat_bytes, t, n_out, n_in, host);
         for (int64_t i = 0; i < max_t * n_in; i++)
             xh[i] = uniform(&state);
         if (st == PV_OK)

@@ -182,15 +182,16 @@ static pv_status write_matrix(pv_llama *m, const pv_gguf *g, matrix_upload *u)
     pv_wtype_block(u->dst->type, &elems, &bb);
     u->dst->buf = buf;
     u->dst->off = u->offset / bb * elems;
+    const int64_t n_cols = (int64_t)u->t->ne[0], n_rows = (int64_t)(u->t->n_elements / u->t->ne[0]);
     if (u->native)
-        return pv_buffer_write(buf, u->offset, u->t->data, u->bytes);
+        return pv_weights_write(buf, u->offset, u->dst->type, n_rows, n_cols, u->t->data);
     float *host = malloc((size_t)u->bytes);
     if (!host)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats", g->path,
                         u->name, u->t->n_elements);
     pv_status st = pv_gguf_tensor_f32(u->t, host, u->t->n_elements);
     if (st == PV_OK)
-        st = pv_buffer_write(buf, u->offset, host, u->bytes);
+        st = pv_weights_write(buf, u->offset, PV_W_F32, n_rows, n_cols, host);
     free(host);
     return st;
 }

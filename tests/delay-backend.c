@@ -397,6 +397,19 @@ static pv_status dly_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return state_of(be)->cpu->ops->qmatmul(state_of(be)->cpu, a);
 }
 
+/* The CPU's weight layout depends on its own state: writes and gathers of
+ * weights run on the wrapped backend too. */
+static pv_status dly_weights_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
+                                   int64_t n_cols, const void *src)
+{
+    return state_of(be)->cpu->ops->weights_write(state_of(be)->cpu, dst, dst_off, t, n_rows, n_cols, src);
+}
+
+static pv_status dly_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
+{
+    return state_of(be)->cpu->ops->embed_gather(state_of(be)->cpu, a);
+}
+
 static void dly_free(pv_backend *be)
 {
     dly_state *d = state_of(be);
@@ -454,6 +467,8 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.attention = dly_attention;
     d->ops.slot_scatter = dly_slot_scatter;
     d->ops.qmatmul = dly_qmatmul;
+    d->ops.weights_write = dly_weights_write;
+    d->ops.embed_gather = dly_embed_gather;
     clock_gettime(CLOCK_MONOTONIC, &d->origin);
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work_cv, NULL);

@@ -132,9 +132,13 @@ void llama_ref_round16(const float *x, float *out, size_t n)
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fabsf(x[b + j]) > amax ? fabsf(x[b + j]) : amax;
-        const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++)
-            out[b + j] = d * (float)lrintf(x[b + j] * inv);
+        const float d1 = amax / 127.0f >= 256.0f * FLT_MIN ? amax / 127.0f : 0.0f;
+        const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float hi = nearbyintf(x[b + j] * inv);
+            const float lo = fminf(fmaxf(nearbyintf(fmaf(-d1, hi, x[b + j]) * (inv * 256.0f)), -127.0f), 127.0f);
+            out[b + j] = d1 / 256.0f * (256.0f * hi + lo);
+        }
     }
 }
 
@@ -194,9 +198,9 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
         llama_ref_layer *L = &r->layers[l];
         float *kc = L->k_cache + (size_t)pos * kv_dim, *vc = L->v_cache + (size_t)pos * kv_dim;
         rmsnorm(h, x, L->attn_norm, dim, hp->norm_eps);
-        matvec_q(q, L->wq, h, dim, nh * hd, r->int16_activations && L->blocks[0]);
-        matvec_q(kc, L->wk, h, dim, kv_dim, r->int16_activations && L->blocks[1]);
-        matvec_q(vc, L->wv, h, dim, kv_dim, r->int16_activations && L->blocks[2]);
+        matvec_q(q, L->wq, h, dim, nh * hd, L->blocks[0] && r->activation_bits == 16);
+        matvec_q(kc, L->wk, h, dim, kv_dim, L->blocks[1] && r->activation_bits == 16);
+        matvec_q(vc, L->wv, h, dim, kv_dim, L->blocks[2] && r->activation_bits == 16);
         rope(q, nh, hd, pos, hp->rope_base);
         rope(kc, nkv, hd, pos, hp->rope_base);
         for (int head = 0; head < nh; head++) {
@@ -221,21 +225,21 @@ pv_status llama_ref_step(llama_ref *r, int token, int pos, float *logits)
                 att[head * hd + d] = (float)(o / sum);
             }
         }
-        matvec_q(proj, L->wo, att, nh * hd, dim, r->int16_activations && L->blocks[3]);
+        matvec_q(proj, L->wo, att, nh * hd, dim, L->blocks[3] && r->activation_bits == 16);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
         rmsnorm(h, x, L->ffn_norm, dim, hp->norm_eps);
-        matvec_q(g, L->w_gate, h, dim, ff, r->int16_activations && L->blocks[4]);
-        matvec_q(u, L->w_up, h, dim, ff, r->int16_activations && L->blocks[5]);
+        matvec_q(g, L->w_gate, h, dim, ff, L->blocks[4] && r->activation_bits == 16);
+        matvec_q(u, L->w_up, h, dim, ff, L->blocks[5] && r->activation_bits == 16);
         for (int i = 0; i < ff; i++)
             g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
-        matvec_q(proj, L->w_down, g, ff, dim, r->int16_activations && L->blocks[6]);
+        matvec_q(proj, L->w_down, g, ff, dim, L->blocks[6] && r->activation_bits == 16);
         for (int i = 0; i < dim; i++)
             x[i] += proj[i];
     }
     if (logits) {
         rmsnorm(h, x, r->out_norm, dim, hp->norm_eps);
-        matvec_q(logits, r->out, h, dim, (int)hp->n_vocab, r->int16_activations && r->out_blocks);
+        matvec_q(logits, r->out, h, dim, (int)hp->n_vocab, r->out_blocks && r->activation_bits == 16);
     }
     free(x), free(h), free(q), free(att), free(proj), free(g), free(u), free(scores);
     return PV_OK;

@@ -17,14 +17,15 @@ typedef struct llama_ref {
     float *embd, *out_norm, *out;
     int out_blocks;
     llama_ref_layer *layers;
-    /* Round the input of every block-type matrix to 16 bits per block of 32,
-     * as backends that report int16_activations do (backend.h); 0 by default. */
-    int int16_activations;
+    /* Round the input of every block-type matrix as backends that report
+     * activation_bits 16 do (llama_ref_round16); 0 (no rounding) by default. */
+    int activation_bits;
 } llama_ref;
 
-/* x[n] (whole blocks of 32) as 16-bit activations hold it: per block,
- * d = max |x| / 32767 (0 below FLT_MIN, where 1 / d would overflow) and
- * out = d * round-to-even(x / d). */
+/* x[n] (whole blocks of 32) as 16-bit activations hold it (backend.h): per
+ * block, d1 = max |x| / 127 (0 below 256 FLT_MIN), hi = round-to-even(x / d1),
+ * lo = round-to-even(fma(-d1, hi, x) * 256 / d1) within [-127, 127], and
+ * out = d1 / 256 * (256 hi + lo). */
 void llama_ref_round16(const float *x, float *out, size_t n);
 
 pv_status llama_ref_init(llama_ref *r, const pv_gguf *g, int max_pos);

@@ -390,6 +390,34 @@ static void streamed_advice_case(const char *name, pv_backend *be)
     }
 }
 
+/* pv_weights_write checks the matrix against the buffer before a backend
+ * reorders a byte of it. */
+static void weights_write_cases(const char *name, pv_backend *be)
+{
+    pv_buffer *buf = NULL;
+    if (!ok(pv_buffer_init(&buf, be, PV_MEM_DEVICE, 4096) == PV_OK, "%s: a buffer for pv_weights_write", name))
+        return;
+    static uint8_t src[4096];
+    expect(name, "weights into a NULL buffer", pv_weights_write(NULL, 0, PV_W_Q4_1, 8, 32, src), PV_ERR_INVALID_ARG,
+           NAMES("dst", "NULL"), NULL);
+    expect(name, "weights from NULL", pv_weights_write(buf, 0, PV_W_Q4_1, 8, 32, NULL), PV_ERR_INVALID_ARG,
+           NAMES("src", "NULL"), NULL);
+    expect(name, "weight type 6", pv_weights_write(buf, 0, (pv_wtype)6, 8, 32, src), PV_ERR_INVALID_ARG,
+           NAMES("weight type 6"), NULL);
+    expect(name, "Q4_1 rows of 48", pv_weights_write(buf, 0, PV_W_Q4_1, 8, 48, src), PV_ERR_INVALID_ARG,
+           NAMES("8 x 48", "multiple of 32"), NULL);
+    expect(name, "0 rows", pv_weights_write(buf, 0, PV_W_Q8_0, 0, 32, src), PV_ERR_INVALID_ARG, NAMES("0 x 32"),
+           NULL);
+    expect(name, "2^62 x 2^20 Q8_0", pv_weights_write(buf, 0, PV_W_Q8_0, (int64_t)1 << 62, 1 << 20, src),
+           PV_ERR_INVALID_ARG, NAMES("4611686018427387904 x 1048576", "more than"), NULL);
+    /* 205 Q4_1 rows of 32: 4100 bytes, 4 more than the buffer */
+    expect(name, "4100 bytes of weights in 4096", pv_weights_write(buf, 0, PV_W_Q4_1, 205, 32, src),
+           PV_ERR_INVALID_ARG, NAMES("4100 bytes", "4096"), NULL);
+    expect(name, "weights from offset 4000", pv_weights_write(buf, 4000, PV_W_Q4_1, 8, 32, src), PV_ERR_INVALID_ARG,
+           NAMES("offset 4000"), NULL);
+    pv_buffer_free(buf);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
@@ -432,6 +460,7 @@ int main(int argc, char **argv)
         other_op_cases(*name, be);
         many_rows_case(*name, be);
         streamed_advice_case(*name, be);
+        weights_write_cases(*name, be);
         pv_backend_free(be);
     }
     return tap_done();

@@ -1,9 +1,12 @@
 /* The 16-bit activation rounding of the CPU backend's integer kernels: the
  * AVX2 quantizer must give the portable one's bits exactly (a token's
  * outputs must not depend on which ran), and the portable one must match
- * its definition: d = max |x| / 32767 per block of 32, q = round-to-even(x / d),
- * s = d * sum q; a block whose d would be below FLT_MIN (1 / d overflows)
- * and the blocks past n_in are zero. */
+ * its definition (cpu-qmatmul.h): per block of 32, d1 = max |x| / 127,
+ * hi = round-to-even(x / d1), lo = round-to-even(fma(-d1, hi, x) * 256 / d1)
+ * within [-127, 127], d = d1 / 256, s = d * sum (256 hi + lo); a block whose
+ * d1 would be below 256 FLT_MIN (256 / d1 overflows) is zero. The rounded
+ * value d (256 hi + lo) must also be within d / 2 of x (d at half-way ties
+ * of lo's clamp): the two bytes hold 16 bits, not 8. */
 #include "config.h"
 
 #include "backends/cpu/cpu-qmatmul.h"
@@ -39,7 +42,7 @@ static void fill(float *x, int64_t n)
             case 0: xb[j] = u * 3.0f; break;
             case 1: xb[j] = 0.0f; break;
             case 2: xb[j] = j == 5 ? 1e6f : u * 1e-3f; break;
-            case 3: xb[j] = j == 0 ? -32767.0f : (float)(int)(u * 1000.0f) + 0.5f; break;
+            case 3: xb[j] = j == 0 ? -127.0f : (float)(int)(u * 100.0f) + 0.5f; break;
             case 4: xb[j] = -fabsf(u) * 7.0f; break;
             case 5: xb[j] = u * 1e-30f; break;
             default: xb[j] = u * 1e-39f; break; /* d would be subnormal: 1 / d overflows */
@@ -50,8 +53,8 @@ static void fill(float *x, int64_t n)
 
 static int same_bits(const pv_cpu_xq16 *a, const pv_cpu_xq16 *b, int64_t T)
 {
-    const uint64_t blocks = (uint64_t)T * (uint64_t)a->stride;
-    return a->stride == b->stride && memcmp(a->q, b->q, blocks * 32 * sizeof(int16_t)) == 0 &&
+    const uint64_t blocks = (uint64_t)T * (uint64_t)a->n_blocks;
+    return a->n_blocks == b->n_blocks && memcmp(a->q, b->q, blocks * 64) == 0 &&
            memcmp(a->d, b->d, blocks * sizeof(float)) == 0 && memcmp(a->s, b->s, blocks * sizeof(float)) == 0;
 }
 
@@ -59,32 +62,33 @@ static int same_bits(const pv_cpu_xq16 *a, const pv_cpu_xq16 *b, int64_t T)
 static int matches_definition(const float *x, int64_t T, int64_t n_in, const pv_cpu_xq16 *xq)
 {
     const int64_t n_blocks = n_in / 32;
+    if (xq->n_blocks != n_blocks)
+        return 0;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t b = 0; b < xq->stride; b++) {
-            const int64_t i = t * xq->stride + b;
-            if (b >= n_blocks) {
-                for (int j = 0; j < 32; j++)
-                    if (xq->q[i * 32 + j] != 0)
-                        return 0;
-                if (xq->d[i] != 0.0f || xq->s[i] != 0.0f)
-                    return 0;
-                continue;
-            }
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const int64_t i = t * n_blocks + b;
             const float *xb = x + t * n_in + b * 32;
+            const int8_t *hi = xq->q + i * 64, *lo = hi + 32;
             float amax = 0.0f;
             for (int j = 0; j < 32; j++)
                 amax = fmaxf(amax, fabsf(xb[j]));
-            const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f;
-            if (xq->d[i] != d)
+            const float d1 = amax / 127.0f >= 256.0f * FLT_MIN ? amax / 127.0f : 0.0f;
+            if (xq->d[i] != d1 / 256.0f)
                 return 0;
             long sum = 0;
             for (int j = 0; j < 32; j++) {
-                const float want = d > 0.0f ? nearbyintf(xb[j] * (1.0f / d)) : 0.0f;
-                if ((float)xq->q[i * 32 + j] != want)
+                const float want_hi = d1 > 0.0f ? nearbyintf(xb[j] * (1.0f / d1)) : 0.0f;
+                const float rest = fmaf(-d1, want_hi, xb[j]);
+                const float want_lo =
+                    d1 > 0.0f ? fminf(fmaxf(nearbyintf(rest * (256.0f / d1)), -127.0f), 127.0f) : 0.0f;
+                if ((float)hi[j] != want_hi || (float)lo[j] != want_lo)
                     return 0;
-                sum += xq->q[i * 32 + j];
+                const double value = (double)xq->d[i] * (256.0 * hi[j] + lo[j]);
+                if (d1 > 0.0f && fabs(value - xb[j]) > (double)xq->d[i] * 1.0001)
+                    return 0;
+                sum += 256 * hi[j] + lo[j];
             }
-            if (xq->s[i] != d * (float)sum)
+            if (xq->s[i] != xq->d[i] * (float)sum)
                 return 0;
         }
     return 1;
@@ -106,7 +110,7 @@ int main(void)
             continue;
         }
         fill(x, T * n_in);
-        memset(m1, 0x5a, bytes); /* padding must be written, not left */
+        memset(m1, 0x5a, bytes); /* every byte must be written, none left */
         memset(m2, 0xa5, bytes);
         pv_cpu_xq16 portable, avx2;
         pv_cpu_xq16_view(&portable, m1, T, n_in);

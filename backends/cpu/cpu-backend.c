@@ -96,7 +96,7 @@ static pv_status cpu_init(pv_backend *be)
     const char *kernels = getenv("PV_CPU_KERNELS");
     s->avx2_kernels = !(kernels && strcmp(kernels, "portable") == 0) && pv_cpu_avx2_available();
     be->impl = s;
-    be->info.int16_activations = pv_cpu_qmatmul_xq(be);
+    be->info.activation_bits = pv_cpu_qmatmul_activation_bits(be);
     return PV_OK;
 }
 
@@ -309,6 +309,7 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .buffer_alloc = cpu_buffer_alloc,
     .buffer_free = cpu_buffer_free,
     .buffer_advise_streamed = cpu_buffer_advise_streamed,
+    .weights_write = pv_cpu_weights_write,
     .buffer_write = cpu_buffer_write,
     .buffer_read = cpu_buffer_read,
     .copy_async = cpu_copy_async,

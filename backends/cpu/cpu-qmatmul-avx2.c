@@ -13,6 +13,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -99,196 +100,186 @@ DEFINE_FLAT_ROWS(rows_f32, load8_f32, PV_W_F32, 4)
 DEFINE_FLAT_ROWS(rows_f16, load8_f16, PV_W_F16, 2)
 DEFINE_FLAT_ROWS(rows_bf16, load8_bf16, PV_W_BF16, 2)
 
-/* ---- integer dot products against 16-bit activations ------------------------------
- * Widening 4-bit codes to f32 costs 27 vector ops per 32 weights and bounds
- * decode. With the activations rounded to 16 bits (relative error 2^-16 of a
- * block's largest, far below the weights' own), the codes widen only to
- * 16-bit integers and two madds multiply and pair-sum all 32. Sums stay in
- * range: |code| <= 128 times |x| <= 32767, 32 to a block, < 2^28.
+/* ---- integer products of the block types against 16-bit activations ------------
+ * Rows are interleaved in groups of 8 (cpu-qmatmul.h): a 32-byte piece of a
+ * group block holds 4 codes of each of 8 rows, and its product with 4
+ * activation bytes broadcast to every lane (maddubs: unsigned codes times
+ * signed bytes, pairs summed to 16 bits) leaves each row's sum in its own
+ * lane. Eight pieces cover a block; the sums stay exact: for the 4-bit types
+ * the 16-bit lanes add 8 products of pairs, at most 8 x 2 x 15 x 127 =
+ * 30480 < 2^15, and Q8_0 widens each piece's sums to 32 bits (2 x 128 x 127
+ * = 32512 per pair; its codes are signed, so they multiply as |w| against x
+ * with w's sign). The activations' two bytes (hi, lo) take a pass each and
+ * combine as 256 hi + lo in 32 bits: about half the integer work of 16-bit
+ * madd products, and no horizontal sums, as a group's 8 results lie in 8 lanes.
  *
- * Blocks go in groups of eight: their integer sums are reduced to one lane
- * each and scaled together (8 weight scales by 8 activation scales), so the
- * per-block float work of scaling and accumulating is paid once per eight
- * blocks; the scales come from one gather. The integer sums are exact, so a
- * token's result does not depend on the other tokens in its tile. */
+ * Per row the float work is, block after block: acc = fma(isum, dw dx, acc)
+ * and accm = fma(mw, sx, accm), then y = acc + accm (Q8_0: y = acc). The
+ * rows past the last whole group (GGUF layout) run the same operations in
+ * scalar code, and every batch size runs them in the same order, so a
+ * token's outputs are the same bits whichever batch and tile it is in. */
 
-/* Weight scales of blocks g .. g+n-1 (n <= 8) of a row: the f16 d at the start
- * of each block and, for Q4_1, the f16 m after it; lanes past n are 0. */
-AVX2_INLINE void block_scales(const uint8_t *first, int bb, int n, __m256 *d, __m256 *m)
-{
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb));
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    /* Each dword holds d (low half) and the next two bytes (Q4_1's m). */
-    const __m256i dm = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)first, idx, lanes, 1);
-    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9,
-                                           12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-    /* Per 128-bit lane: four d halves, then four m halves; then d of all
-     * eight in the low lane, m in the high. */
-    const __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dm, split), 0xd8);
-    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-    *m = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-}
-
-/* Codes of one block as 16-bit integers: elements 0-15 and 16-31. */
-AVX2_INLINE void codes_q4(const uint8_t *qs, __m256i *lo, __m256i *hi)
-{
-    /* The 16 bytes in both lanes, zero-extended in place to 16 bits (bytes
-     * 0-7 in the low lane, 8-15 in the high): no lane-crossing widening. */
-    const __m256i spread = _mm256_setr_epi8(0, -1, 1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1, 7, -1, 8, -1, 9, -1, 10,
-                                            -1, 11, -1, 12, -1, 13, -1, 14, -1, 15, -1);
-    const __m256i q = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs)), spread);
-    *lo = _mm256_and_si256(q, _mm256_set1_epi16(15));
-    *hi = _mm256_srli_epi16(q, 4);
-}
-
-AVX2_INLINE void codes_q8(const uint8_t *qs, __m256i *lo, __m256i *hi)
-{
-    *lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)qs));
-    *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 16)));
-}
-
-/* Eight lanes of partial sums of one block, against its 32 activations. */
-AVX2_INLINE __m256i block_dot(__m256i lo, __m256i hi, const int16_t *xq)
-{
-    return _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xq)),
-                            _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 16))));
-}
-
-/* Tokens per pass in batches: a group's codes are unpacked once per pass,
- * and the pass's accumulators (2 KB) stay in L1. */
+/* Tokens per pass in batches: a group block's codes are unpacked once per
+ * pass, and the pass's accumulators (1 KB) stay in L1. */
 #define XQ_TOKENS 16
-/* Decode asks for W this many bytes ahead of the group it reads: at one
- * token the kernel computes too slowly for the hardware prefetcher to run far
- * enough ahead on its own (bench-qmatmul, one token, weights from memory,
- * alternating: Q8_0 17-20 -> 24-27 GB/s, Q4_1 13-16 -> 15-17; 4096 bytes
- * gave the same; model decode +9%). */
+/* Decode asks for W this many bytes ahead of the block it reads: at one
+ * token the hardware prefetcher alone does not run far enough ahead
+ * (bench-qmatmul, one token, weights from memory). */
 #define XQ_PREFETCH 2048
 
-/* A group's codes unpacked for reuse across the tokens of a batch. */
-typedef struct xq_codes {
-    __m256i lo[8], hi[8];
-} xq_codes;
-
-/* One group of n blocks (n = 8 except in a row's last group) against one
- * token's x. The blocks' partial sums are reduced in pairs as they come
- * (hadd): quad 0 holds blocks 0-3 (low lane: elements 0-3 of each, high:
- * 4-7), quad 1 blocks 4-7. Past a row's last block nothing is added (a pair
- * with one block left gets zero codes against x's zero padding). Decode
- * (codes straight from W) and batches (from an xq_codes) run the same integer
- * sums and the same float operations, so a token's result is the same bits
- * in either. CODES_OF(src, b, n, &lo, &hi) gives block b's codes, zero past n. */
-#define XQ_GROUP_SUMS(CODES_OF, src)                                                               \
-    __m256i quad[2], pair = _mm256_setzero_si256();                                                \
-    _Pragma("GCC unroll 8") for (int b = 0; b < 8; b += 2) {                                       \
-        __m256i s = _mm256_setzero_si256();                                                        \
-        if (b < n) {                                                                               \
-            __m256i lo0, hi0, lo1, hi1;                                                            \
-            CODES_OF(src, b, n, &lo0, &hi0);                                                       \
-            CODES_OF(src, b + 1, n, &lo1, &hi1);                                                   \
-            s = _mm256_hadd_epi32(block_dot(lo0, hi0, xb + 32 * b), block_dot(lo1, hi1, xb + 32 * (b + 1))); \
-        }                                                                                          \
-        if (b % 4 == 0)                                                                            \
-            pair = s;                                                                              \
-        else                                                                                       \
-            quad[b / 4] = _mm256_hadd_epi32(pair, s);                                              \
-    }                                                                                              \
-    const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(quad[0], quad[1], 0x20),       \
-                                          _mm256_permute2x128_si256(quad[0], quad[1], 0x31))
-
-AVX2_INLINE void codes_of_buffer(const xq_codes *c, int b, int n, __m256i *lo, __m256i *hi)
+AVX2_INLINE __m256i broadcast4(const int8_t *x)
 {
-    (void)n; /* the buffer holds zeros past n */
-    *lo = c->lo[b];
-    *hi = c->hi[b];
+    int32_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm256_set1_epi32(v);
 }
 
-#define DEFINE_XQ_ROWS(name, CODES, KIND, bb, qoff)                                                \
-    AVX2_INLINE void name##_scales(const uint8_t *wg, const int n, __m256 *dw, __m256 *mw)         \
-    {                                                                                              \
-        block_scales(wg, bb, n, dw, mw);                                                           \
-        if (KIND == 40)                                                                            \
-            *mw = _mm256_mul_ps(*dw, _mm256_set1_ps(-8.0f)); /* d (q - 8) = d q - 8 d */            \
-    }                                                                                              \
-    AVX2_INLINE void name##_accumulate(__m256i sums, __m256 dw, __m256 mw, const pv_cpu_xq16 *xq,  \
-                                       int64_t at, __m256 *acc, __m256 *accm)                      \
-    {                                                                                              \
-        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, _mm256_loadu_ps(xq->d + at)), *acc); \
-        if (KIND != 8)                                                                             \
-            *accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xq->s + at), *accm);                       \
-    }                                                                                              \
-    AVX2_INLINE void name##_codes_w(const uint8_t *wg, int b, int n, __m256i *lo, __m256i *hi)     \
-    {                                                                                              \
-        if (b < n)                                                                                 \
-            CODES(wg + b * (bb) + (qoff), lo, hi);                                                 \
-        else                                                                                       \
-            *lo = *hi = _mm256_setzero_si256();                                                    \
-    }                                                                                              \
-    /* Decode: one token, codes unpacked straight from W. */                                      \
-    AVX2_INLINE void name##_row1(const uint8_t *wr, int64_t n_blocks, const pv_cpu_xq16 *xq, int64_t t, \
-                                 float *y)                                                         \
-    {                                                                                              \
-        __m256 acc = _mm256_setzero_ps(), accm = acc;                                              \
-        for (int64_t g = 0; g < n_blocks; g += 8) {                                                \
-            const int n = n_blocks - g < 8 ? (int)(n_blocks - g) : 8;                             \
-            const uint8_t *wg = wr + g * (bb);                                                     \
-            const int16_t *xb = xq->q + (t * xq->stride + g) * 32;                                 \
-            for (int off = 0; off < 8 * (bb); off += 64)                                           \
-                /* an address past W's end is fine for a prefetch; computed as an integer */     \
-                _mm_prefetch((const char *)((uintptr_t)wg + XQ_PREFETCH + (uintptr_t)off), _MM_HINT_T0); \
-            __m256 dw, mw;                                                                         \
-            name##_scales(wg, n, &dw, &mw);                                                        \
-            XQ_GROUP_SUMS(name##_codes_w, wg);                                                     \
-            name##_accumulate(sums, dw, mw, xq, t * xq->stride + g, &acc, &accm);                  \
-        }                                                                                          \
-        *y = hsum(_mm256_add_ps(acc, accm));                                                       \
-    }                                                                                              \
-    /* Batches: each group's codes unpacked once for XQ_TOKENS tokens. */                         \
-    AVX2_INLINE void name##_rows_batch(const uint8_t *wr, int64_t n_blocks, const pv_cpu_xq16 *xq, \
-                                       int64_t t0, int64_t nt, float *y, int64_t ldy)              \
+/* Codes of one group block: c[k] holds codes 4k..4k+3 of each row (as
+ * unsigned bytes for the 4-bit types; as |w| in c and w in sign for Q8_0). */
+typedef struct group_codes {
+    __m256i c[8], sign[8];
+} group_codes;
+
+AVX2_INLINE void unpack_q4(const uint8_t *codes, group_codes *g)
+{
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int p = 0; p < 4; p++) {
+        /* byte 4 r + i of piece p is byte 4p + i of row r's qs: its low
+         * nibble is code 4p + i, its high nibble code 16 + 4p + i */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 32 * p));
+        g->c[p] = _mm256_and_si256(v, low);
+        g->c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+}
+
+AVX2_INLINE void unpack_q8(const uint8_t *codes, group_codes *g)
+{
+    for (int p = 0; p < 8; p++) {
+        g->sign[p] = _mm256_loadu_si256((const __m256i *)(codes + 32 * p));
+        g->c[p] = _mm256_abs_epi8(g->sign[p]);
+    }
+}
+
+/* The 8 rows' integer sums of one block against the token's 32 codes xb. */
+AVX2_INLINE __m256i isum_q4(const group_codes *g, const int8_t *xb)
+{
+    __m256i s = _mm256_maddubs_epi16(g->c[0], broadcast4(xb));
+    for (int k = 1; k < 8; k++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(g->c[k], broadcast4(xb + 4 * k)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+AVX2_INLINE __m256i isum_q8(const group_codes *g, const int8_t *xb)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        const __m256i x = _mm256_sign_epi8(broadcast4(xb + 4 * k), g->sign[k]);
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(g->c[k], x), ones));
+    }
+    return s;
+}
+
+/* A block's codes dotted with the token's, one row in GGUF layout (the
+ * tail rows): the same integers as the lanes above. */
+static inline int isum_row_q4(const uint8_t *qs, const int8_t *xb)
+{
+    int s = 0;
+    for (int j = 0; j < 16; j++)
+        s += (qs[j] & 15) * xb[j] + (qs[j] >> 4) * xb[j + 16];
+    return s;
+}
+
+static inline int isum_row_q8(const uint8_t *qs, const int8_t *xb)
+{
+    int s = 0;
+    for (int j = 0; j < 32; j++)
+        s += (int8_t)qs[j] * xb[j];
+    return s;
+}
+
+/* KIND: 41 Q4_1 (m after d), 40 Q4_0 (m = -8 d), 8 Q8_0 (no m); bb: bytes
+ * of a GGUF block; hb: its scale bytes. */
+#define DEFINE_XQ_ROWS(name, KIND, bb, hb, UNPACK, ISUM, ISUM_ROW)                                 \
+    /* Tokens t0 .. t0+nt-1 against one group of 8 rows (at gw). */                                \
+    AVX2_INLINE void name##_group(const uint8_t *gw, int64_t n_blocks, const pv_cpu_xq16 *xq, int64_t t0, \
+                                  const int nt, float *y, int64_t ldy)                             \
     {                                                                                              \
         __m256 acc[XQ_TOKENS], accm[XQ_TOKENS];                                                    \
-        for (int64_t g = 0; g < n_blocks; g += 8) {                                                \
-            const int n = n_blocks - g < 8 ? (int)(n_blocks - g) : 8;                             \
-            const uint8_t *wg = wr + g * (bb);                                                     \
-            __m256 dw, mw;                                                                         \
-            name##_scales(wg, n, &dw, &mw);                                                        \
-            xq_codes c;                                                                            \
-            _Pragma("GCC unroll 8") for (int b = 0; b < 8; b++)                                    \
-                name##_codes_w(wg, b, n, &c.lo[b], &c.hi[b]);                                      \
-            for (int64_t j = 0; j < nt; j++) {                                                     \
-                const int64_t t = t0 + j;                                                          \
-                const int16_t *xb = xq->q + (t * xq->stride + g) * 32;                             \
-                XQ_GROUP_SUMS(codes_of_buffer, &c);                                                \
-                if (g == 0) /* here, not in a loop of its own that GCC makes a memset */          \
-                    acc[j] = accm[j] = _mm256_setzero_ps();                                        \
-                name##_accumulate(sums, dw, mw, xq, t * xq->stride + g, &acc[j], &accm[j]);        \
+        for (int j = 0; j < nt; j++)                                                               \
+            acc[j] = accm[j] = _mm256_setzero_ps();                                                \
+        for (int64_t b = 0; b < n_blocks; b++) {                                                   \
+            const uint8_t *gb = gw + b * PV_XROWS * (bb);                                          \
+            if (nt == 1) /* an address past W's end is fine for a prefetch */                     \
+                for (int off = 0; off < PV_XROWS * (bb); off += 64)                                \
+                    _mm_prefetch((const char *)((uintptr_t)gb + XQ_PREFETCH + (uintptr_t)off), _MM_HINT_T0); \
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));               \
+            const __m256 mw = KIND == 41 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16))) \
+                                         : _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f)); /* d (q - 8) */ \
+            group_codes g;                                                                         \
+            UNPACK(gb + PV_XROWS * (hb), &g);                                                      \
+            for (int j = 0; j < nt; j++) {                                                         \
+                const int64_t i = (t0 + j) * n_blocks + b;                                         \
+                const int8_t *xb = xq->q + i * 64; /* hi, then lo */                               \
+                const __m256i isum = _mm256_add_epi32(_mm256_slli_epi32(ISUM(&g, xb), 8), ISUM(&g, xb + 32)); \
+                const __m256 sums = _mm256_cvtepi32_ps(isum);                                      \
+                acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[i])), acc[j]); \
+                if (KIND != 8)                                                                     \
+                    accm[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[i]), accm[j]);              \
             }                                                                                      \
         }                                                                                          \
-        for (int64_t j = 0; j < nt; j++)                                                           \
-            y[j * ldy] = hsum(_mm256_add_ps(acc[j], accm[j]));                                     \
+        for (int j = 0; j < nt; j++)                                                               \
+            _mm256_storeu_ps(y + j * ldy, KIND == 8 ? acc[j] : _mm256_add_ps(acc[j], accm[j]));    \
     }                                                                                              \
-    AVX2 static void name(const uint8_t *w, int64_t n_rows, int64_t n_in, const pv_cpu_xq16 *xq, int64_t T, \
-                          float *y, int64_t ldy)                                                   \
+    /* One row in GGUF layout, one token: the lanes' operations in scalar. */                     \
+    AVX2_INLINE float name##_row(const uint8_t *wr, int64_t n_blocks, const pv_cpu_xq16 *xq, int64_t t) \
+    {                                                                                              \
+        float acc = 0.0f, accm = 0.0f;                                                             \
+        for (int64_t b = 0; b < n_blocks; b++) {                                                   \
+            const uint8_t *blk = wr + b * (bb);                                                    \
+            const int64_t i = t * n_blocks + b;                                                    \
+            const float dw = pv_cpu_weight_at(PV_W_F16, blk, 0);                                   \
+            const float mw = KIND == 41 ? pv_cpu_weight_at(PV_W_F16, blk, 1) : dw * -8.0f;         \
+            const int s = 256 * ISUM_ROW(blk + (hb), xq->q + i * 64) + ISUM_ROW(blk + (hb), xq->q + i * 64 + 32); \
+            acc = fmaf((float)s, dw * xq->d[i], acc);                                              \
+            if (KIND != 8)                                                                         \
+                accm = fmaf(mw, xq->s[i], accm);                                                   \
+        }                                                                                          \
+        return KIND == 8 ? acc : acc + accm;                                                       \
+    }                                                                                              \
+    AVX2 static void name(const uint8_t *w, int64_t n_groups, int64_t n_tail, int64_t n_in,       \
+                          const pv_cpu_xq16 *xq, int64_t T, float *y, int64_t ldy)                  \
     {                                                                                              \
         const int64_t n_blocks = n_in / 32, row_bytes = n_blocks * (bb);                           \
-        for (int64_t r = 0; r < n_rows; r++) {                                                     \
-            if (T == 1) {                                                                          \
-                name##_row1(w + r * row_bytes, n_blocks, xq, 0, y + r);                            \
-                continue;                                                                          \
-            }                                                                                      \
-            for (int64_t t0 = 0; t0 < T; t0 += XQ_TOKENS)                                          \
-                name##_rows_batch(w + r * row_bytes, n_blocks, xq, t0,                             \
-                                  T - t0 < XQ_TOKENS ? T - t0 : XQ_TOKENS, y + t0 * ldy + r, ldy);  \
-        }                                                                                          \
+        if (T == 1)                                                                                \
+            for (int64_t g = 0; g < n_groups; g++)                                                 \
+                name##_group(w + g * PV_XROWS * row_bytes, n_blocks, xq, 0, 1, y + g * PV_XROWS, ldy); \
+        /* passes outside: a pass's activations stay in L1 across the groups */                  \
+        for (int64_t t0 = 0; T > 1 && t0 < T; t0 += XQ_TOKENS)                                     \
+            for (int64_t g = 0; g < n_groups; g++)                                                 \
+                name##_group(w + g * PV_XROWS * row_bytes, n_blocks, xq, t0,                       \
+                             T - t0 < XQ_TOKENS ? (int)(T - t0) : XQ_TOKENS, y + t0 * ldy + g * PV_XROWS, ldy); \
+        for (int64_t r = n_groups * PV_XROWS; r < n_groups * PV_XROWS + n_tail; r++)               \
+            for (int64_t t = 0; t < T; t++)                                                        \
+                y[t * ldy + r] = name##_row(w + r * row_bytes, n_blocks, xq, t);                   \
     }
 
-DEFINE_XQ_ROWS(xqrows_q4_1, codes_q4, 41, 20, 4)
-DEFINE_XQ_ROWS(xqrows_q4_0, codes_q4, 40, 18, 2)
-DEFINE_XQ_ROWS(xqrows_q8_0, codes_q8, 8, 34, 2)
+DEFINE_XQ_ROWS(xqrows_q4_1, 41, 20, 4, unpack_q4, isum_q4, isum_row_q4)
+DEFINE_XQ_ROWS(xqrows_q4_0, 40, 18, 2, unpack_q4, isum_q4, isum_row_q4)
+DEFINE_XQ_ROWS(xqrows_q8_0, 8, 34, 2, unpack_q8, isum_q8, isum_row_q8)
+
+/* Eight 32-bit lanes of codes to bytes, in order: the packs work per
+ * 128-bit lane and leave dwords of four in the order 0 2 4 6 1 3 5 7. */
+AVX2_INLINE void store_bytes(int8_t *out, const __m256i q[4])
+{
+    const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)out, _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
 
 /* pv_cpu_quantize_x for one block, with the same operations in vectors:
- * the same bits (cvtps rounds to nearest even, as lrintf does). */
-AVX2_INLINE void quantize_block(const float *xb, int16_t *q, float *d_out, float *s_out)
+ * the same bits (cvtps rounds to nearest even, as lrintf does; fnmadd is
+ * fmaf's single rounding). */
+AVX2_INLINE void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps();
@@ -299,36 +290,34 @@ AVX2_INLINE void quantize_block(const float *xb, int16_t *q, float *d_out, float
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float dm = _mm_cvtss_f32(m) / 32767.0f, d = dm >= FLT_MIN ? dm : 0.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const __m256 scale = _mm256_set1_ps(inv);
-    __m256i qi[4], sum = _mm256_setzero_si256();
+    const float dm = _mm_cvtss_f32(m) / 127.0f, d1 = dm >= 256.0f * FLT_MIN ? dm : 0.0f;
+    const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
+    const __m256 scale = _mm256_set1_ps(inv), scale_lo = _mm256_set1_ps(inv * 256.0f);
+    const __m256 neg_d1 = _mm256_set1_ps(-d1);
+    __m256i hi[4], lo[4], sum = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) {
-        qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
-        sum = _mm256_add_epi32(sum, qi[i]);
+        hi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
+        const __m256 rest = _mm256_fmadd_ps(neg_d1, _mm256_cvtepi32_ps(hi[i]), v[i]);
+        lo[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, scale_lo));
+        lo[i] = _mm256_max_epi32(_mm256_min_epi32(lo[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(hi[i], 8), lo[i]));
     }
-    /* packs works per 128-bit lane; the permute puts the elements back in order */
-    _mm256_storeu_si256((__m256i *)q, _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[0], qi[1]), 0xd8));
-    _mm256_storeu_si256((__m256i *)(q + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(qi[2], qi[3]), 0xd8));
+    store_bytes(q, hi);
+    store_bytes(q + 32, lo);
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
-    *d_out = d;
-    *s_out = d * (float)_mm_cvtsi128_si32(s4);
+    *d_out = d1 / 256.0f;
+    *s_out = *d_out * (float)_mm_cvtsi128_si32(s4);
 }
 
 AVX2 void pv_cpu_quantize_x_avx2(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
 {
     const int64_t n_blocks = n_in / 32;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t b = 0; b < xq->stride; b++) {
-            const int64_t i = t * xq->stride + b;
-            if (b < n_blocks) {
-                quantize_block(x + t * n_in + b * 32, xq->q + i * 32, &xq->d[i], &xq->s[i]);
-            } else {
-                memset(xq->q + i * 32, 0, 32 * sizeof(int16_t));
-                xq->d[i] = xq->s[i] = 0.0f;
-            }
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const int64_t i = t * n_blocks + b;
+            quantize_block(x + t * n_in + b * 32, xq->q + i * 64, &xq->d[i], &xq->s[i]);
         }
 }
 

@@ -8,8 +8,9 @@
  *
  * On x86-64 CPUs with AVX2, FMA and F16C (cpu-qmatmul-avx2.c, chosen at run
  * time; the build needs no -march flag):
- * - the block types multiply x rounded to 16 bits per block of 32 with
- *   integer products (madd), at every batch size. One kernel for every size
+ * - the block types multiply x rounded to 16 bits per block of 32 (two
+ *   bytes) with integer products (maddubs), over rows kept interleaved in groups of 8
+ *   (pv_weights_write; layout in cpu-qmatmul.h), at every batch size. One kernel for every size
  *   keeps a token's outputs the same bits in decode, prefill and recovery,
  *   which stateful serving needs: once activations are rounded, a last-bit
  *   difference between two kernels can move a rounding by a step, and a
@@ -113,53 +114,105 @@ static void rows_portable(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t 
     }
 }
 
-static int64_t xq_stride(int64_t n_in)
-{
-    return (n_in / 32 + PV_XQ_GROUP - 1) / PV_XQ_GROUP * PV_XQ_GROUP;
-}
-
 uint64_t pv_cpu_xq16_bytes(int64_t T, int64_t n_in)
 {
-    return (uint64_t)T * (uint64_t)xq_stride(n_in) * (32 * sizeof(int16_t) + 2 * sizeof(float));
+    return (uint64_t)T * (uint64_t)(n_in / 32) * (64 * sizeof(int8_t) + 2 * sizeof(float));
 }
 
 void pv_cpu_xq16_view(pv_cpu_xq16 *xq, void *mem, int64_t T, int64_t n_in)
 {
-    xq->stride = xq_stride(n_in);
-    const uint64_t blocks = (uint64_t)T * (uint64_t)xq->stride;
+    xq->n_blocks = n_in / 32;
+    const uint64_t blocks = (uint64_t)T * (uint64_t)xq->n_blocks;
     xq->d = mem;
     xq->s = xq->d + blocks;
-    xq->q = (int16_t *)(xq->s + blocks);
+    xq->q = (int8_t *)(xq->s + blocks);
 }
 
 void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
 {
     const int64_t n_blocks = n_in / 32;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t b = 0; b < xq->stride; b++) {
-            const int64_t i = t * xq->stride + b;
-            int16_t *q = xq->q + i * 32;
-            if (b >= n_blocks) {
-                memset(q, 0, 32 * sizeof *q);
-                xq->d[i] = xq->s[i] = 0.0f;
-                continue;
-            }
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const int64_t i = t * n_blocks + b;
             const float *xb = x + t * n_in + b * 32;
+            int8_t *hi = xq->q + i * 64, *lo = hi + 32;
             float amax = 0.0f;
             for (int j = 0; j < 32; j++)
                 amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-            /* Below FLT_MIN, 1 / d would overflow: such a block counts as zero. */
-            const float d = amax / 32767.0f >= FLT_MIN ? amax / 32767.0f : 0.0f;
-            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+            /* Below 256 FLT_MIN, 256 / d1 would overflow: such a block counts as zero. */
+            const float d1 = amax / 127.0f >= 256.0f * FLT_MIN ? amax / 127.0f : 0.0f;
+            const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
             int sum = 0;
             for (int j = 0; j < 32; j++) {
-                const int v = (int)lrintf(xb[j] * inv);
-                q[j] = (int16_t)v;
-                sum += v;
+                /* |x| inv <= amax / (amax / 127) rounds to at most 127; the
+                 * remainder is at most half a step of d1, 128 of d1 / 256 */
+                const int h = (int)lrintf(xb[j] * inv);
+                const int l = (int)lrintf(fmaf(-d1, (float)h, xb[j]) * (inv * 256.0f));
+                hi[j] = (int8_t)h;
+                lo[j] = (int8_t)(l > 127 ? 127 : l < -127 ? -127 : l);
+                sum += 256 * h + lo[j];
             }
-            xq->d[i] = d;
-            xq->s[i] = d * (float)sum;
+            xq->d[i] = d1 / 256.0f;
+            xq->s[i] = xq->d[i] * (float)sum;
         }
+}
+
+/* ---- the interleaved layout (cpu-qmatmul.h) ------------------------------------ */
+
+int pv_cpu_interleaves(pv_wtype t)
+{
+    return t == PV_W_Q8_0 || t == PV_W_Q4_0 || t == PV_W_Q4_1;
+}
+
+/* Bytes of a block's scales (d, and m for Q4_1) before its codes. */
+static uint32_t scale_bytes(pv_wtype t)
+{
+    return t == PV_W_Q4_1 ? 4 : 2;
+}
+
+/* Where the piece of block b of row r (r < the grouped rows) that starts at
+ * byte `at` of its GGUF block lies in an interleaved matrix; *len gets the
+ * piece's bytes: 2 for a scale (arrays of 8 halves), 4 for codes. */
+static uint64_t piece_at(pv_wtype t, int64_t n_in, int64_t r, int64_t b, uint32_t at, uint32_t *len)
+{
+    const uint32_t bb = block_bytes_of(t), hb = scale_bytes(t);
+    const uint64_t group_block =
+        ((uint64_t)(r / PV_XROWS) * (uint64_t)(n_in / 32) + (uint64_t)b) * PV_XROWS * bb;
+    const uint32_t lane = (uint32_t)(r % PV_XROWS);
+    *len = at < hb ? 2 : 4;
+    return at < hb ? group_block + at * PV_XROWS + lane * 2
+                   : group_block + hb * PV_XROWS + (at - hb) * PV_XROWS + lane * 4;
+}
+
+void pv_cpu_interleave(pv_wtype t, const uint8_t *src, int64_t n_rows, int64_t n_in, uint8_t *dst)
+{
+    const uint32_t bb = block_bytes_of(t);
+    const int64_t n_blocks = n_in / 32, grouped = n_rows / PV_XROWS * PV_XROWS;
+    const uint64_t row_bytes = (uint64_t)n_blocks * bb;
+    for (int64_t r = 0; r < grouped; r++)
+        for (int64_t b = 0; b < n_blocks; b++) {
+            const uint8_t *block = src + (uint64_t)r * row_bytes + (uint64_t)b * bb;
+            for (uint32_t at = 0, len = 0; at < bb; at += len) {
+                const uint64_t to = piece_at(t, n_in, r, b, at, &len);
+                memcpy(dst + to, block + at, len);
+            }
+        }
+    memcpy(dst + (uint64_t)grouped * row_bytes, src + (uint64_t)grouped * row_bytes,
+           (size_t)((uint64_t)(n_rows - grouped) * row_bytes));
+}
+
+void pv_cpu_interleaved_block(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t n_in, int64_t r, int64_t b,
+                              uint8_t *out)
+{
+    const uint32_t bb = block_bytes_of(t);
+    if (r >= n_rows / PV_XROWS * PV_XROWS) {
+        memcpy(out, w + (uint64_t)r * (uint64_t)(n_in / 32) * bb + (uint64_t)b * bb, bb);
+        return;
+    }
+    for (uint32_t at = 0, len = 0; at < bb; at += len) {
+        const uint64_t from = piece_at(t, n_in, r, b, at, &len);
+        memcpy(out + at, w + from, len);
+    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -215,15 +268,42 @@ static uint64_t type_bytes(pv_wtype t, uint64_t n)
     return n / elems * bytes;
 }
 
+/* Whether this backend keeps matrices of type t interleaved (cpu-qmatmul.h). */
+static int interleaved(const pv_backend *be, pv_wtype t)
+{
+    return pv_cpu_avx2_kernels(be) && pv_cpu_interleaves(t) && pv_cpu_qrows_xq_avx2(t) != NULL;
+}
+
+pv_status pv_cpu_weights_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
+                               int64_t n_cols, const void *src)
+{
+    uint8_t *to = (uint8_t *)dst->host_ptr + dst_off;
+    if (interleaved(be, t))
+        pv_cpu_interleave(t, src, n_rows, n_cols, to);
+    else
+        memcpy(to, src, (size_t)type_bytes(t, (uint64_t)n_rows * (uint64_t)n_cols));
+    return PV_OK;
+}
+
 pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
-    (void)be;
     const uint8_t *table = (const uint8_t *)a->table->host_ptr + type_bytes(a->table_type, a->table_off);
     float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
     const uint64_t row_bytes = type_bytes(a->table_type, (uint64_t)a->dim);
+    const int rows_interleaved = interleaved(be, a->table_type);
     PV_CPU_OMP("omp parallel for schedule(static)")
-    for (int32_t i = 0; i < a->n_ids; i++)
-        widen_row(a->table_type, table + (uint64_t)a->ids[i] * row_bytes, out + (int64_t)i * a->dim, a->dim);
+    for (int32_t i = 0; i < a->n_ids; i++) {
+        float *dst = out + (int64_t)i * a->dim;
+        if (!rows_interleaved) {
+            widen_row(a->table_type, table + (uint64_t)a->ids[i] * row_bytes, dst, a->dim);
+            continue;
+        }
+        for (int64_t b = 0; b < a->dim / 32; b++) {
+            uint8_t block[64]; /* the largest block type's bytes */
+            pv_cpu_interleaved_block(a->table_type, table, a->n_rows, a->dim, a->ids[i], b, block);
+            widen_block(a->table_type, block, dst + b * 32);
+        }
+    }
     return PV_OK;
 }
 
@@ -235,18 +315,22 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
  * at a few rows (cpu-gemm-small.c); prefill-sized batches amortise it. */
 #define PV_CPU_QMATMUL_FUSED_MAX_T 16
 
-/* Decode-sized batches of block types on AVX2: integer products within each
- * block against the 16-bit activations. */
+/* Block types on AVX2: integer products within each block against the
+ * 16-bit activations, over the interleaved layout. */
 static void qmatmul_xq(const pv_qmatmul_args *a, pv_cpu_rows_xq_fn kernel, const uint8_t *w,
-                         const pv_cpu_xq16 *xq, float *y)
+                       const pv_cpu_xq16 *xq, float *y)
 {
     const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
+    const int64_t grouped = a->n_out / PV_XROWS * PV_XROWS;
     const int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
     PV_CPU_OMP("omp parallel for schedule(static)")
     for (int64_t u = 0; u < units; u++) {
         const int64_t r0 = u * ROWS_PER_UNIT;
-        const int64_t n_rows = a->n_out - r0 < ROWS_PER_UNIT ? a->n_out - r0 : ROWS_PER_UNIT;
-        kernel(w + (uint64_t)r0 * row_bytes, n_rows, a->n_in, xq, a->n_tokens, y + r0, a->n_out);
+        const int64_t r1 = a->n_out - r0 < ROWS_PER_UNIT ? a->n_out : r0 + ROWS_PER_UNIT;
+        const int64_t g1 = r1 < grouped ? r1 : grouped; /* a unit's groups end here, then its tail rows */
+        const int64_t n_groups = g1 > r0 ? (g1 - r0) / PV_XROWS : 0;
+        kernel(w + (uint64_t)r0 * row_bytes, n_groups, r1 - r0 - n_groups * PV_XROWS, a->n_in, xq, a->n_tokens,
+               y + r0, a->n_out);
     }
 }
 
@@ -298,8 +382,7 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         return PV_OK;
     }
     const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
-    const pv_cpu_rows_xq_fn xq_kernel = pv_cpu_avx2_kernels(be) ? pv_cpu_qrows_xq_avx2(a->w_type) : NULL;
-    if (xq_kernel) {
+    if (interleaved(be, a->w_type)) {
         /* One kernel for every batch size: a token's outputs are then the
          * same bits whichever batch it ran in (decode, prefill, recovery),
          * as stateful and stateless serving must agree (see the top). */
@@ -311,7 +394,7 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         pv_cpu_xq16 xq;
         pv_cpu_xq16_view(&xq, mem, T, n_in);
         pv_cpu_quantize_x_avx2(x, T, n_in, &xq);
-        qmatmul_xq(a, xq_kernel, w, &xq, y);
+        qmatmul_xq(a, pv_cpu_qrows_xq_avx2(a->w_type), w, &xq, y);
         return PV_OK;
     }
     /* F16 and BF16 stay on the fused kernel at every batch size too: in a
@@ -331,9 +414,9 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return PV_OK;
 }
 
-int pv_cpu_qmatmul_xq(const pv_backend *be)
+int pv_cpu_qmatmul_activation_bits(const pv_backend *be)
 {
-    return pv_cpu_avx2_kernels(be); /* the integer kernels come with the AVX2 ones */
+    return pv_cpu_avx2_kernels(be) ? 16 : 0; /* the integer kernels come with the AVX2 ones */
 }
 
 int pv_cpu_qmatmul_supports(pv_wtype t)

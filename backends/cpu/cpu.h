@@ -75,9 +75,12 @@ pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
  * tables (cpu-qmatmul.c). */
 pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
 pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
+/* pv_weights_write: the block types interleaved where the integer kernels run. */
+pv_status pv_cpu_weights_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
+                               int64_t n_cols, const void *src);
 int pv_cpu_qmatmul_supports(pv_wtype t);
-/* Whether qmatmul runs the block types against 16-bit activations here. */
-int pv_cpu_qmatmul_xq(const pv_backend *be);
+/* The bits qmatmul rounds the block types' activations to here (0: none). */
+int pv_cpu_qmatmul_activation_bits(const pv_backend *be);
 
 /* The backend's scratch buffer of at least `floats` floats, grown as
  * needed and kept until the backend is freed (cpu-backend.c). */
