@@ -3,7 +3,7 @@
  * outputs must not depend on which ran), and the portable one must match
  * its definition (cpu-qmatmul.h): per block of 32, d1 = max |x| / 127,
  * hi = round-to-even(x / d1), lo = round-to-even(fma(-d1, hi, x) * 256 / d1)
- * within [-127, 127], d = d1 / 256, s = d * sum (256 hi + lo); a block whose
+ * within [-127, 127], q16 = 256 hi + lo, d = d1 / 256, s = d * sum q16; a block whose
  * d1 would be below 256 FLT_MIN (256 / d1 overflows) is zero. The rounded
  * value d (256 hi + lo) must also be within d / 2 of x (d at half-way ties
  * of lo's clamp): the two bytes hold 16 bits, not 8. */
@@ -55,6 +55,7 @@ static int same_bits(const pv_cpu_xq16 *a, const pv_cpu_xq16 *b, int64_t T)
 {
     const uint64_t blocks = (uint64_t)T * (uint64_t)a->n_blocks;
     return a->n_blocks == b->n_blocks && memcmp(a->q, b->q, blocks * 64) == 0 &&
+           memcmp(a->q16, b->q16, blocks * 32 * sizeof(int16_t)) == 0 &&
            memcmp(a->d, b->d, blocks * sizeof(float)) == 0 && memcmp(a->s, b->s, blocks * sizeof(float)) == 0;
 }
 
@@ -81,7 +82,7 @@ static int matches_definition(const float *x, int64_t T, int64_t n_in, const pv_
                 const float rest = fmaf(-d1, want_hi, xb[j]);
                 const float want_lo =
                     d1 > 0.0f ? fminf(fmaxf(nearbyintf(rest * (256.0f / d1)), -127.0f), 127.0f) : 0.0f;
-                if ((float)hi[j] != want_hi || (float)lo[j] != want_lo)
+                if ((float)hi[j] != want_hi || (float)lo[j] != want_lo || xq->q16[i * 32 + j] != 256 * hi[j] + lo[j])
                     return 0;
                 const double value = (double)xq->d[i] * (256.0 * hi[j] + lo[j]);
                 if (d1 > 0.0f && fabs(value - xb[j]) > (double)xq->d[i] * 1.0001)

@@ -105,13 +105,15 @@ DEFINE_FLAT_ROWS(rows_bf16, load8_bf16, PV_W_BF16, 2)
  * group block holds 4 codes of each of 8 rows, and its product with 4
  * activation bytes broadcast to every lane (maddubs: unsigned codes times
  * signed bytes, pairs summed to 16 bits) leaves each row's sum in its own
- * lane. Eight pieces cover a block; the sums stay exact: for the 4-bit types
- * the 16-bit lanes add 8 products of pairs, at most 8 x 2 x 15 x 127 =
- * 30480 < 2^15, and Q8_0 widens each piece's sums to 32 bits (2 x 128 x 127
- * = 32512 per pair; its codes are signed, so they multiply as |w| against x
- * with w's sign). The activations' two bytes (hi, lo) take a pass each and
- * combine as 256 hi + lo in 32 bits: about half the integer work of 16-bit
- * madd products, and no horizontal sums, as a group's 8 results lie in 8 lanes.
+ * lane. Eight pieces cover a block; the sums stay exact: the 16-bit lanes
+ * add 8 products of pairs, at most 8 x 2 x 15 x 127 = 30480 < 2^15. The
+ * activations' two bytes (hi, lo) take a pass each and combine as
+ * 256 hi + lo in 32 bits: about half the integer work of 16-bit madd
+ * products, and no horizontal sums, as a group's 8 results lie in 8 lanes.
+ * Q8_0's codes are signed, which maddubs cannot take with signed
+ * activations but at the price of sign operations on every pass: they are
+ * widened to 16 bits and multiplied with the activations as 16-bit integers
+ * (madd), two lanes a row, added by one hadd per block.
  *
  * Per row the float work is, block after block: acc = fma(isum, dw dx, acc)
  * and accm = fma(mw, sx, accm), then y = acc + accm (Q8_0: y = acc). The
@@ -134,10 +136,11 @@ AVX2_INLINE __m256i broadcast4(const int8_t *x)
     return _mm256_set1_epi32(v);
 }
 
-/* Codes of one group block: c[k] holds codes 4k..4k+3 of each row (as
- * unsigned bytes for the 4-bit types; as |w| in c and w in sign for Q8_0). */
+/* Codes of one group block, for the 4-bit types as unsigned bytes: a[k]
+ * holds codes 4k..4k+3 of each row; for Q8_0 as 16-bit integers: a[k] the
+ * codes 4k..4k+3 of rows 0-3, b[k] those of rows 4-7. */
 typedef struct group_codes {
-    __m256i c[8], sign[8];
+    __m256i a[8], b[8];
 } group_codes;
 
 AVX2_INLINE void unpack_q4(const uint8_t *codes, group_codes *g)
@@ -147,54 +150,69 @@ AVX2_INLINE void unpack_q4(const uint8_t *codes, group_codes *g)
         /* byte 4 r + i of piece p is byte 4p + i of row r's qs: its low
          * nibble is code 4p + i, its high nibble code 16 + 4p + i */
         const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 32 * p));
-        g->c[p] = _mm256_and_si256(v, low);
-        g->c[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        g->a[p] = _mm256_and_si256(v, low);
+        g->a[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
 }
 
 AVX2_INLINE void unpack_q8(const uint8_t *codes, group_codes *g)
 {
     for (int p = 0; p < 8; p++) {
-        g->sign[p] = _mm256_loadu_si256((const __m256i *)(codes + 32 * p));
-        g->c[p] = _mm256_abs_epi8(g->sign[p]);
+        g->a[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(codes + 32 * p)));
+        g->b[p] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(codes + 32 * p + 16)));
     }
 }
 
-/* The 8 rows' integer sums of one block against the token's 32 codes xb. */
-AVX2_INLINE __m256i isum_q4(const group_codes *g, const int8_t *xb)
+/* The 8 rows' integer sums of one block against one byte (hi or lo) of
+ * the token's 32 activations. */
+AVX2_INLINE __m256i isum_q4_bytes(const group_codes *g, const int8_t *xb)
 {
-    __m256i s = _mm256_maddubs_epi16(g->c[0], broadcast4(xb));
+    __m256i s = _mm256_maddubs_epi16(g->a[0], broadcast4(xb));
     for (int k = 1; k < 8; k++)
-        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(g->c[k], broadcast4(xb + 4 * k)));
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(g->a[k], broadcast4(xb + 4 * k)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
 }
 
-AVX2_INLINE __m256i isum_q8(const group_codes *g, const int8_t *xb)
+/* The 8 rows' integer sums of block i of xq: 256 hi + lo. */
+AVX2_INLINE __m256i isum_q4(const group_codes *g, const pv_cpu_xq16 *xq, int64_t i)
 {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        const __m256i x = _mm256_sign_epi8(broadcast4(xb + 4 * k), g->sign[k]);
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(g->c[k], x), ones));
-    }
-    return s;
+    const int8_t *hi = xq->q + i * 64, *lo = hi + 32;
+    return _mm256_add_epi32(_mm256_slli_epi32(isum_q4_bytes(g, hi), 8), isum_q4_bytes(g, lo));
 }
 
-/* A block's codes dotted with the token's, one row in GGUF layout (the
- * tail rows): the same integers as the lanes above. */
-static inline int isum_row_q4(const uint8_t *qs, const int8_t *xb)
+/* Q8_0's signed codes: 16-bit products (madd) with the activations as
+ * 16-bit integers, half the operations of two maddubs passes with signs.
+ * Each row's pairs of codes land in two lanes, which one hadd adds. */
+AVX2_INLINE __m256i isum_q8(const group_codes *g, const pv_cpu_xq16 *xq, int64_t i)
+{
+    const int16_t *xw = xq->q16 + i * 32;
+    __m256i lo_rows = _mm256_setzero_si256(), hi_rows = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        int64_t four;
+        memcpy(&four, xw + 4 * k, sizeof four);
+        const __m256i x = _mm256_set1_epi64x(four);
+        lo_rows = _mm256_add_epi32(lo_rows, _mm256_madd_epi16(g->a[k], x));
+        hi_rows = _mm256_add_epi32(hi_rows, _mm256_madd_epi16(g->b[k], x));
+    }
+    /* lanes 0 1 4 5 | 2 3 6 7 of rows after the hadd; the permute orders them */
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo_rows, hi_rows), 0xd8);
+}
+
+/* A block's codes dotted with the token's 16-bit activations, one row in
+ * GGUF layout (the tail rows): the same integers as the lanes above. */
+static inline int isum_row_q4(const uint8_t *qs, const int16_t *xw)
 {
     int s = 0;
     for (int j = 0; j < 16; j++)
-        s += (qs[j] & 15) * xb[j] + (qs[j] >> 4) * xb[j + 16];
+        s += (qs[j] & 15) * xw[j] + (qs[j] >> 4) * xw[j + 16];
     return s;
 }
 
-static inline int isum_row_q8(const uint8_t *qs, const int8_t *xb)
+static inline int isum_row_q8(const uint8_t *qs, const int16_t *xw)
 {
     int s = 0;
     for (int j = 0; j < 32; j++)
-        s += (int8_t)qs[j] * xb[j];
+        s += (int8_t)qs[j] * xw[j];
     return s;
 }
 
@@ -220,9 +238,7 @@ static inline int isum_row_q8(const uint8_t *qs, const int8_t *xb)
             UNPACK(gb + PV_XROWS * (hb), &g);                                                      \
             for (int j = 0; j < nt; j++) {                                                         \
                 const int64_t i = (t0 + j) * n_blocks + b;                                         \
-                const int8_t *xb = xq->q + i * 64; /* hi, then lo */                               \
-                const __m256i isum = _mm256_add_epi32(_mm256_slli_epi32(ISUM(&g, xb), 8), ISUM(&g, xb + 32)); \
-                const __m256 sums = _mm256_cvtepi32_ps(isum);                                      \
+                const __m256 sums = _mm256_cvtepi32_ps(ISUM(&g, xq, i));                           \
                 acc[j] = _mm256_fmadd_ps(sums, _mm256_mul_ps(dw, _mm256_set1_ps(xq->d[i])), acc[j]); \
                 if (KIND != 8)                                                                     \
                     accm[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq->s[i]), accm[j]);              \
@@ -240,7 +256,7 @@ static inline int isum_row_q8(const uint8_t *qs, const int8_t *xb)
             const int64_t i = t * n_blocks + b;                                                    \
             const float dw = pv_cpu_weight_at(PV_W_F16, blk, 0);                                   \
             const float mw = KIND == 41 ? pv_cpu_weight_at(PV_W_F16, blk, 1) : dw * -8.0f;         \
-            const int s = 256 * ISUM_ROW(blk + (hb), xq->q + i * 64) + ISUM_ROW(blk + (hb), xq->q + i * 64 + 32); \
+            const int s = ISUM_ROW(blk + (hb), xq->q16 + i * 32);                                  \
             acc = fmaf((float)s, dw * xq->d[i], acc);                                              \
             if (KIND != 8)                                                                         \
                 accm = fmaf(mw, xq->s[i], accm);                                                   \
@@ -279,7 +295,7 @@ AVX2_INLINE void store_bytes(int8_t *out, const __m256i q[4])
 /* pv_cpu_quantize_x for one block, with the same operations in vectors:
  * the same bits (cvtps rounds to nearest even, as lrintf does; fnmadd is
  * fmaf's single rounding). */
-AVX2_INLINE void quantize_block(const float *xb, int8_t *q, float *d_out, float *s_out)
+AVX2_INLINE void quantize_block(const float *xb, int8_t *q, int16_t *q16, float *d_out, float *s_out)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps();
@@ -294,14 +310,18 @@ AVX2_INLINE void quantize_block(const float *xb, int8_t *q, float *d_out, float 
     const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
     const __m256 scale = _mm256_set1_ps(inv), scale_lo = _mm256_set1_ps(inv * 256.0f);
     const __m256 neg_d1 = _mm256_set1_ps(-d1);
-    __m256i hi[4], lo[4], sum = _mm256_setzero_si256();
+    __m256i hi[4], lo[4], word[4], sum = _mm256_setzero_si256();
     for (int i = 0; i < 4; i++) {
         hi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
         const __m256 rest = _mm256_fmadd_ps(neg_d1, _mm256_cvtepi32_ps(hi[i]), v[i]);
         lo[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, scale_lo));
         lo[i] = _mm256_max_epi32(_mm256_min_epi32(lo[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-        sum = _mm256_add_epi32(sum, _mm256_add_epi32(_mm256_slli_epi32(hi[i], 8), lo[i]));
+        word[i] = _mm256_add_epi32(_mm256_slli_epi32(hi[i], 8), lo[i]);
+        sum = _mm256_add_epi32(sum, word[i]);
     }
+    for (int i = 0; i < 2; i++) /* packs per 128-bit lane; the permute restores the order */
+        _mm256_storeu_si256((__m256i *)(q16 + 16 * i),
+                            _mm256_permute4x64_epi64(_mm256_packs_epi32(word[2 * i], word[2 * i + 1]), 0xd8));
     store_bytes(q, hi);
     store_bytes(q + 32, lo);
     __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
@@ -317,7 +337,7 @@ AVX2 void pv_cpu_quantize_x_avx2(const float *x, int64_t T, int64_t n_in, pv_cpu
     for (int64_t t = 0; t < T; t++)
         for (int64_t b = 0; b < n_blocks; b++) {
             const int64_t i = t * n_blocks + b;
-            quantize_block(x + t * n_in + b * 32, xq->q + i * 64, &xq->d[i], &xq->s[i]);
+            quantize_block(x + t * n_in + b * 32, xq->q + i * 64, xq->q16 + i * 32, &xq->d[i], &xq->s[i]);
         }
 }
 

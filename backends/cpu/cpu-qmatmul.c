@@ -116,7 +116,7 @@ static void rows_portable(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t 
 
 uint64_t pv_cpu_xq16_bytes(int64_t T, int64_t n_in)
 {
-    return (uint64_t)T * (uint64_t)(n_in / 32) * (64 * sizeof(int8_t) + 2 * sizeof(float));
+    return (uint64_t)T * (uint64_t)(n_in / 32) * (64 * sizeof(int8_t) + 32 * sizeof(int16_t) + 2 * sizeof(float));
 }
 
 void pv_cpu_xq16_view(pv_cpu_xq16 *xq, void *mem, int64_t T, int64_t n_in)
@@ -125,7 +125,8 @@ void pv_cpu_xq16_view(pv_cpu_xq16 *xq, void *mem, int64_t T, int64_t n_in)
     const uint64_t blocks = (uint64_t)T * (uint64_t)xq->n_blocks;
     xq->d = mem;
     xq->s = xq->d + blocks;
-    xq->q = (int8_t *)(xq->s + blocks);
+    xq->q16 = (int16_t *)(xq->s + blocks);
+    xq->q = (int8_t *)(xq->q16 + blocks * 32);
 }
 
 void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
@@ -150,6 +151,7 @@ void pv_cpu_quantize_x(const float *x, int64_t T, int64_t n_in, pv_cpu_xq16 *xq)
                 const int l = (int)lrintf(fmaf(-d1, (float)h, xb[j]) * (inv * 256.0f));
                 hi[j] = (int8_t)h;
                 lo[j] = (int8_t)(l > 127 ? 127 : l < -127 ? -127 : l);
+                xq->q16[i * 32 + j] = (int16_t)(256 * h + lo[j]);
                 sum += 256 * h + lo[j];
             }
             xq->d[i] = d1 / 256.0f;

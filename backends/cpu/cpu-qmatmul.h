@@ -31,6 +31,7 @@ typedef void (*pv_cpu_rows_fn)(const uint8_t *w, int64_t n_rows, int64_t n_in, c
 typedef struct pv_cpu_xq16 {
     int64_t n_blocks; /* per token */
     int8_t *q;        /* [T][n_blocks][2][32]: hi, then lo */
+    int16_t *q16;     /* [T][n_blocks][32]: 256 hi + lo */
     float *d, *s;     /* [T][n_blocks] */
 } pv_cpu_xq16;
 
