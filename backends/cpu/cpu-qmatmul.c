@@ -175,9 +175,8 @@ static uint32_t scale_bytes(pv_wtype t)
 /* Where the piece of block b of row r (r < the grouped rows) that starts at
  * byte `at` of its GGUF block lies in an interleaved matrix; *len gets the
  * piece's bytes: 2 for a scale (arrays of 8 halves), 4 for codes. */
-static uint64_t piece_at(pv_wtype t, int64_t n_in, int64_t r, int64_t b, uint32_t at, uint32_t *len)
+static uint64_t piece_at(uint32_t bb, uint32_t hb, int64_t n_in, int64_t r, int64_t b, uint32_t at, uint32_t *len)
 {
-    const uint32_t bb = block_bytes_of(t), hb = scale_bytes(t);
     const uint64_t group_block =
         ((uint64_t)(r / PV_XROWS) * (uint64_t)(n_in / 32) + (uint64_t)b) * PV_XROWS * bb;
     const uint32_t lane = (uint32_t)(r % PV_XROWS);
@@ -188,14 +187,14 @@ static uint64_t piece_at(pv_wtype t, int64_t n_in, int64_t r, int64_t b, uint32_
 
 void pv_cpu_interleave(pv_wtype t, const uint8_t *src, int64_t n_rows, int64_t n_in, uint8_t *dst)
 {
-    const uint32_t bb = block_bytes_of(t);
+    const uint32_t bb = block_bytes_of(t), hb = scale_bytes(t);
     const int64_t n_blocks = n_in / 32, grouped = n_rows / PV_XROWS * PV_XROWS;
     const uint64_t row_bytes = (uint64_t)n_blocks * bb;
     for (int64_t r = 0; r < grouped; r++)
         for (int64_t b = 0; b < n_blocks; b++) {
             const uint8_t *block = src + (uint64_t)r * row_bytes + (uint64_t)b * bb;
             for (uint32_t at = 0, len = 0; at < bb; at += len) {
-                const uint64_t to = piece_at(t, n_in, r, b, at, &len);
+                const uint64_t to = piece_at(bb, hb, n_in, r, b, at, &len);
                 memcpy(dst + to, block + at, len);
             }
         }
@@ -206,13 +205,13 @@ void pv_cpu_interleave(pv_wtype t, const uint8_t *src, int64_t n_rows, int64_t n
 void pv_cpu_interleaved_block(pv_wtype t, const uint8_t *w, int64_t n_rows, int64_t n_in, int64_t r, int64_t b,
                               uint8_t *out)
 {
-    const uint32_t bb = block_bytes_of(t);
+    const uint32_t bb = block_bytes_of(t), hb = scale_bytes(t);
     if (r >= n_rows / PV_XROWS * PV_XROWS) {
         memcpy(out, w + (uint64_t)r * (uint64_t)(n_in / 32) * bb + (uint64_t)b * bb, bb);
         return;
     }
     for (uint32_t at = 0, len = 0; at < bb; at += len) {
-        const uint64_t from = piece_at(t, n_in, r, b, at, &len);
+        const uint64_t from = piece_at(bb, hb, n_in, r, b, at, &len);
         memcpy(out + at, w + from, len);
     }
 }
