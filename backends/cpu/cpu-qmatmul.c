@@ -8,13 +8,14 @@
  *
  * On x86-64 CPUs with AVX2, FMA and F16C (cpu-qmatmul-avx2.c, chosen at run
  * time; the build needs no -march flag):
- * - the block types multiply x rounded to 16 bits per block of 32 (two
- *   bytes) with integer products (maddubs), over rows kept interleaved in groups of 8
- *   (pv_weights_write; layout in cpu-qmatmul.h), at every batch size. One kernel for every size
- *   keeps a token's outputs the same bits in decode, prefill and recovery,
- *   which stateful serving needs: once activations are rounded, a last-bit
- *   difference between two kernels can move a rounding by a step, and a
- *   conversation would drift from its stateless recomputation;
+ * - the block types multiply x rounded to 16 bits per block of 32 with
+ *   integer products, over rows kept interleaved in groups of 8
+ *   (pv_weights_write; layout in cpu-qmatmul.h), at every batch size. One
+ *   kernel for every size keeps a token's outputs the same bits in decode,
+ *   prefill and recovery, which stateful serving needs: once activations
+ *   are rounded, a last-bit difference between two kernels can move a
+ *   rounding by a step, and a conversation would drift from its stateless
+ *   recomputation;
  * - F16 and BF16 are widened to f32 in registers, at every batch size for
  *   the same reason (a model that mixes them with block types feeds their
  *   outputs to the rounding);
