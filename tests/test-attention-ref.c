@@ -130,6 +130,54 @@ static void check_closed_forms(pv_backend *be, const char *name, uint64_t *rng)
     }
 }
 
+/* The CPU widens f16 K/V rows with F16C when it runs its AVX2 kernels and
+ * with portable code under PV_CPU_KERNELS=portable: both conversions are
+ * exact, so the outputs must agree bit for bit. */
+static void check_cpu_widening(uint64_t seed)
+{
+    pv_backend *fast = NULL, *portable = NULL;
+    pv_status st = pv_backend_init(&fast, "cpu", 0);
+    if (st == PV_OK && setenv("PV_CPU_KERNELS", "portable", 1) == 0) {
+        st = pv_backend_init(&portable, "cpu", 0);
+        unsetenv("PV_CPU_KERNELS");
+    }
+    if (!ok(st == PV_OK && portable, "cpu opens with and without PV_CPU_KERNELS=portable")) {
+        tap_diag("%s", pv_last_error());
+        pv_backend_free(fast);
+        return;
+    }
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const ref_case *rc = &cases[c];
+        if (rc->kv_dtype != PV_F16)
+            continue;
+        float *got[2] = {NULL, NULL};
+        size_t n = 0;
+        pv_status run_st[2];
+        pv_backend *bes[2] = {fast, portable};
+        for (int b = 0; b < 2; b++) {
+            uint64_t rng = seed + c;
+            kv_scenario sc;
+            kv_scenario_init(&sc, &rng, rc->kv_dtype, rc->n_heads, rc->n_kv_heads, rc->head_dim,
+                             rc->chunk_tokens, rc->seq_len, rc->n_seqs, rc->shape, rc->n_query);
+            n = (size_t)sc.n_tokens * sc.n_heads * sc.head_dim;
+            got[b] = xmalloc(n * sizeof(float));
+            int guards_ok = 0;
+            run_st[b] = kv_scenario_run(&sc, bes[b], got[b], &guards_ok);
+            kv_scenario_free(&sc);
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++)
+            differ += memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
+        ok(run_st[0] == PV_OK && run_st[1] == PV_OK && differ == 0,
+           "cpu: %s (f16 KV): F16C and portable widening give the same bits (%zu of %zu outputs differ)",
+           rc->what, differ, n);
+        free(got[0]);
+        free(got[1]);
+    }
+    pv_backend_free(fast);
+    pv_backend_free(portable);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
@@ -167,5 +215,7 @@ int main(int argc, char **argv)
         }
         pv_backend_free(be);
     }
+    if (!only || strcmp(only, "cpu") == 0)
+        check_cpu_widening(seed);
     return tap_done();
 }
