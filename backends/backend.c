@@ -811,11 +811,11 @@ pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     return be->ops->embed_gather(be, a);
 }
 
-pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+/* The checks of pv_qmatmul; *empty = 1 when there is nothing to compute. */
+static pv_status check_qmatmul(pv_backend *be, const pv_qmatmul_args *a, int *empty)
 {
     const pv_op op = PV_OP_QMATMUL;
-    if (!a)
-        return pv_error(PV_ERR_INVALID_ARG, "qmatmul: args is NULL");
+    *empty = 1;
     TRY(need_weights(be, op, a->w_type));
     if (a->n_tokens < 0)
         return pv_error(PV_ERR_INVALID_ARG, "qmatmul: n_tokens = %" PRId64 " must be >= 0", a->n_tokens);
@@ -827,6 +827,7 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->n_tokens, a->n_in, a->n_out}, 3));
     if (a->n_tokens == 0)
         return PV_OK;
+    *empty = 0;
     uint64_t w_elems = 0, x_elems = 0, y_elems = 0;
     TRY(PRODUCT(op, "w", "n_out x n_in", &w_elems, a->n_out, a->n_in));
     TRY(PRODUCT(op, "x", "n_tokens x n_in", &x_elems, a->n_tokens, a->n_in));
@@ -841,7 +842,58 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     for (int i = 0; i < 2; i++)
         if (ins[i] == a->y && a->y_off * 4 < in_end[i] && in_begin[i] < (a->y_off + y_elems) * 4)
             return pv_error(PV_ERR_INVALID_ARG, "qmatmul: y overlaps %s in the same buffer", in_names[i]);
-    return be->ops->qmatmul(be, a);
+    return PV_OK;
+}
+
+pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul: args is NULL");
+    int empty = 1;
+    TRY(check_qmatmul(be, a, &empty));
+    return empty ? PV_OK : be->ops->qmatmul(be, a);
+}
+
+pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    if (!products)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: products is NULL");
+    if (n < 1 || n > PV_QMATMUL_GROUP_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: n = %d out of range [1, %d]", n,
+                        PV_QMATMUL_GROUP_MAX);
+    const pv_qmatmul_args *first = &products[0];
+    int empty = 1;
+    for (int i = 0; i < n; i++) {
+        const pv_qmatmul_args *a = &products[i];
+        if (a->x != first->x || a->x_off != first->x_off || a->n_tokens != first->n_tokens ||
+            a->n_in != first->n_in)
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "qmatmul_group: product %d reads x at offset %" PRIu64 ", %" PRId64 " x %" PRId64
+                            ", not product 0's x at %" PRIu64 ", %" PRId64 " x %" PRId64 " (one buffer)",
+                            i, a->x_off, a->n_tokens, a->n_in, first->x_off, first->n_tokens, first->n_in);
+        pv_status st = check_qmatmul(be, a, &empty);
+        if (st != PV_OK) {
+            char why[512]; /* pv_error writes the buffer pv_last_error reads */
+            snprintf(why, sizeof why, "%s", pv_last_error());
+            return pv_error(st, "qmatmul_group: product %d: %s", i, why);
+        }
+        /* the products' sizes are checked above, so these products fit */
+        for (int j = 0; j < i; j++) {
+            const pv_qmatmul_args *b = &products[j];
+            uint64_t a_end = (a->y_off + (uint64_t)a->n_tokens * (uint64_t)a->n_out) * 4;
+            uint64_t b_end = (b->y_off + (uint64_t)b->n_tokens * (uint64_t)b->n_out) * 4;
+            if (!empty && a->y == b->y && a->y_off * 4 < b_end && b->y_off * 4 < a_end)
+                return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: products %d and %d write overlapping y", j,
+                                i);
+        }
+    }
+    if (empty)
+        return PV_OK;
+    if (be->ops->qmatmul_group)
+        return be->ops->qmatmul_group(be, products, n);
+    for (int i = 0; i < n; i++)
+        TRY(be->ops->qmatmul(be, &products[i]));
+    return PV_OK;
 }
 
 pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 5 /* 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 6 /* 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -261,6 +261,9 @@ typedef struct pv_qmatmul_args {
     pv_buffer *y; uint64_t y_off;       /* [n_tokens][n_out] f32 */
 } pv_qmatmul_args;
 
+/* Most products in one pv_qmatmul_group call. */
+#define PV_QMATMUL_GROUP_MAX 8
+
 /* out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * weight[:]; in place allowed. */
 typedef struct pv_rmsnorm_args {
     int64_t rows, dim;
@@ -385,6 +388,9 @@ typedef struct pv_backend_ops {
     pv_status (*argmax)(pv_backend *be, const pv_argmax_args *a);
     pv_status (*sample_top_p)(pv_backend *be, const pv_sample_args *a);
     pv_status (*qmatmul)(pv_backend *be, const pv_qmatmul_args *a);
+    /* Optional (NULL: qmatmul on each in turn): products sharing x, as one
+     * dispatch (pv_qmatmul_group). */
+    pv_status (*qmatmul_group)(pv_backend *be, const pv_qmatmul_args *products, int n);
 } pv_backend_ops;
 
 struct pv_backend {
@@ -451,6 +457,15 @@ pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a);
 pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
+/* n (1 to PV_QMATMUL_GROUP_MAX) products that read the same x (buffer,
+ * x_off, n_tokens and n_in; each its own weights and y) as one dispatch: a
+ * backend may prepare x once and run all their rows in one parallel pass
+ * (the CPU rounds x once and splits the rows of all of them over its
+ * threads together, where a layer's Q, K and V projections alone would each
+ * be too small to keep the cores busy). Each y gets the same values as
+ * pv_qmatmul would give it. Each product is checked as pv_qmatmul checks
+ * it, and no y may overlap another. */
+pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n);
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);

@@ -437,6 +437,29 @@ static pv_status linear(pv_llama *m, const pv_buffer *x, const llama_weight *w, 
     return pv_qmatmul(m->be, &q);
 }
 
+/* Products of one input x: Q, K and V, or gate and up. Weights in their own
+ * type go as one qmatmul group (on the CPU one parallel pass instead of one
+ * per matrix, where a decode step's small matrices are each over in
+ * microseconds); widened weights take the GEMM path one by one. */
+static pv_status linear_group(pv_llama *m, const pv_buffer *x, const llama_weight *const *ws,
+                              pv_buffer *const *ys, const int64_t *n_outs, int n, int64_t T, int64_t n_in)
+{
+    pv_qmatmul_args q[PV_QMATMUL_GROUP_MAX];
+    for (int i = 0; i < n; i++) {
+        if (ws[i]->type == PV_W_F32 && !m->qmatmul_f32) {
+            for (int j = 0; j < n; j++) {
+                pv_status st = linear(m, x, ws[j], ys[j], T, n_in, n_outs[j]);
+                if (st != PV_OK)
+                    return st;
+            }
+            return PV_OK;
+        }
+        q[i] = (pv_qmatmul_args){.w_type = ws[i]->type, .n_tokens = T, .n_in = n_in, .n_out = n_outs[i],
+                                 .w = ws[i]->buf, .w_off = ws[i]->off, .x = x, .y = ys[i]};
+    }
+    return pv_qmatmul_group(m->be, q, n);
+}
+
 static pv_status rmsnorm(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv_buffer *out,
                          int64_t rows)
 {
@@ -461,10 +484,11 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
     const int32_t *table = b->slot_tables + (int64_t)l * b->n_seqs * b->max_chunks;
     pv_status st;
 
+    const llama_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    pv_buffer *qkv_out[3] = {m->q, m->k, m->v};
     if ((st = rmsnorm(m, m->x, L->attn_norm, m->h, T)) != PV_OK ||
-        (st = linear(m, m->h, &L->wq, m->q, T, hp->n_embd, q_dim)) != PV_OK ||
-        (st = linear(m, m->h, &L->wk, m->k, T, hp->n_embd, kv_dim)) != PV_OK ||
-        (st = linear(m, m->h, &L->wv, m->v, T, hp->n_embd, kv_dim)) != PV_OK)
+        (st = linear_group(m, m->h, qkv, qkv_out, (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, T,
+                           hp->n_embd)) != PV_OK)
         return st;
 
     /* GGUF Llama weights are permuted for adjacent-pair rotation. */
@@ -509,9 +533,11 @@ static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l)
     const llama_layer *L = &m->layers[l];
     pv_status st;
     pv_swiglu_args s = {.n = (int64_t)T * hp->n_ff, .gate = m->gate, .up = m->up, .out = m->gate};
+    const llama_weight *gate_up[2] = {&L->w_gate, &L->w_up};
+    pv_buffer *gate_up_out[2] = {m->gate, m->up};
     if ((st = rmsnorm(m, m->x, L->ffn_norm, m->h, T)) != PV_OK ||
-        (st = linear(m, m->h, &L->w_gate, m->gate, T, hp->n_embd, hp->n_ff)) != PV_OK ||
-        (st = linear(m, m->h, &L->w_up, m->up, T, hp->n_embd, hp->n_ff)) != PV_OK ||
+        (st = linear_group(m, m->h, gate_up, gate_up_out, (const int64_t[]){hp->n_ff, hp->n_ff}, 2, T,
+                           hp->n_embd)) != PV_OK ||
         (st = pv_swiglu(m->be, &s)) != PV_OK ||
         (st = linear(m, m->gate, &L->w_down, m->proj, T, hp->n_ff, hp->n_embd)) != PV_OK)
         return st;

@@ -2,7 +2,8 @@
  * backend: every weight type x batch size (1, 2, 7, 16, 64, 300 rows of x)
  * against a double-precision product with the weights as models/quant.c
  * dequantises them (a decoder independent of the backends'), with guard
- * bytes around the output; then the shapes GGUF forbids, refused with a
+ * bytes around the output; groups of products sharing x against the same
+ * products run one by one; then the shapes GGUF forbids, refused with a
  * message. Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
@@ -188,6 +189,84 @@ static void check_embed(pv_backend *be, const char *name, pv_wtype t, uint64_t *
     free_weights(&w);
 }
 
+/* pv_qmatmul_group: every product's y the same bits as pv_qmatmul gives it
+ * alone, the outputs side by side in one buffer with guards around them. */
+static void check_group(pv_backend *be, const char *name, const pv_wtype *ts, const int64_t *n_outs, int n,
+                        uint64_t *rng)
+{
+    const int64_t n_in = 160;
+    char what[128];
+    int len = snprintf(what, sizeof what, "%d products", n);
+    for (int i = 0; i < n; i++)
+        len += snprintf(what + len, sizeof what - (size_t)len, "%s%s x %lld", i ? ", " : " (",
+                        pv_wtype_name(ts[i]), (long long)n_outs[i]);
+    snprintf(what + len, sizeof what - (size_t)len, ")");
+    for (int i = 0; i < n; i++)
+        if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, ts[i])) {
+            tap_skip("%s: qmatmul_group of %s: %s is not supported", name, what, pv_wtype_name(ts[i]));
+            return;
+        }
+    weights w[PV_QMATMUL_GROUP_MAX] = {{0}};
+    int made = 1;
+    int64_t out_total = 0;
+    for (int i = 0; i < n; i++) {
+        made = made && make_weights(be, ts[i], n_outs[i], n_in, rng, &w[i]);
+        out_total += n_outs[i];
+    }
+    static const int64_t group_batches[] = {1, 7, 300};
+    for (size_t bi = 0; made && bi < sizeof group_batches / sizeof group_batches[0]; bi++) {
+        const int64_t T = group_batches[bi];
+        float *x = xmalloc((size_t)(T * n_in) * sizeof *x);
+        rng_fill(rng, x, (size_t)(T * n_in), -1.0f, 1.0f);
+        float *together = xmalloc((size_t)(T * out_total) * sizeof *together);
+        float *alone = xmalloc((size_t)(T * out_total) * sizeof *alone);
+        tensor tx, ty, t1;
+        pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), x);
+        if (st == PV_OK)
+            st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * out_total), NULL);
+        if (st == PV_OK)
+            st = tensor_init(&t1, be, PV_MEM_DEVICE, 4, (uint64_t)(T * out_total), NULL);
+        pv_qmatmul_args q[PV_QMATMUL_GROUP_MAX];
+        uint64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            q[i] = (pv_qmatmul_args){.w_type = ts[i], .n_tokens = T, .n_in = n_in, .n_out = n_outs[i],
+                                     .w = w[i].buf, .w_off = w[i].off, .x = tx.buf, .x_off = tx.off,
+                                     .y = ty.buf, .y_off = ty.off + at};
+            at += (uint64_t)(T * n_outs[i]);
+        }
+        if (st == PV_OK)
+            st = pv_qmatmul_group(be, q, n);
+        for (int i = 0; i < n && st == PV_OK; i++) {
+            pv_qmatmul_args one = q[i];
+            one.y = t1.buf;
+            one.y_off = t1.off + (q[i].y_off - ty.off);
+            st = pv_qmatmul(be, &one);
+        }
+        if (st == PV_OK)
+            st = tensor_read(&ty, together);
+        if (st == PV_OK)
+            st = tensor_read(&t1, alone);
+        size_t differ = 0;
+        for (int64_t e = 0; st == PV_OK && e < T * out_total; e++)
+            differ += memcmp(&together[e], &alone[e], sizeof(float)) != 0;
+        const int guards = st == PV_OK && guards_intact(&ty);
+        ok(st == PV_OK && differ == 0 && guards,
+           "%s: qmatmul_group of %s, T %lld: the same bits as one by one (%zu of %lld differ)%s%s", name, what,
+           (long long)T, differ, (long long)(T * out_total), guards ? "" : ", output guard bytes overwritten",
+           st == PV_OK ? "" : pv_last_error());
+        tensor_free(&tx);
+        tensor_free(&ty);
+        tensor_free(&t1);
+        free(x);
+        free(together);
+        free(alone);
+    }
+    if (!made)
+        ok(0, "%s: qmatmul_group of %s: weights upload: %s", name, what, pv_last_error());
+    for (int i = 0; i < n; i++)
+        free_weights(&w[i]);
+}
+
 static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
 {
     const char *msg = st == PV_OK ? "" : pv_last_error();
@@ -226,6 +305,31 @@ static void check_refusals(pv_backend *be, const char *name)
     a.n_in = 32;
     a.n_tokens = (int64_t)1 << 40;
     expect_refused(name, "2^40 tokens", pv_qmatmul(be, &a), PV_ERR_UNSUPPORTED, "n_tokens = 1099511627776 exceeds");
+    a.n_tokens = 1;
+    a.n_in = 64;
+    a.w_type = PV_W_Q4_1;
+    pv_qmatmul_args g[PV_QMATMUL_GROUP_MAX + 1];
+    for (int i = 0; i <= PV_QMATMUL_GROUP_MAX; i++) {
+        g[i] = a;
+        g[i].y_off = 64 + 16 * (uint64_t)i;
+    }
+    expect_refused(name, "a group of no products", pv_qmatmul_group(be, g, 0), PV_ERR_INVALID_ARG,
+                   "n = 0 out of range");
+    expect_refused(name, "a group over the most products", pv_qmatmul_group(be, g, PV_QMATMUL_GROUP_MAX + 1),
+                   PV_ERR_INVALID_ARG, "out of range [1, 8]");
+    expect_refused(name, "a group of NULL", pv_qmatmul_group(be, NULL, 2), PV_ERR_INVALID_ARG,
+                   "products is NULL");
+    g[1].x_off = 8;
+    expect_refused(name, "a group reading two x", pv_qmatmul_group(be, g, 2), PV_ERR_INVALID_ARG,
+                   "product 1 reads x at offset 8");
+    g[1].x_off = 0;
+    g[1].y_off = 65;
+    expect_refused(name, "a group whose outputs overlap", pv_qmatmul_group(be, g, 2), PV_ERR_INVALID_ARG,
+                   "products 0 and 1 write overlapping y");
+    g[1].y_off = 80;
+    g[1].n_out = 1000;
+    expect_refused(name, "a group with a product too large for its w", pv_qmatmul_group(be, g, 2),
+                   PV_ERR_INVALID_ARG, "product 1: qmatmul: buffer w too small");
     pv_embed_gather_args e = {.table_type = PV_W_Q8_0, .n_rows = 4, .dim = 40, .table = w,
                               .ids = (const int32_t[]){0}, .n_ids = 1, .out = x};
     expect_refused(name, "a Q8_0 table of dim 40", pv_embed_gather(be, &e), PV_ERR_INVALID_ARG,
@@ -257,6 +361,10 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
         else
             tap_skip("%s: embed_gather %s is not supported by this backend", name, pv_wtype_name(t));
     }
+    /* The block types only (the CPU runs them in one pass), and with F16 */
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
+                &rng);
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_F16}, (const int64_t[]){24, 40}, 2, &rng);
     if (pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q4_1) &&
         pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q8_0) &&
         pv_backend_supports_weights(be, PV_OP_EMBED_GATHER, PV_W_Q8_0))

@@ -333,4 +333,5 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .argmax = pv_cpu_argmax,
     .sample_top_p = pv_cpu_sample_top_p,
     .qmatmul = pv_cpu_qmatmul,
+    .qmatmul_group = pv_cpu_qmatmul_group,
 };

@@ -318,21 +318,30 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 #define PV_CPU_QMATMUL_FUSED_MAX_T 16
 
 /* Block types on AVX2: integer products within each block against the
- * 16-bit activations, over the interleaved layout. */
-static void qmatmul_xq(const pv_qmatmul_args *a, pv_cpu_rows_xq_fn kernel, const uint8_t *w,
-                       const pv_cpu_xq16 *xq, float *y)
+ * 16-bit activations, over the interleaved layout; the rows of all n
+ * products (one x) are cut into units and split over the threads together. */
+static void qmatmul_xq(const pv_qmatmul_args *products, int n, const pv_cpu_rows_xq_fn *kernels,
+                       const uint8_t *const *ws, const pv_cpu_xq16 *xq, float *const *ys)
 {
-    const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
-    const int64_t grouped = a->n_out / PV_XROWS * PV_XROWS;
-    const int64_t units = (a->n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    int64_t first_unit[PV_QMATMUL_GROUP_MAX + 1];
+    first_unit[0] = 0;
+    for (int i = 0; i < n; i++)
+        first_unit[i + 1] = first_unit[i] + (products[i].n_out + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+    const int64_t units = first_unit[n];
     PV_CPU_OMP("omp parallel for schedule(static)")
     for (int64_t u = 0; u < units; u++) {
-        const int64_t r0 = u * ROWS_PER_UNIT;
+        int i = 0;
+        while (u >= first_unit[i + 1])
+            i++;
+        const pv_qmatmul_args *a = &products[i];
+        const uint64_t row_bytes = type_bytes(a->w_type, (uint64_t)a->n_in);
+        const int64_t grouped = a->n_out / PV_XROWS * PV_XROWS;
+        const int64_t r0 = (u - first_unit[i]) * ROWS_PER_UNIT;
         const int64_t r1 = a->n_out - r0 < ROWS_PER_UNIT ? a->n_out : r0 + ROWS_PER_UNIT;
         const int64_t g1 = r1 < grouped ? r1 : grouped; /* a unit's groups end here, then its tail rows */
         const int64_t n_groups = g1 > r0 ? (g1 - r0) / PV_XROWS : 0;
-        kernel(w + (uint64_t)r0 * row_bytes, n_groups, r1 - r0 - n_groups * PV_XROWS, a->n_in, xq, a->n_tokens,
-               y + r0, a->n_out);
+        kernels[i](ws[i] + (uint64_t)r0 * row_bytes, n_groups, r1 - r0 - n_groups * PV_XROWS, a->n_in, xq,
+                   a->n_tokens, ys[i] + r0, a->n_out);
     }
 }
 
@@ -370,6 +379,34 @@ static void qmatmul_sgemm(const pv_qmatmul_args *a, const uint8_t *w, const floa
     }
 }
 
+/* Products of interleaved types sharing x (pv_qmatmul_group): x rounded
+ * once, then one parallel pass. One kernel for every batch size: a token's
+ * outputs are then the same bits whichever batch it ran in (decode, prefill,
+ * recovery), as stateful and stateless serving must agree (see the top). */
+static pv_status qmatmul_interleaved(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    const int64_t T = products[0].n_tokens, n_in = products[0].n_in;
+    float *mem = NULL;
+    const uint64_t xq_bytes = pv_cpu_xq16_bytes(T, n_in);
+    pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), &mem);
+    if (st != PV_OK)
+        return st;
+    pv_cpu_xq16 xq;
+    pv_cpu_xq16_view(&xq, mem, T, n_in);
+    pv_cpu_quantize_x_avx2(pv_cpu_elem_ptr(products[0].x, products[0].x_off, sizeof(float)), T, n_in, &xq);
+    pv_cpu_rows_xq_fn kernels[PV_QMATMUL_GROUP_MAX];
+    const uint8_t *ws[PV_QMATMUL_GROUP_MAX];
+    float *ys[PV_QMATMUL_GROUP_MAX];
+    for (int i = 0; i < n; i++) {
+        const pv_qmatmul_args *a = &products[i];
+        kernels[i] = pv_cpu_qrows_xq_avx2(a->w_type);
+        ws[i] = (const uint8_t *)a->w->host_ptr + type_bytes(a->w_type, a->w_off);
+        ys[i] = pv_cpu_elem_ptr(a->y, a->y_off, sizeof(float));
+    }
+    qmatmul_xq(products, n, kernels, ws, &xq, ys);
+    return PV_OK;
+}
+
 pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 {
     const uint8_t *w = (const uint8_t *)a->w->host_ptr + type_bytes(a->w_type, a->w_off);
@@ -384,21 +421,8 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         return PV_OK;
     }
     const pv_cpu_rows_fn fast = fast_kernel(be, a->w_type);
-    if (interleaved(be, a->w_type)) {
-        /* One kernel for every batch size: a token's outputs are then the
-         * same bits whichever batch it ran in (decode, prefill, recovery),
-         * as stateful and stateless serving must agree (see the top). */
-        float *mem = NULL;
-        const uint64_t xq_bytes = pv_cpu_xq16_bytes(T, n_in);
-        pv_status st = pv_cpu_scratch(be, (xq_bytes + sizeof(float) - 1) / sizeof(float), &mem);
-        if (st != PV_OK)
-            return st;
-        pv_cpu_xq16 xq;
-        pv_cpu_xq16_view(&xq, mem, T, n_in);
-        pv_cpu_quantize_x_avx2(x, T, n_in, &xq);
-        qmatmul_xq(a, pv_cpu_qrows_xq_avx2(a->w_type), w, &xq, y);
-        return PV_OK;
-    }
+    if (interleaved(be, a->w_type))
+        return qmatmul_interleaved(be, a, 1);
     /* F16 and BF16 stay on the fused kernel at every batch size too: in a
      * model that mixes them with block types (F16 value projections, say),
      * their last bits feed the rounding of the next layer. F32 is left
@@ -413,6 +437,21 @@ pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     if (st != PV_OK)
         return st;
     qmatmul_sgemm(a, w, x, scratch, tile_rows, y);
+    return PV_OK;
+}
+
+pv_status pv_cpu_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    int all_interleaved = 1;
+    for (int i = 0; i < n; i++)
+        all_interleaved = all_interleaved && interleaved(be, products[i].w_type);
+    if (all_interleaved)
+        return qmatmul_interleaved(be, products, n);
+    for (int i = 0; i < n; i++) {
+        pv_status st = pv_cpu_qmatmul(be, &products[i]);
+        if (st != PV_OK)
+            return st;
+    }
     return PV_OK;
 }
 

@@ -74,6 +74,7 @@ pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
 /* Linear layers over weights in their GGUF type, and embedding rows of such
  * tables (cpu-qmatmul.c). */
 pv_status pv_cpu_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
+pv_status pv_cpu_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n);
 pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a);
 /* pv_weights_write: the block types interleaved where the integer kernels run. */
 pv_status pv_cpu_weights_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
