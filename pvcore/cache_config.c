@@ -1,11 +1,9 @@
-/* Cache configuration: defaults, range checks and the [cache] INI file.
- *
- * The file is read by a small parser of our own rather than iniparser: it
- * knows line numbers (every message names file, line and key), it refuses
- * what iniparser silently skips (keys outside a section, unknown sections,
- * CR-only line ends, NUL bytes), and it keeps no process-wide state, so two
- * threads may load configs at once (iniparser's error callback is global). */
+/* Cache configuration: defaults, range checks and the [cache] INI file,
+ * read by the strict reader of ini.h (which says why not iniparser); unknown
+ * sections and keys are refused here. */
 #include <pensieve/cache.h>
+
+#include "pvcore/ini.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -14,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *const policy_names[] = {"pensieve", "weighted", "lru"};
@@ -212,65 +209,28 @@ static pv_status apply_key(pv_cache_config *cfg, const ini_where *w, size_t k, c
     }
 }
 
-/* The file's bytes, NUL-terminated; NULL with the status set on failure. */
-#define MAX_CONFIG_BYTES (1u << 20)
-static char *read_config(const char *path, size_t *size, pv_status *st)
+/* What the walk over the file keeps: the config being built, and the line
+ * each key was first set on. */
+typedef struct config_load {
+    pv_cache_config next;
+    const char *path;
+    unsigned seen_on[N_KEYS];
+} config_load;
+
+static pv_status on_section(void *ctx, unsigned line, size_t offset, const char *name)
 {
-    struct stat sb;
-    if (stat(path, &sb) != 0) {
-        *st = pv_error(PV_ERR_IO, "%s: cannot open cache config: %s", path, strerror(errno));
-        return NULL;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        *st = pv_error(PV_ERR_IO, "%s: cache config is %s, not a regular file", path,
-                       S_ISDIR(sb.st_mode) ? "a directory" : "a special file");
-        return NULL;
-    }
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *st = pv_error(PV_ERR_IO, "%s: cannot open cache config: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *text = malloc(MAX_CONFIG_BYTES + 1);
-    size_t n = text ? fread(text, 1, MAX_CONFIG_BYTES + 1, f) : 0;
-    int failed = text && ferror(f);
-    fclose(f);
-    if (!text) {
-        *st = pv_error(PV_ERR_OUT_OF_MEMORY, "%s: no memory to read the cache config", path);
-    } else if (failed) {
-        *st = pv_error(PV_ERR_IO, "%s: read error", path);
-    } else if (n > MAX_CONFIG_BYTES) {
-        *st = pv_error(PV_ERR_FORMAT, "%s: cache config is larger than %u bytes", path,
-                       MAX_CONFIG_BYTES);
-    } else {
-        text[n] = '\0';
-        *size = n;
-        return text;
-    }
-    free(text);
-    return NULL;
+    (void)offset;
+    const config_load *ld = ctx;
+    if (strcasecmp(name, "cache") != 0)
+        return pv_error(PV_ERR_FORMAT, "%s:%u: unknown section [%.64s] (a cache config has only [cache])",
+                        ld->path, line, name);
+    return PV_OK;
 }
 
-static char *trim(char *s)
+static pv_status on_key(void *ctx, unsigned line, const char *section, const char *key, const char *val)
 {
-    while (*s == ' ' || *s == '\t')
-        s++;
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
-        s[--n] = '\0';
-    return s;
-}
-
-/* One "key = value" line of [cache] (line is trimmed and NUL-ended). */
-static pv_status parse_assignment(pv_cache_config *cfg, const char *path, unsigned line_no,
-                                  char *line, unsigned *seen_on)
-{
-    char *eq = strchr(line, '=');
-    if (!eq)
-        return pv_error(PV_ERR_FORMAT, "%s:%u: \"%.64s\" is neither [section] nor key = value", path,
-                        line_no, line);
-    *eq = '\0';
-    char *key = trim(line), *val = trim(eq + 1);
+    (void)section;
+    config_load *ld = ctx;
     size_t k = 0;
     while (k < N_KEYS && strcasecmp(key, known_keys[k]) != 0)
         k++;
@@ -278,26 +238,12 @@ static pv_status parse_assignment(pv_cache_config *cfg, const char *path, unsign
         return pv_error(PV_ERR_FORMAT,
                         "%s:%u: unknown key cache:%.64s (known: policy, alpha, beta, c, "
                         "chunk_tokens, device_bytes, host_bytes, high_water, reserve)",
-                        path, line_no, key);
-    ini_where w = {path, line_no, known_keys[k]};
-    if (seen_on[k])
-        return INI_FAIL(&w, "is set again (first on line %u)", seen_on[k]);
-    seen_on[k] = line_no;
-    if (*val == '"' || *val == '\'') {
-        /* Quoted: the value is what lies between the quotes, as written. */
-        char *close = strchr(val + 1, *val);
-        char *rest = close ? trim(close + 1) : NULL;
-        if (!close || (*rest && *rest != ';' && *rest != '#'))
-            return INI_FAIL(&w, "= %.64s has an unterminated quote or text after it", val);
-        *close = '\0';
-        val++;
-    } else {
-        val[strcspn(val, ";#")] = '\0'; /* an inline comment */
-        val = trim(val);
-    }
-    if (*val == '\0')
-        return INI_FAIL(&w, "has no value%s", "");
-    return apply_key(cfg, &w, k, val);
+                        ld->path, line, key);
+    ini_where w = {ld->path, line, known_keys[k]};
+    if (ld->seen_on[k])
+        return INI_FAIL(&w, "is set again (first on line %u)", ld->seen_on[k]);
+    ld->seen_on[k] = line;
+    return apply_key(&ld->next, &w, k, val);
 }
 
 pv_status pv_cache_config_load(pv_cache_config *cfg, const char *path)
@@ -306,67 +252,18 @@ pv_status pv_cache_config_load(pv_cache_config *cfg, const char *path)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_config_load: cfg and path must not be NULL");
     size_t size = 0;
     pv_status st = PV_OK;
-    char *text = read_config(path, &size, &st);
+    char *text = pv_ini_read_file(path, "cache config", &size, &st);
     if (!text)
         return st;
-    pv_cache_config next = *cfg;
-    unsigned seen_on[N_KEYS] = {0};
-    int in_cache = 0;
-    unsigned line_no = 1;
-    for (char *line = text; st == PV_OK && line < text + size; line_no++) {
-        char *end = line;
-        while (end < text + size && *end != '\n' && *end != '\r' && *end != '\0')
-            end++;
-        if (end < text + size && *end == '\0') {
-            st = pv_error(PV_ERR_FORMAT, "%s:%u: a NUL byte at offset %zu: not a text file", path,
-                          line_no, (size_t)(end - text));
-            break;
-        }
-        if (*end == '\r' && end[1] != '\n') {
-            st = pv_error(PV_ERR_FORMAT,
-                          "%s:%u: a carriage return not followed by a newline (CR-only line "
-                          "ends are not supported)",
-                          path, line_no);
-            break;
-        }
-        char *next_line = end + (*end == '\r' ? 2 : *end == '\n' ? 1 : 0);
-        *end = '\0';
-        char *l = trim(line);
-        line = next_line;
-        if (*l == '\0' || *l == ';' || *l == '#')
-            continue;
-        if (*l == '[') {
-            char *close = strchr(l, ']');
-            char *rest = close ? trim(close + 1) : NULL;
-            if (!close || (*rest && *rest != ';' && *rest != '#')) {
-                st = pv_error(PV_ERR_FORMAT, "%s:%u: malformed section header \"%.64s\"", path,
-                              line_no, l);
-                break;
-            }
-            *close = '\0';
-            char *name = trim(l + 1);
-            if (strcasecmp(name, "cache") != 0) {
-                st = pv_error(PV_ERR_FORMAT,
-                              "%s:%u: unknown section [%.64s] (a cache config has only [cache])",
-                              path, line_no, name);
-                break;
-            }
-            in_cache = 1;
-            continue;
-        }
-        if (!in_cache) {
-            st = pv_error(PV_ERR_FORMAT, "%s:%u: \"%.64s\" comes before any section (expected [cache])",
-                          path, line_no, l);
-            break;
-        }
-        st = parse_assignment(&next, path, line_no, l, seen_on);
-    }
+    config_load ld = {.next = *cfg, .path = path};
+    static const pv_ini_handler handler = {.section = on_section, .key = on_key};
+    st = pv_ini_parse(path, text, size, &handler, &ld);
     free(text);
     if (st != PV_OK)
         return st;
-    if (!(next.beta + next.c > 0))
+    if (!(ld.next.beta + ld.next.c > 0))
         return pv_error(PV_ERR_FORMAT, "%s: keys cache:beta + cache:c = %g must be > 0", path,
-                        next.beta + next.c);
-    *cfg = next;
+                        ld.next.beta + ld.next.c);
+    *cfg = ld.next;
     return PV_OK;
 }

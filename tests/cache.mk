@@ -27,3 +27,9 @@ tests_test_cache_property_LDADD = $(PV_LINK)
 tests_test_cache_check_SOURCES = tests/test-cache-check.c pvcore/cache_testhook.c
 tests_test_cache_check_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cache_check_LDADD = $(PV_LINK)
+# Device profiles and the cost model's fit (issue 12).
+check_PROGRAMS += tests/test-profile
+TESTS += tests/test-profile
+tests_test_profile_SOURCES = tests/test-profile.c
+tests_test_profile_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_profile_LDADD = $(PV_LINK)

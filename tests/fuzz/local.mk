@@ -5,7 +5,7 @@
 # docs/fuzzing.md says how to run them longer and reproduce a crash. The
 # seed corpora under tests/fuzz/corpus/ are written by make-corpus.
 FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache \
-	tests/fuzz/fuzz-request
+	tests/fuzz/fuzz-request tests/fuzz/fuzz-profile
 EXTRA_DIST += tests/fuzz/run-fuzz tests/fuzz/corpus
 
 if ENABLE_FUZZ
@@ -26,6 +26,9 @@ tests_fuzz_fuzz_request_SOURCES = tests/fuzz/fuzz-request.c
 tests_fuzz_fuzz_request_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_fuzz_fuzz_request_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
 tests_fuzz_fuzz_request_LDADD = $(PV_SERVER_LINK)
+tests_fuzz_fuzz_profile_SOURCES = tests/fuzz/fuzz-profile.c
+tests_fuzz_fuzz_profile_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
+tests_fuzz_fuzz_profile_LDADD = $(PV_LINK)
 tests_fuzz_make_corpus_SOURCES = tests/fuzz/make-corpus.c
 tests_fuzz_make_corpus_LDADD = $(PV_LINK)
 

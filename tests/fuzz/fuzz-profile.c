@@ -1,0 +1,61 @@
+/* libFuzzer target: the device profile reader on arbitrary file contents
+ * (an in-memory file named through /proc/self/fd, as fuzz-ini). A load
+ * either fails with a message naming the file, or gives a profile whose
+ * constants the cache accepts once applied. */
+#define _GNU_SOURCE /* memfd_create */
+#include <pensieve/profile.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int fd = -1;
+static char path[64];
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    fd = memfd_create("fuzz-profile", 0);
+    if (fd < 0) {
+        perror("fuzz-profile: memfd_create");
+        abort();
+    }
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) {
+        perror("fuzz-profile: writing the memfd");
+        abort();
+    }
+    pv_profile p;
+    pv_status st = pv_profile_load(path, "cpu", "x", &p);
+    if (st != PV_OK) {
+        if (!strstr(pv_last_error(), path)) {
+            fprintf(stderr, "fuzz-profile: an error that does not name the file: %s\n", pv_last_error());
+            abort();
+        }
+        return 0;
+    }
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    if (pv_profile_apply(&p, &cfg) == PV_OK && pv_cache_config_validate(&cfg) != PV_OK) {
+        fprintf(stderr, "fuzz-profile: a loaded profile gave a config the cache refuses: %s\n", pv_last_error());
+        abort();
+    }
+    if (p.n_points > PV_PROFILE_MAX_POINTS || p.chunk_tokens < 1 || !(p.alpha >= 0) || !isfinite(p.alpha)) {
+        fprintf(stderr, "fuzz-profile: a loaded profile out of range\n");
+        abort();
+    }
+    return 0;
+}
