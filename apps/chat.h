@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 typedef struct chat_options {
-    const char *model, *backend, *config, *script;
+    const char *model, *backend, *config, *profile, *script;
     int synthetic;
     pv_engine_mode mode;
     pv_policy policy;

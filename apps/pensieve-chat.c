@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "  --host-mem SIZE      host tier budget (small budgets show swapping and recovery)\n"
             "  --config FILE        cache settings from the [cache] section of an INI file\n"
             "                       (the options above override it)\n"
+            "  --profile FILE       device profile of pensieve-tune (default\n"
+            "                       $XDG_CONFIG_HOME/pensieve/profiles.ini)\n"
             "  --kv f32|f16         KV cache type (default f32)\n"
             "  --weights native|f32 weights as in the file (default) or widened to f32\n"
             "  --temperature T      0 = greedy (default 0)\n"
@@ -62,12 +64,13 @@ static void print_commands(void)
 static int parse_args(int argc, char **argv, chat_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_MODE, OPT_POLICY, OPT_DEVMEM, OPT_HOSTMEM,
-           OPT_CONFIG, OPT_KV, OPT_WEIGHTS, OPT_TEMP, OPT_TOPP, OPT_SEED, OPT_SCRIPT };
+           OPT_CONFIG, OPT_PROFILE, OPT_KV, OPT_WEIGHTS, OPT_TEMP, OPT_TOPP, OPT_SEED, OPT_SCRIPT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},      {"synthetic", no_argument, 0, OPT_SYNTH},
         {"backend", required_argument, 0, OPT_BACKEND},  {"mode", required_argument, 0, OPT_MODE},
         {"policy", required_argument, 0, OPT_POLICY},    {"device-mem", required_argument, 0, OPT_DEVMEM},
         {"host-mem", required_argument, 0, OPT_HOSTMEM}, {"config", required_argument, 0, OPT_CONFIG},
+        {"profile", required_argument, 0, OPT_PROFILE},
         {"kv", required_argument, 0, OPT_KV},            {"weights", required_argument, 0, OPT_WEIGHTS},
         {"temperature", required_argument, 0, OPT_TEMP},
         {"top-p", required_argument, 0, OPT_TOPP},       {"seed", required_argument, 0, OPT_SEED},
@@ -113,6 +116,7 @@ static int parse_args(int argc, char **argv, chat_options *o)
             if (app_opt_size(prog, "--host-mem", optarg, &o->host_bytes)) return -1;
             break;
         case OPT_CONFIG: o->config = optarg; break;
+        case OPT_PROFILE: o->profile = optarg; break;
         case OPT_WEIGHTS:
             if (app_opt_weights(prog, optarg, &o->weights)) return -1;
             break;
@@ -168,7 +172,7 @@ int chat_init(chat *ch, const chat_options *o)
     memset(ch, 0, sizeof *ch);
     ch->o = o;
     ch->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-    app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config,
+    app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
                             .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy,
                             .have_policy = o->have_policy, .device_bytes = o->device_bytes,
                             .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,

@@ -26,6 +26,8 @@ static void usage(FILE *f)
             "  --mode MODE               pensieve, gpu-only or stateless (default pensieve)\n"
             "  --policy NAME             eviction policy: pensieve, weighted or lru\n"
             "  --config FILE             cache settings from the [cache] section of an INI file\n"
+            "  --profile FILE            device profile of pensieve-tune (default\n"
+            "                            $XDG_CONFIG_HOME/pensieve/profiles.ini)\n"
             "  --device-mem SIZE         device tier budget, e.g. 512M, 2G\n"
             "  --host-mem SIZE           host tier budget\n"
             "  --kv f32|f16              KV cache type (default f32)\n"
@@ -105,7 +107,7 @@ static int read_keys(serve_options *o, const char *path)
 static int parse_args(int argc, char **argv, serve_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
-           OPT_CONFIG, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
+           OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
            OPT_THREADS, OPT_MODELID };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
@@ -117,6 +119,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"mode", required_argument, 0, OPT_MODE},
         {"policy", required_argument, 0, OPT_POLICY},
         {"config", required_argument, 0, OPT_CONFIG},
+        {"profile", required_argument, 0, OPT_PROFILE},
         {"device-mem", required_argument, 0, OPT_DEVMEM},
         {"host-mem", required_argument, 0, OPT_HOSTMEM},
         {"kv", required_argument, 0, OPT_KV},
@@ -173,6 +176,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
             o->stack.have_policy = 1;
             break;
         case OPT_CONFIG: o->stack.config = optarg; break;
+        case OPT_PROFILE: o->stack.profile = optarg; break;
         case OPT_DEVMEM:
             if (app_opt_size(prog, "--device-mem", optarg, &o->stack.device_bytes)) return -1;
             break;

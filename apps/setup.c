@@ -120,13 +120,30 @@ static pv_status open_model(app_stack *st, const app_stack_options *o, pv_gguf *
 int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
 {
     memset(st, 0, sizeof *st);
-    /* Cache settings: defaults, then --config, then the options. */
+    /* Cache settings: defaults, then the device's profile, then --config,
+     * then the options. The profile is per device: the backend opens first. */
     pv_cache_config cc;
     pv_status s = pv_cache_config_defaults(&cc);
-    if (s == PV_OK && o->config)
-        s = pv_cache_config_load(&cc, o->config);
-    if (s != PV_OK)
+    if (s == PV_OK && (s = pv_backend_init(&st->be, o->backend, 0)) != PV_OK)
+        return stack_error(prog, "--backend", s);
+    pv_engine_profile_use use;
+    if ((s = pv_engine_profile_apply(st->be, o->profile, &cc, &use)) != PV_OK)
+        return stack_error(prog, "--profile", s);
+    if (use.applied)
+        fprintf(stderr, "%s: profile %s [%s: %s] (%s): alpha %.3g s/token, beta %.3g s, c %.3g s\n", prog, use.path,
+                use.profile.backend, use.profile.device, use.profile.date[0] ? use.profile.date : "undated",
+                cc.alpha, cc.beta, cc.c);
+    else
+        fprintf(stderr, "%s: warning: %s; default cost constants alpha %.3g, beta %.3g, c %.3g (run pensieve-tune)\n",
+                prog, use.path[0] ? pv_last_error() : "no profile location (HOME unset)", cc.alpha, cc.beta, cc.c);
+    const pv_cache_config profiled = cc;
+    if (o->config && (s = pv_cache_config_load(&cc, o->config)) != PV_OK)
         return stack_error(prog, "--config", s);
+    /* Chunks of another size than the profile was scaled to: scale again,
+     * unless the file set the constants itself. */
+    if (use.applied && cc.chunk_tokens != profiled.chunk_tokens && cc.alpha == profiled.alpha &&
+        cc.beta == profiled.beta && cc.c == profiled.c && (s = pv_profile_apply(&use.profile, &cc)) != PV_OK)
+        return stack_error(prog, "--profile", s);
     if (o->have_policy)
         cc.policy = o->policy;
     if (o->device_bytes)
@@ -151,16 +168,19 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
     const char *what = "tokenizer";
     if ((s = pv_tokenizer_init(&st->tok, &g)) == PV_OK) {
         st->have_tok = 1;
-        what = "--backend";
-        if ((s = pv_backend_init(&st->be, o->backend, 0)) == PV_OK) {
-            what = "model";
-            s = pv_llama_init(&st->model, st->be, &g, &lo);
-        }
+        what = "model";
+        s = pv_llama_init(&st->model, st->be, &g, &lo);
     }
     pv_gguf_free(&g);
     free(image);
     if (s != PV_OK)
         return stack_error(prog, what, s);
+    const pv_llama_hparams *hp = pv_llama_hparams_of(st->model);
+    char shape[64];
+    snprintf(shape, sizeof shape, "%u,%u,%u,%u", hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_layers);
+    if (use.applied && use.profile.shape[0] && strcmp(shape, use.profile.shape) != 0)
+        fprintf(stderr, "%s: note: the profile was measured on heads,kv_heads,head_dim,layers %s, this model is %s "
+                "(pensieve-tune --model or --shape measures it)\n", prog, use.profile.shape, shape);
 
     pv_engine_config ec;
     pv_engine_config_defaults(&ec);

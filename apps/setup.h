@@ -23,6 +23,7 @@ int app_opt_weights(const char *prog, const char *s, pv_llama_weights *out);
 
 typedef struct app_stack_options {
     const char *model, *backend, *config;
+    const char *profile;               /* --profile: NULL looks in the default place */
     int synthetic;                     /* the tiny synthetic test model */
     uint32_t synthetic_n_ctx;          /* its context (0: 2048) */
     pv_engine_mode mode;
@@ -45,7 +46,9 @@ typedef struct app_stack {
     char model_id[256];      /* an id for APIs: the file name without .gguf, or "synthetic" */
 } app_stack;
 
-/* Cache settings (defaults, then --config, then the options), the model
+/* Cache settings (defaults, then the device's profile from pensieve-tune,
+ * then --config, then the options; which profile and constants are used is
+ * printed to stderr, or a warning when the device has none), the model
  * (--model, --synthetic, or the file scripts/get-model installs), backend,
  * tokenizer and engine. Prints why not and returns -1; app_stack_free then
  * releases what was set up. */

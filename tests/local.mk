@@ -8,6 +8,7 @@ include tests/integration.mk
 include tests/engine.mk
 include tests/fuzz/local.mk
 include tests/chat.mk
+include tests/tune.mk
 include tests/serve-metrics.mk
 include tests/serve-request.mk
 include tests/serve-openai.mk

@@ -20,6 +20,7 @@
 #include <pensieve/backend.h>
 #include <pensieve/cache.h>
 #include <pensieve/llama.h>
+#include <pensieve/profile.h>
 #include <pensieve/status.h>
 #include <pensieve/tokenizer.h>
 
@@ -147,6 +148,24 @@ typedef struct pv_engine pv_engine;
  * PV_ERR_OUT_OF_MEMORY through on_done. */
 pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const pv_tokenizer *tok,
                          const pv_cache_config *cache_cfg, const pv_engine_config *cfg);
+
+/* Which device profile an application's cache settings took. */
+typedef struct pv_engine_profile_use {
+    char path[4096];     /* the file looked in ("" when there is no default location) */
+    int applied;         /* 1: profile's constants are in the config */
+    pv_profile profile;  /* when applied */
+} pv_engine_profile_use;
+
+/* Sets cfg's cost constants (alpha, beta, c) from the profile of be's
+ * device (pensieve-tune; include/pensieve/profile.h) in the file at path,
+ * or at pv_profile_default_path() when path is NULL. Returns PV_OK with
+ * use->applied = 0 and cfg unchanged when the default file is absent or the
+ * file has no section for this device (pv_last_error() then says which, for
+ * a warning); a named file that is missing, and a corrupt file, are errors.
+ * Call it after pv_cache_config_defaults and before applying an INI file's
+ * own [cache] keys, so those win over the profile. */
+pv_status pv_engine_profile_apply(const pv_backend *be, const char *path, pv_cache_config *cfg,
+                                  pv_engine_profile_use *use);
 void pv_engine_free(pv_engine *e);
 
 /* Queue a turn for a session (created on first use). Fails at once, with no

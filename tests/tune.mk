@@ -1,0 +1,8 @@
+# pensieve-tune end to end (issue 12): --quick on the CPU backend writes a
+# profile, and the profile reaches the cache.
+check_PROGRAMS += tests/test-tune-apply
+tests_test_tune_apply_SOURCES = tests/test-tune-apply.c
+tests_test_tune_apply_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_tune_apply_LDADD = $(PV_LINK)
+TESTS += tests/test-tune.sh
+EXTRA_DIST += tests/test-tune.sh

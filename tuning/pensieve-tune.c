@@ -1,0 +1,350 @@
+/* pensieve-tune: fits the eviction cost model of one backend device and
+ * writes it to the device profile file (include/pensieve/profile.h).
+ *
+ * It times one chunk's attention at one layer over contexts of 2^k tokens
+ * through the real attention kernel over the paged pool, fits
+ * alpha * l + beta to those times (pv_cost_fit_linear), checks the fit at
+ * contexts between the powers of two (held out of the fit), and takes the
+ * chunk's other work per layer (c) from the real model's forward pass. */
+#include "config.h"
+
+#include "tuning/tune.h"
+
+#include <pensieve/gguf.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct tune_options {
+    const char *backend, *model, *shape, *out, *plot;
+    int device, quick, json, chunk_tokens, repeats;
+    int64_t max_context;
+    pv_dtype kv_dtype;
+} tune_options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pensieve-tune [options]\n"
+            "  --backend NAME       cpu, opencl or cuda (default cpu)\n"
+            "  --device N           device index (default 0)\n"
+            "  --model PATH         GGUF file whose shape is measured (default: scripts/get-model's)\n"
+            "  --shape H,KV,D,L     heads, kv heads, head dim, layers of a synthetic model instead\n"
+            "  --out FILE           profile file (default $PV_PROFILE, else\n"
+            "                       $XDG_CONFIG_HOME/pensieve/profiles.ini or ~/.config/...)\n"
+            "  --chunk N            tokens per chunk (default 32)\n"
+            "  --kv f16|f32         KV pool type (default f16)\n"
+            "  --max-context N      longest context measured (default 16384, or the model's)\n"
+            "  --repeats N          timed runs per point (default 15; --quick 5)\n"
+            "  --quick              contexts up to 1024, 5 repeats: seconds, for tests\n"
+            "  --json               print the profile as JSON instead of the table\n"
+            "  --plot FILE.png      measured points and the fitted line (gnuplot)\n");
+}
+
+static int parse_options(int argc, char **argv, tune_options *o)
+{
+    *o = (tune_options){.backend = "cpu", .chunk_tokens = 32, .kv_dtype = PV_F16, .max_context = 16384};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes = 1;
+        if (strcmp(a, "--quick") == 0)
+            o->quick = 1, takes = 0;
+        else if (strcmp(a, "--json") == 0)
+            o->json = 1, takes = 0;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (!v) {
+            fprintf(stderr, "pensieve-tune: %s needs a value (or is unknown)\n", a);
+            return -1;
+        } else if (strcmp(a, "--backend") == 0)
+            o->backend = v;
+        else if (strcmp(a, "--model") == 0)
+            o->model = v;
+        else if (strcmp(a, "--shape") == 0)
+            o->shape = v;
+        else if (strcmp(a, "--out") == 0)
+            o->out = v;
+        else if (strcmp(a, "--plot") == 0)
+            o->plot = v;
+        else if (strcmp(a, "--kv") == 0 && (strcmp(v, "f16") == 0 || strcmp(v, "f32") == 0))
+            o->kv_dtype = strcmp(v, "f16") == 0 ? PV_F16 : PV_F32;
+        else {
+            char *end;
+            long n = strtol(v, &end, 10);
+            int bad = *end != '\0' || end == v;
+            if (strcmp(a, "--device") == 0 && !bad && n >= 0 && n < 64)
+                o->device = (int)n;
+            else if (strcmp(a, "--chunk") == 0 && !bad && n >= 1 && n <= 4096)
+                o->chunk_tokens = (int)n;
+            else if (strcmp(a, "--repeats") == 0 && !bad && n >= 3 && n <= 1000)
+                o->repeats = (int)n;
+            else if (strcmp(a, "--max-context") == 0 && !bad && n >= 64 && n <= (1L << 24))
+                o->max_context = n;
+            else {
+                fprintf(stderr,
+                        "pensieve-tune: %s '%s' is unknown or out of range (--device 0-63, --chunk 1-4096, "
+                        "--repeats 3-1000, --max-context 64-16777216, --kv f16|f32)\n",
+                        a, v);
+                return -1;
+            }
+        }
+        i += takes;
+    }
+    if (o->quick && o->max_context > 1024)
+        o->max_context = 1024;
+    if (!o->repeats)
+        o->repeats = o->quick ? 5 : 15;
+    return 0;
+}
+
+/* The model whose shape is measured: --shape builds a synthetic one with
+ * those heads (width heads x head dim, FFN 4x wider), else the GGUF file. */
+static pv_status open_model(const tune_options *o, pv_backend *be, pv_llama **model, char *shape, size_t shape_size)
+{
+    pv_gguf g;
+    uint8_t *image = NULL;
+    pv_status st;
+    if (o->shape) {
+        unsigned h, kv, d, l;
+        char extra;
+        if (sscanf(o->shape, "%u,%u,%u,%u%c", &h, &kv, &d, &l, &extra) != 4 || h == 0 || kv == 0 || h % kv ||
+            d == 0 || d > 256 || l == 0 || l > 1024 || h > 256 || (uint64_t)h * d % 32)
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "--shape '%s': want heads,kv_heads,head_dim,layers with kv_heads dividing heads, "
+                            "head_dim 1-256, heads x head_dim a multiple of 32, at most 1024 layers",
+                            o->shape);
+        pv_synth_config sc;
+        pv_synth_config_default(&sc);
+        sc.n_heads = h;
+        sc.n_kv_heads = kv;
+        sc.n_embd = h * d;
+        sc.n_ff = 4 * h * d;
+        sc.n_layers = l;
+        sc.n_ctx = (uint32_t)(o->max_context * 2 > 4096 ? o->max_context * 2 : 4096);
+        uint64_t size = 0;
+        st = pv_synth_to_memory(&sc, &image, &size);
+        if (st == PV_OK)
+            st = pv_gguf_init_memory(&g, image, size);
+    } else {
+        char path[4096];
+        st = o->model ? (snprintf(path, sizeof path, "%s", o->model), PV_OK)
+                      : pv_default_model_path(path, sizeof path);
+        if (st == PV_OK && access(path, R_OK) != 0)
+            st = pv_error(PV_ERR_IO, "no model at %s: run scripts/get-model, or pass --model or --shape", path);
+        if (st == PV_OK)
+            st = pv_gguf_init(&g, path);
+    }
+    if (st != PV_OK) {
+        free(image);
+        return st;
+    }
+    pv_llama_options lo;
+    pv_llama_options_default(&lo);
+    lo.kv_dtype = o->kv_dtype;
+    lo.chunk_tokens = o->chunk_tokens;
+    lo.max_batch_tokens = o->chunk_tokens;
+    st = pv_llama_init(model, be, &g, &lo);
+    pv_gguf_free(&g);
+    free(image);
+    if (st == PV_OK) {
+        const pv_llama_hparams *hp = pv_llama_hparams_of(*model);
+        snprintf(shape, shape_size, "%u,%u,%u,%u", hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_layers);
+    }
+    return st;
+}
+
+/* A bar on stderr when it is a terminal; nothing otherwise. */
+static void progress(int done, int total, const char *what)
+{
+    if (!isatty(STDERR_FILENO))
+        return;
+    const int width = 30, filled = total ? done * width / total : width;
+    fprintf(stderr, "\r[%.*s%*s] %d/%d %-28s", filled, "##############################", width - filled, "",
+            done, total, what);
+    if (done == total)
+        fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static pv_status plot(const char *file, const pv_profile *p, const pv_cost_point *held, int n_held)
+{
+    FILE *g = popen("gnuplot 2>&1", "w");
+    if (!g)
+        return pv_error(PV_ERR_IO, "--plot: cannot run gnuplot");
+    fprintf(g,
+            "set terminal pngcairo size 900,600\nset output '%s'\n"
+            "set title 'pensieve-tune: one chunk (%u tokens) of attention at one layer, %s: %s'\n"
+            "set xlabel 'context (tokens)'\nset ylabel 'seconds'\nset logscale xy\nset key left top\n"
+            "plot '-' with points pt 7 title 'measured (fit)', '-' with points pt 6 title 'held out', "
+            "%.9g*x+%.9g with lines title 'alpha*l + beta (R^2 %.4f)'\n",
+            file, p->chunk_tokens, p->backend, p->device, p->alpha, p->beta, p->r2);
+    for (uint32_t i = 0; i < p->n_points; i++)
+        fprintf(g, "%g %g\n", p->points[i].context, p->points[i].seconds);
+    fputs("e\n", g);
+    for (int i = 0; i < n_held; i++)
+        fprintf(g, "%g %g\n", held[i].context, held[i].seconds);
+    fputs("e\n", g);
+    const int rc = pclose(g);
+    if (rc != 0)
+        return pv_error(PV_ERR_IO, "--plot %s: gnuplot failed (exit status %d; is gnuplot installed?)", file, rc);
+    return PV_OK;
+}
+
+static void print_json(const pv_profile *p, const char *path, const pv_cost_point *held, int n_held,
+                       const tune_timing *forward)
+{
+    json_t *points = json_array(), *heldout = json_array();
+    for (uint32_t i = 0; i < p->n_points; i++)
+        json_array_append_new(points, json_pack("{s:f,s:f,s:f}", "context", p->points[i].context, "seconds",
+                                                p->points[i].seconds, "spread", p->points[i].spread));
+    for (int i = 0; i < n_held; i++)
+        json_array_append_new(heldout, json_pack("{s:f,s:f,s:f}", "context", held[i].context, "seconds",
+                                                 held[i].seconds, "predicted",
+                                                 p->alpha * held[i].context + p->beta));
+    json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:i,s:s,s:f,s:o,s:o,s:s,s:s}", "profile", path,
+                             "backend", p->backend, "device", p->device, "alpha", p->alpha, "beta", p->beta, "c",
+                             p->c, "r2", p->r2, "heldout_error", p->heldout_error, "chunk_tokens",
+                             (int)p->chunk_tokens, "shape", p->shape, "forward_per_layer_s", forward->median,
+                             "points", points, "heldout", heldout, "date", p->date, "version", p->version);
+    char *text = json_dumps(root, JSON_INDENT(2));
+    if (text)
+        puts(text);
+    free(text);
+    json_decref(root);
+}
+
+static int fail(const char *what, pv_status st)
+{
+    fprintf(stderr, "pensieve-tune: %s: %s (%s)\n", what, pv_last_error(), pv_status_str(st));
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    tune_options o;
+    if (parse_options(argc, argv, &o) != 0) {
+        usage(stderr);
+        return 2;
+    }
+    pv_profile p;
+    memset(&p, 0, sizeof p);
+    char path[4096];
+    pv_status st = o.out ? (snprintf(path, sizeof path, "%s", o.out), PV_OK)
+                         : pv_profile_default_path(path, sizeof path);
+    if (st != PV_OK)
+        return fail("--out", st);
+    pv_backend *be = NULL;
+    if ((st = pv_backend_init(&be, o.backend, o.device)) != PV_OK)
+        return fail("--backend", st);
+    tune_setup s = {.be = be, .chunk_tokens = o.chunk_tokens, .kv_dtype = o.kv_dtype, .warmup = 1,
+                    .repeats = o.repeats};
+    if ((st = open_model(&o, be, &s.model, p.shape, sizeof p.shape)) != PV_OK) {
+        pv_backend_free(be);
+        return fail("model", st);
+    }
+    const pv_llama_hparams *hp = pv_llama_hparams_of(s.model);
+    s.n_heads = (int32_t)hp->n_heads;
+    s.n_kv_heads = (int32_t)hp->n_kv_heads;
+    s.head_dim = (int32_t)hp->head_dim;
+    s.n_layers = (int32_t)hp->n_layers;
+
+    /* Contexts: the powers of two from one chunk up, for the fit; three
+     * quarters of each power above the first, held out to check it. */
+    int64_t fit_ctx[PV_PROFILE_MAX_POINTS], held_ctx[PV_PROFILE_MAX_POINTS];
+    int n_fit = 0, n_held = 0;
+    for (int64_t l = o.chunk_tokens; l <= o.max_context && n_fit < PV_PROFILE_MAX_POINTS; l *= 2) {
+        fit_ctx[n_fit++] = l;
+        if (l > o.chunk_tokens)
+            held_ctx[n_held++] = l * 3 / 4;
+    }
+    pv_cost_point held[PV_PROFILE_MAX_POINTS];
+    tune_timing t0, forward;
+    const int total = n_fit + n_held + 2;
+    int done = 0;
+    char what[64];
+    progress(done, total, "forward pass");
+    st = tune_forward_per_layer(&s, &forward);
+    progress(++done, total, "attention at 0");
+    if (st == PV_OK)
+        st = tune_attention(&s, 0, &t0);
+    for (int i = 0; st == PV_OK && i < n_fit; i++) {
+        snprintf(what, sizeof what, "attention at %lld", (long long)fit_ctx[i]);
+        progress(++done, total, what);
+        tune_timing t;
+        st = tune_attention(&s, fit_ctx[i], &t);
+        p.points[i] = (pv_cost_point){(double)fit_ctx[i], t.median, t.spread};
+    }
+    for (int i = 0; st == PV_OK && i < n_held; i++) {
+        snprintf(what, sizeof what, "held out: attention at %lld", (long long)held_ctx[i]);
+        progress(++done, total, what);
+        tune_timing t;
+        st = tune_attention(&s, held_ctx[i], &t);
+        held[i] = (pv_cost_point){(double)held_ctx[i], t.median, t.spread};
+    }
+    progress(total, total, "done");
+    pv_llama_free(s.model);
+    pv_device_info info;
+    memset(&info, 0, sizeof info);
+    if (st == PV_OK)
+        info = be->info;
+    pv_backend_free(be);
+    if (st != PV_OK)
+        return fail("measuring", st);
+
+    pv_cost_fit fit;
+    p.n_points = (uint32_t)n_fit;
+    if ((st = pv_cost_fit_linear(p.points, p.n_points, &fit)) != PV_OK)
+        return fail("fit", st);
+    snprintf(p.backend, sizeof p.backend, "%s", o.backend);
+    snprintf(p.device, sizeof p.device, "%s", info.name);
+    p.alpha = fit.alpha;
+    p.beta = fit.beta;
+    p.r2 = fit.r2;
+    /* The chunk's other work: the forward pass per layer less its attention
+     * (at least a tenth of the pass, should noise put the two close). */
+    p.c = fmax(forward.median - t0.median, 0.1 * forward.median);
+    p.chunk_tokens = (uint32_t)o.chunk_tokens;
+    double err = 0;
+    for (int i = 0; i < n_held; i++)
+        err += fabs(pv_cost_fit_predict(&fit, held[i].context) - held[i].seconds) / held[i].seconds / n_held;
+    p.heldout_error = n_held ? err : -1;
+    time_t now = time(NULL);
+    strftime(p.date, sizeof p.date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    snprintf(p.version, sizeof p.version, "%s", PACKAGE_VERSION);
+    if ((st = pv_profile_save(path, &p)) != PV_OK)
+        return fail("--out", st);
+    if (o.plot && (st = plot(o.plot, &p, held, n_held)) != PV_OK)
+        return fail("plot", st);
+
+    if (o.json) {
+        print_json(&p, path, held, n_held, &forward);
+        return 0;
+    }
+    printf("pensieve-tune: %s device %d (%s), shape %s (heads, kv heads, head dim, layers), chunk %d tokens, "
+           "KV %s, median of %d runs\n",
+           o.backend, o.device, p.device, p.shape, o.chunk_tokens, pv_dtype_name(o.kv_dtype), o.repeats);
+    printf("%10s %14s %8s %14s %9s\n", "context", "attention s", "spread", "fit s", "error");
+    for (uint32_t i = 0; i < p.n_points; i++)
+        printf("%10.0f %14.4g %7.1f%% %14.4g %8.1f%%\n", p.points[i].context, p.points[i].seconds,
+               100 * p.points[i].spread, pv_cost_fit_predict(&fit, p.points[i].context),
+               100 * (pv_cost_fit_predict(&fit, p.points[i].context) / p.points[i].seconds - 1));
+    for (int i = 0; i < n_held; i++)
+        printf("%10.0f %14.4g %7.1f%% %14.4g %8.1f%%  (held out)\n", held[i].context, held[i].seconds,
+               100 * held[i].spread, pv_cost_fit_predict(&fit, held[i].context),
+               100 * (pv_cost_fit_predict(&fit, held[i].context) / held[i].seconds - 1));
+    printf("forward pass of one chunk: %.4g s per layer; its attention at context 0: %.4g s\n", forward.median,
+           t0.median);
+    printf("alpha %.4g s/token, beta %.4g s, c %.4g s; R^2 %.4f, held-out mean error %.1f%%\n", p.alpha, p.beta,
+           p.c, p.r2, 100 * p.heldout_error);
+    printf("attention share of a chunk's cost: %.2f at 1K context, %.2f at 4K (paper, Fig. 4: 0.1 and 0.38 of "
+           "the other work)\n",
+           (p.alpha * 1024 + p.beta) / p.c, (p.alpha * 4096 + p.beta) / p.c);
+    printf("profile [%s: %s] written to %s\n", p.backend, p.device, path);
+    return 0;
+}
