@@ -204,8 +204,8 @@ static void print_json(const pv_profile *p, const char *path, const pv_cost_poin
         json_array_append_new(points, json_pack("{s:f,s:f,s:f}", "context", p->points[i].context, "seconds",
                                                 p->points[i].seconds, "spread", p->points[i].spread));
     for (int i = 0; i < n_held; i++)
-        json_array_append_new(heldout, json_pack("{s:f,s:f,s:f}", "context", held[i].context, "seconds",
-                                                 held[i].seconds, "predicted",
+        json_array_append_new(heldout, json_pack("{s:f,s:f,s:f,s:f}", "context", held[i].context, "seconds",
+                                                 held[i].seconds, "spread", held[i].spread, "predicted",
                                                  p->alpha * held[i].context + p->beta));
     json_t *root = json_pack("{s:s,s:s,s:s,s:f,s:f,s:f,s:f,s:f,s:i,s:s,s:f,s:o,s:o,s:s,s:s}", "profile", path,
                              "backend", p->backend, "device", p->device, "alpha", p->alpha, "beta", p->beta, "c",
