@@ -2,8 +2,11 @@
  * against these macros and builds two ways:
  *   - OpenCL C: the OpenCL backend compiles, at run time, this header's text
  *     followed by a family's text (both embedded in the library; the
- *     family's #include of this header is dropped when embedding);
- *   - CUDA C: a .cu file includes a family file, which includes this header.
+ *     family's #include of this header is blanked when embedding);
+ *   - CUDA C: the CUDA backend hands the same two texts to NVRTC at run
+ *     time (backends/cuda/cuda_nvrtc.c), one program per family and
+ *     define set. NVRTC has no system or toolkit headers to include, so
+ *     this part uses none.
  *
  * Launch geometry, the same in both dialects: a kernel runs as a grid of
  * work-groups (CUDA blocks) of exactly PV_WG work-items (threads) along
@@ -12,20 +15,20 @@
  * gridDim = {groups0, groups1}, blockDim = PV_WG. Each kernel's comment
  * gives its groups.
  *
- * Defines (tunable or per variant; -D on the OpenCL build options, #define
- * before the #include in CUDA):
+ * Defines (tunable or per variant, listed with their candidate values in
+ * backends/kernel-params.h; -D on the build options of both backends):
  *   PV_WG            work-group size, a power of two (default 64)
  *   PV_ITEM_ELEMS    elements per work-item in copy and element-wise kernels
  *                    (default 8)
  *   PV_MAX_HEAD_DIM  largest head_dim the attention kernel serves (256)
  *   PV_STORE_F16     0: the storage dtype (KV pool, staging) is f32;
  *                    1: it is f16. Kernels that depend on it carry the
- *                    suffix _f32 / _f16 (PV_STORE_NAME), so CUDA can include
- *                    a family twice, once per value. This part of the header
- *                    is re-read on every include for that reason.
+ *                    suffix _f32 / _f16 (PV_STORE_NAME). This part of the
+ *                    header is re-read on every include, so a family could
+ *                    be included once per value.
  *
  * Loops with a constant trip count carry #pragma unroll (clang's OpenCL C
- * and nvcc both honour it): unrolled, they leave the work-item loop that
+ * and NVRTC both honour it): unrolled, they leave the work-item loop that
  * CPU implementations (PoCL) vectorise innermost, which made the slot
  * gather 2.4x and f16 decode attention 1.9x faster there.
  *
@@ -88,15 +91,19 @@ typedef float pv_precise;
 
 #elif defined(__CUDACC__)
 
-#include <cuda_fp16.h>
-
 typedef long long pv_long;
 typedef unsigned int pv_u32;
 typedef unsigned short pv_u16;
-typedef __half pv_half;
+/* Storage only, as in OpenCL: the bits of an IEEE half, converted by the
+ * two PTX instructions cuda_fp16.h would use (NVRTC does not ship that
+ * header). */
+typedef unsigned short pv_half;
 
-#define PV_KERNEL __global__ void
-#define PV_FUNC static __device__ __forceinline__
+/* extern "C": the backend looks kernels up by their plain names. */
+#define PV_KERNEL extern "C" __global__ void
+/* Not static: C++ warns about unused static functions, and most programs
+ * leave some of these helpers unused. */
+#define PV_FUNC __device__ __forceinline__
 #define PV_GLOBAL
 #define PV_LOCAL
 #define PV_LOCAL_ARRAY(type, name, n) __shared__ type name[n]
@@ -104,8 +111,22 @@ typedef __half pv_half;
 #define PV_LOCAL_ID() ((int)threadIdx.x)
 #define PV_GROUP_ID(d) ((pv_long)((d) == 0 ? blockIdx.x : (d) == 1 ? blockIdx.y : blockIdx.z))
 
-#define PV_LOAD_HALF(p, i) __half2float((p)[i])
-#define PV_STORE_HALF(x, p, i) ((p)[i] = __float2half_rn(x))
+PV_FUNC float pv_half_to_float(pv_half h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+PV_FUNC pv_half pv_float_to_half(float f) /* round to nearest even */
+{
+    pv_half h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+#define PV_LOAD_HALF(p, i) pv_half_to_float((p)[i])
+#define PV_STORE_HALF(x, p, i) ((p)[i] = pv_float_to_half(x))
 #define PV_AS_FLOAT(u) __uint_as_float(u)
 #define PV_AS_U32(f) __float_as_uint(f)
 

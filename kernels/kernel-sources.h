@@ -1,5 +1,5 @@
-/* The portable kernels' text, embedded in the library for the OpenCL
- * backend's run-time compiler. kernels/kernel-sources.c is generated at
+/* The portable kernels' text, embedded in the library for the run-time
+ * compilers of the OpenCL backend and the CUDA backend (NVRTC). kernels/kernel-sources.c is generated at
  * build time (kernels/local.mk) from kernels/dialect.h and the family files;
  * a family's program is the dialect text followed by the family text. */
 #ifndef PV_KERNELS_KERNEL_SOURCES_H

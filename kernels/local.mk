@@ -1,8 +1,8 @@
 # The portable kernels: one family a file, written once in the dialect of
 # kernels/dialect.h. The files end in .cl because their first reader is the
 # OpenCL C compiler (editors and tools know the extension); the CUDA backend
-# includes the same files from its .cu. They are data to this build, so they
-# travel in EXTRA_DIST.
+# hands the same text to NVRTC at run time. They are data to this build, so
+# they travel in EXTRA_DIST.
 PV_KERNEL_FILES = \
 	kernels/dialect.h \
 	kernels/attention.cl \
@@ -12,12 +12,14 @@ PV_KERNEL_FILES = \
 EXTRA_DIST += $(PV_KERNEL_FILES)
 noinst_HEADERS += kernels/kernel-sources.h
 
-if HAVE_OPENCL
+if HAVE_KERNEL_SOURCES
 # kernels/kernel-sources.c holds each file as one C string literal (line by
 # line: backslashes and quotes escaped, the family's #include of the dialect
-# dropped since the backend prepends the dialect text itself). It is built in
-# the build directory, so VPATH builds and distcheck work with a read-only
-# source tree.
+# blanked since the backends prepend the dialect text themselves; blanked,
+# not deleted, so the family's line numbers stay the file's for compiler
+# logs). The OpenCL and CUDA backends both compile it at run time. It is
+# built in the build directory, so VPATH builds and distcheck work with a
+# read-only source tree.
 nodist_libpensieve_la_SOURCES = kernels/kernel-sources.c
 BUILT_SOURCES += kernels/kernel-sources.c
 CLEANFILES += kernels/kernel-sources.c
@@ -32,7 +34,7 @@ kernels/kernel-sources.c: $(srcdir)/kernels/dialect.h $(srcdir)/kernels/attentio
 	    name=`echo "$$file" | $(SED) -e 's|^kernels/||' -e 's|\..*$$||'`; \
 	    echo ''; \
 	    echo "const char pv_kernel_source_$$name[] ="; \
-	    $(SED) -e '/^#include "dialect.h"$$/d' -e 's/\\/\\\\/g' -e 's/"/\\"/g' \
+	    $(SED) -e 's/^#include "dialect.h"$$//' -e 's/\\/\\\\/g' -e 's/"/\\"/g' \
 	      -e 's/^/"/' -e 's/$$/\\n"/' "$(srcdir)/$$file" || exit 1; \
 	    echo ';'; \
 	  done; } > $@-t && mv $@-t $@

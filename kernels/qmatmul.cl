@@ -3,8 +3,8 @@
  * widening of W rows to f32, and embedding-row gather from such tables.
  *
  * Built once per weight type: PV_WTYPE is the type's ggml id (0 F32, 1 F16,
- * 2 Q4_0, 3 Q4_1, 8 Q8_0, 30 BF16). This file has no include guard: CUDA
- * includes it once per type, each in a namespace of its own.
+ * 2 Q4_0, 3 Q4_1, 8 Q8_0, 30 BF16), one program per type on OpenCL and
+ * CUDA (NVRTC) alike.
  *
  * W is addressed in 16-bit words: every block of every type is a whole
  * number of them and starts 2-byte aligned (the front end accepts only

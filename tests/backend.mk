@@ -51,3 +51,14 @@ TESTS += tests/test-cpu-quantize-x
 tests_test_cpu_quantize_x_SOURCES = tests/test-cpu-quantize-x.c
 tests_test_cpu_quantize_x_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cpu_quantize_x_LDADD = $(PV_LINK)
+
+if HAVE_CUDA
+# Every CUDA kernel family compiled by NVRTC with the parameter sets of
+# backends/kernel-params.h for the --with-cuda-arch architectures, planted
+# compile errors, and the on-disk kernel cache: no GPU needed.
+check_PROGRAMS += tests/test-cuda-nvrtc
+TESTS += tests/test-cuda-nvrtc
+tests_test_cuda_nvrtc_SOURCES = tests/test-cuda-nvrtc.c
+tests_test_cuda_nvrtc_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cuda_nvrtc_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
+endif

@@ -1,10 +1,11 @@
 /* The CUDA backend: device memory and pinned host memory through the CUDA
  * runtime, two streams (compute, copy) ordered only by events as backend.h
  * lays down, GEMM through cuBLAS, and the portable kernels of kernels/
- * built by nvcc (launchers in cuda_kernels.cu). The front end
- * (backends/backend.c) has validated every argument; what can still fail
- * here is the runtime, the library or the device, and each failure becomes
- * a status naming the call and its error.
+ * built at run time by NVRTC (cuda_nvrtc.c; programs and launchers in
+ * cuda_launch.c). The front end (backends/backend.c) has validated every
+ * argument; what can still fail here is the runtime, the library, the
+ * kernel compiler or the device, and each failure becomes a status naming
+ * the call and its error.
  *
  * Host index arrays are only valid during a call, while the kernels that
  * read them run later on the compute stream. Each op therefore copies its
@@ -77,6 +78,7 @@ typedef struct cuda_impl {
     size_t scratch_bytes[2];
     int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
+    pv_cuda_kernels kernels;
 } cuda_impl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
@@ -95,15 +97,11 @@ extern const pv_backend_ops pv_cuda_backend_ops;
 
 /* ---- errors ----------------------------------------------------------------- */
 
-/* A failed runtime call as a status: "cuda: <call> (<context>) failed:
- * <error> (<name>)", the context formatted only on failure. Allocation
- * failures are PV_ERR_OUT_OF_MEMORY so the cache can tell a full device
- * from a broken one; everything else is PV_ERR_BACKEND. The runtime's
- * last-error state is cleared so the next call is not blamed for this one. */
-static pv_status cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static pv_status cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
+/* The context is formatted only on failure. Allocation failures are
+ * PV_ERR_OUT_OF_MEMORY so the cache can tell a full device from a broken
+ * one. The runtime's last-error state is cleared so the next call is not
+ * blamed for this one. */
+pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
 {
     char context[160];
     va_list ap;
@@ -121,7 +119,7 @@ static pv_status cuda_fail(cudaError_t err, const char *call, const char *fmt, .
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
         if (err_ != cudaSuccess)                                                                   \
-            return cuda_fail(err_, #call, __VA_ARGS__);                                            \
+            return pv_cuda_fail(err_, #call, __VA_ARGS__);                                         \
     } while (0)
 
 static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt, ...)
@@ -144,13 +142,6 @@ static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt,
         cublasStatus_t st_ = (call);                                                               \
         if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
             return blas_fail(st_, #call, __VA_ARGS__);                                             \
-    } while (0)
-
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        pv_status st_ = (expr);                                                                    \
-        if (st_ != PV_OK)                                                                          \
-            return st_;                                                                            \
     } while (0)
 
 static cuda_impl *impl_of(pv_backend *be)
@@ -258,6 +249,7 @@ static void cuda_free(pv_backend *be)
         if (all[q])
             cudaStreamSynchronize(all[q]);
     reap_host_releases(cu, 1);
+    pv_cuda_kernels_free(&cu->kernels);
     for (int i = 0; i < STAGING_RECORDS; i++)
         if (cu->records[i].done)
             cudaEventDestroy(cu->records[i].done);
@@ -281,21 +273,16 @@ static void cuda_free(pv_backend *be)
     be->impl = NULL;
 }
 
-/* Fails early, with the fix, on a GPU whose SM version the build left out. */
-static pv_status check_kernels(cuda_impl *cu)
+/* What NVRTC compiles for on this device, and the kernel cache: fails
+ * early, naming the architectures, on a GPU that NVRTC cannot serve. */
+static pv_status init_kernels(cuda_impl *cu)
 {
-    cudaError_t err = pv_cuda_kernels_loadable();
-    if (err == cudaSuccess)
-        return PV_OK;
-    (void)cudaGetLastError();
     int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device);
-    return pv_error(PV_ERR_UNSUPPORTED,
-                    "cuda: device %d (sm_%d%d) cannot run this build's kernels: %s (%s); "
-                    "reconfigure with --with-cuda-arch including %d%d",
-                    cu->device, major, minor, cudaGetErrorString(err), cudaGetErrorName(err), major,
-                    minor);
+    CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device), "device %d",
+             cu->device);
+    CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device), "device %d",
+             cu->device);
+    return pv_cuda_kernels_init(&cu->kernels, major, minor);
 }
 
 /* Streams, events, the staging ring and cuBLAS: everything an op may need,
@@ -354,7 +341,7 @@ static pv_status cuda_init(pv_backend *be)
     if (st == PV_OK)
         st = enter(cu);
     if (st == PV_OK)
-        st = check_kernels(cu);
+        st = init_kernels(cu);
     if (st == PV_OK)
         st = init_resources(cu);
     if (st != PV_OK)
@@ -412,7 +399,7 @@ static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t by
         cudaError_t err = cudaHostGetDevicePointer(&dev, host, 0);
         if (err != cudaSuccess) {
             cudaFreeHost(host);
-            return cuda_fail(err, "cudaHostGetDevicePointer", "%" PRIu64 " bytes", bytes);
+            return pv_cuda_fail(err, "cudaHostGetDevicePointer", "%" PRIu64 " bytes", bytes);
         }
         buf->host_ptr = host;
         buf->handle = dev;
@@ -426,7 +413,7 @@ static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t by
         cudaError_t err = cudaStreamSynchronize(cu->alloc);
         if (err != cudaSuccess) {
             cudaFreeAsync(dev, cu->alloc);
-            return cuda_fail(err, "cudaStreamSynchronize", "allocation of %" PRIu64 " bytes", bytes);
+            return pv_cuda_fail(err, "cudaStreamSynchronize", "allocation of %" PRIu64 " bytes", bytes);
         }
     } else {
         CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of device memory", bytes);
@@ -538,7 +525,7 @@ static pv_status event_new(pv_backend *be, pv_event **out)
     cudaError_t err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (err != cudaSuccess) {
         free(ev);
-        return cuda_fail(err, "cudaEventCreateWithFlags", "%s", "event");
+        return pv_cuda_fail(err, "cudaEventCreateWithFlags", "%s", "event");
     }
     ev->backend = be;
     ev->handle = e;
@@ -563,7 +550,7 @@ static pv_status cuda_event_record(pv_backend *be, pv_queue q, pv_event **out)
     cudaError_t err = cudaEventRecord((cudaEvent_t)ev->handle, cu->stream[q]);
     if (err != cudaSuccess) {
         cuda_event_free(be, ev);
-        return cuda_fail(err, "cudaEventRecord", "%s stream", q == PV_QUEUE_COPY ? "copy" : "compute");
+        return pv_cuda_fail(err, "cudaEventRecord", "%s stream", q == PV_QUEUE_COPY ? "copy" : "compute");
     }
     *out = ev;
     return PV_OK;
@@ -719,10 +706,11 @@ static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, in
 }
 
 /* Keeps a staging region busy until the compute stream has passed the op
- * that reads it. Called whether or not the kernel launched: the upload was
+ * that reads it. Called whether or not the kernel launched (`launched`:
+ * the launcher's status, returned unless it is PV_OK): the upload was
  * enqueued either way. Without an event to mark it, the stream is drained
  * instead, so the region is free when this returns. */
-static pv_status staging_done(cuda_impl *cu, const staged *region, cudaError_t launch_err)
+static pv_status staging_done(cuda_impl *cu, const staged *region, pv_status launched)
 {
     staged *r = &cu->records[(cu->first + cu->count) % STAGING_RECORDS];
     cudaError_t err = cudaEventRecord(r->done, cu->stream[PV_QUEUE_COMPUTE]);
@@ -731,12 +719,12 @@ static pv_status staging_done(cuda_impl *cu, const staged *region, cudaError_t l
         r->end = region->end;
         cu->count++;
         cu->head = region->end;
-        return PV_OK;
+        return launched;
     }
     cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
-    if (launch_err == cudaSuccess)
-        return cuda_fail(err, "cudaEventRecord", "%s", "staging event");
-    return PV_OK;
+    if (launched == PV_OK)
+        return pv_cuda_fail(err, "cudaEventRecord", "%s", "staging event");
+    return launched;
 }
 
 /* ---- scratch ------------------------------------------------------------------------- */
@@ -829,16 +817,11 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
                             (size_t)pv_attention_split_floats(splits, a) * sizeof(float), &part));
     staged region;
     TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
-    cudaError_t err = pv_cuda_launch_attention(
-        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->q, a->q_off, 4),
-        dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits, (float *)part,
-        (float *)dev_ptr(a->out, a->out_off, 4));
-    TRY(staging_done(cu, &region, err));
-    if (err != cudaSuccess)
-        return cuda_fail(err, "attention kernel", "%d tokens, %d heads, %d kv heads, head_dim %d, kv %s, %d splits",
-                         a->n_tokens, a->n_heads, a->n_kv_heads, a->head_dim,
-                         pv_dtype_name(a->kv_dtype), splits);
-    return PV_OK;
+    pv_status st = pv_cuda_launch_attention(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                            (const float *)dev_ptr(a->q, a->q_off, 4), dev_ptr(a->kv_pool, 0, 1),
+                                            up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits,
+                                            (float *)part, (float *)dev_ptr(a->out, a->out_off, 4));
+    return staging_done(cu, &region, st);
 }
 
 static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -852,15 +835,11 @@ static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
     };
     staged region;
     TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
-    cudaError_t err = pv_cuda_launch_kv_write(
-        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->k, a->k_off, 4),
-        (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1), up[0].dev, up[1].dev,
-        up[2].dev);
-    TRY(staging_done(cu, &region, err));
-    if (err != cudaSuccess)
-        return cuda_fail(err, "kv_write kernel", "%d tokens, %d kv heads, head_dim %d, kv %s",
-                         a->n_tokens, a->n_kv_heads, a->head_dim, pv_dtype_name(a->kv_dtype));
-    return PV_OK;
+    pv_status st = pv_cuda_launch_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                           (const float *)dev_ptr(a->k, a->k_off, 4),
+                                           (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1),
+                                           up[0].dev, up[1].dev, up[2].dev);
+    return staging_done(cu, &region, st);
 }
 
 static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatter)
@@ -871,15 +850,10 @@ static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatt
     staged region;
     TRY(staging_upload(cu, scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
     size_t es = pv_dtype_size(a->dtype);
-    cudaError_t err = pv_cuda_launch_slot_copy(cu->stream[PV_QUEUE_COMPUTE], a, scatter,
-                                               dev_ptr(a->pool, 0, es),
-                                               dev_ptr(a->staging, a->staging_off, es), up[0].dev);
-    TRY(staging_done(cu, &region, err));
-    if (err != cudaSuccess)
-        return cuda_fail(err, scatter ? "slot_scatter kernel" : "slot_gather kernel",
-                         "%d slots of %" PRId64 " %s elements", a->n_slots_moved, a->slot_elems,
-                         pv_dtype_name(a->dtype));
-    return PV_OK;
+    pv_status st = pv_cuda_launch_slot_copy(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, scatter,
+                                            dev_ptr(a->pool, 0, es), dev_ptr(a->staging, a->staging_off, es),
+                                            up[0].dev);
+    return staging_done(cu, &region, st);
 }
 
 static pv_status cuda_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
@@ -907,26 +881,20 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
     staged region;
     TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
-    cudaError_t err = pv_cuda_launch_embed_gather(
-        cu->stream[PV_QUEUE_COMPUTE], a, weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
-        (float *)dev_ptr(a->out, a->out_off, 4));
-    TRY(staging_done(cu, &region, err));
-    if (err != cudaSuccess)
-        return cuda_fail(err, "embed_gather kernel", "%d ids, dim %" PRId64 ", table %s", a->n_ids,
-                         a->dim, pv_wtype_name(a->table_type));
-    return PV_OK;
+    pv_status st = pv_cuda_launch_embed_gather(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                               weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
+                                               (float *)dev_ptr(a->out, a->out_off, 4));
+    return staging_done(cu, &region, st);
 }
 
 static pv_status cuda_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
-    CUDA_TRY(pv_cuda_launch_rmsnorm(cu->stream[PV_QUEUE_COMPUTE], a,
-                                    (const float *)dev_ptr(a->x, a->x_off, 4),
-                                    (const float *)dev_ptr(a->weight, a->weight_off, 4),
-                                    (float *)dev_ptr(a->out, a->out_off, 4)),
-             "%" PRId64 " rows of %" PRId64, a->rows, a->dim);
-    return PV_OK;
+    return pv_cuda_launch_rmsnorm(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                  (const float *)dev_ptr(a->x, a->x_off, 4),
+                                  (const float *)dev_ptr(a->weight, a->weight_off, 4),
+                                  (float *)dev_ptr(a->out, a->out_off, 4));
 }
 
 static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
@@ -936,66 +904,51 @@ static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
     upload up[1] = {{a->pos, (size_t)a->n_tokens * sizeof(int32_t), NULL}};
     staged region;
     TRY(staging_upload(cu, "rope", up, 1, 0, &region, NULL));
-    cudaError_t err = pv_cuda_launch_rope(cu->stream[PV_QUEUE_COMPUTE], a,
-                                          (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
-    TRY(staging_done(cu, &region, err));
-    if (err != cudaSuccess)
-        return cuda_fail(err, "rope kernel", "%d tokens, %d heads, head_dim %d", a->n_tokens,
-                         a->n_heads, a->head_dim);
-    return PV_OK;
+    pv_status st = pv_cuda_launch_rope(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                       (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
+    return staging_done(cu, &region, st);
 }
 
 static pv_status cuda_swiglu(pv_backend *be, const pv_swiglu_args *a)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
-    CUDA_TRY(pv_cuda_launch_swiglu(cu->stream[PV_QUEUE_COMPUTE], a,
-                                   (const float *)dev_ptr(a->gate, a->gate_off, 4),
-                                   (const float *)dev_ptr(a->up, a->up_off, 4),
-                                   (float *)dev_ptr(a->out, a->out_off, 4)),
-             "n = %" PRId64, a->n);
-    return PV_OK;
+    return pv_cuda_launch_swiglu(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                 (const float *)dev_ptr(a->gate, a->gate_off, 4),
+                                 (const float *)dev_ptr(a->up, a->up_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
 }
 
 static pv_status cuda_add(pv_backend *be, const pv_add_args *a)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
-    CUDA_TRY(pv_cuda_launch_add(cu->stream[PV_QUEUE_COMPUTE], a,
-                                (const float *)dev_ptr(a->a, a->a_off, 4),
-                                (const float *)dev_ptr(a->b, a->b_off, 4),
-                                (float *)dev_ptr(a->out, a->out_off, 4)),
-             "n = %" PRId64, a->n);
-    return PV_OK;
+    return pv_cuda_launch_add(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->a, a->a_off, 4),
+                              (const float *)dev_ptr(a->b, a->b_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
 }
 
 static pv_status cuda_softmax(pv_backend *be, const pv_softmax_args *a)
 {
     cuda_impl *cu = impl_of(be);
     TRY(enter(cu));
-    CUDA_TRY(pv_cuda_launch_softmax(cu->stream[PV_QUEUE_COMPUTE], a,
-                                    (const float *)dev_ptr(a->x, a->x_off, 4),
-                                    (float *)dev_ptr(a->out, a->out_off, 4)),
-             "%" PRId64 " rows of %" PRId64, a->rows, a->cols);
-    return PV_OK;
+    return pv_cuda_launch_softmax(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                  (const float *)dev_ptr(a->x, a->x_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
 }
 
 /* The blocking ops' tail: once op's kernel has written one int32 per row
  * at `result_off` of the staging ring, copy the rows back, wait for the
  * compute stream (never the copy stream), and hand them to the caller. */
-static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op, cudaError_t launch_err,
+static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op, pv_status launched,
                             size_t result_off, int64_t rows, int64_t cols, int32_t *out)
 {
     cudaStream_t stream = cu->stream[PV_QUEUE_COMPUTE];
     size_t bytes = (size_t)rows * sizeof(int32_t);
-    cudaError_t err = launch_err;
-    if (err == cudaSuccess)
+    cudaError_t err = cudaSuccess;
+    if (launched == PV_OK)
         err = cudaMemcpyAsync(cu->ring_host + result_off, cu->ring_dev + result_off, bytes, cudaMemcpyDeviceToHost,
                               stream);
-    TRY(staging_done(cu, region, err));
+    TRY(staging_done(cu, region, launched));
     if (err != cudaSuccess)
-        return cuda_fail(err, launch_err != cudaSuccess ? "kernel launch" : "cudaMemcpyAsync",
-                         "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
+        return pv_cuda_fail(err, "cudaMemcpyAsync", "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
     CUDA_TRY(cudaStreamSynchronize(stream), "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
     memcpy(out, cu->ring_host + result_off, bytes);
     return PV_OK;
@@ -1008,10 +961,10 @@ static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
     staged region;
     size_t result_off = 0;
     TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
-    cudaError_t err = pv_cuda_launch_argmax(cu->stream[PV_QUEUE_COMPUTE], a,
-                                            (const float *)dev_ptr(a->x, a->x_off, 4),
-                                            (int32_t *)(cu->ring_dev + result_off));
-    return fetch_rows(cu, &region, "argmax", err, result_off, a->rows, a->cols, a->out);
+    pv_status st = pv_cuda_launch_argmax(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                         (const float *)dev_ptr(a->x, a->x_off, 4),
+                                         (int32_t *)(cu->ring_dev + result_off));
+    return fetch_rows(cu, &region, "argmax", st, result_off, a->rows, a->cols, a->out);
 }
 
 static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
@@ -1022,10 +975,10 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
     staged region;
     size_t result_off = 0;
     TRY(staging_upload(cu, "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
-    cudaError_t err = pv_cuda_launch_sample_top_p(
-        cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->logits, a->logits_off, 4),
-        up[0].dev, (int32_t *)(cu->ring_dev + result_off));
-    return fetch_rows(cu, &region, "sample_top_p", err, result_off, a->rows, a->cols, a->out);
+    pv_status st = pv_cuda_launch_sample_top_p(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                               (const float *)dev_ptr(a->logits, a->logits_off, 4), up[0].dev,
+                                               (int32_t *)(cu->ring_dev + result_off));
+    return fetch_rows(cu, &region, "sample_top_p", st, result_off, a->rows, a->cols, a->out);
 }
 
 /* Decode-sized batches (T up to this) take the fused dequantize-and-dot
@@ -1056,13 +1009,9 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const void *w = weight_ptr(a->w, a->w_type, a->w_off);
-    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
-        CUDA_TRY(pv_cuda_launch_qmatmul_fused(s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
-                                              (float *)dev_ptr(a->y, a->y_off, 4)),
-                 "qmatmul kernel, T %" PRId64 ", %" PRId64 " x %" PRId64 " %s", a->n_tokens, a->n_out, a->n_in,
-                 pv_wtype_name(a->w_type));
-        return PV_OK;
-    }
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
+        return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
+                                            (float *)dev_ptr(a->y, a->y_off, 4));
     if (a->w_type == PV_W_F32) /* cuBLAS reads f32 weights in place */
         return qmatmul_sgemm(cu, a, 0, a->n_out, (const float *)w);
 
@@ -1074,9 +1023,7 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
                         &tile));
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
-        CUDA_TRY(pv_cuda_launch_qmatmul_widen(s, a, w, r0, n_rows, (float *)tile),
-                 "qmatmul widen kernel, rows %" PRId64 " from %" PRId64 " of %s", n_rows, r0,
-                 pv_wtype_name(a->w_type));
+        TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, (float *)tile));
         TRY(qmatmul_sgemm(cu, a, r0, n_rows, (const float *)tile));
     }
     return PV_OK;

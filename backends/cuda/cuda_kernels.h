@@ -1,85 +1,126 @@
-/* Launchers for the CUDA build of the portable kernels (kernels/), compiled
- * by nvcc in cuda_kernels.cu and called from the host code in
- * cuda_backend.c. Not installed.
+/* The CUDA backend's kernels: programs built at run time by NVRTC
+ * (cuda_nvrtc.c), loaded through the runtime's library API
+ * (cudaLibraryLoadData), launched with cudaLaunchKernel (cuda_launch.c).
+ * Called from the host code in cuda_backend.c. Not installed.
+ *
+ * Programs are built lazily: the first launch of a family under a
+ * parameter set compiles it (or reads it from the disk cache) and loads
+ * it, so a process builds only the variants its ops use (its model's
+ * weight types, head-dim class, KV dtype).
  *
  * Every pointer is a device pointer already advanced to the op's offset;
  * index arrays (token_seq, token_pos, slot_table, slots, ids, pos, u) have
  * been uploaded to device memory by the caller. Scalars come from the
  * front end's validated argument structs. Each launcher enqueues on
- * `stream` and returns the launch's cudaError_t (cudaSuccess or the error
- * cudaGetLastError() reported), never blocking. */
+ * `stream` without blocking; a failure to build, load or launch is a
+ * status naming the kernel. */
 #ifndef PV_BACKENDS_CUDA_KERNELS_H
 #define PV_BACKENDS_CUDA_KERNELS_H
 
 #include "backends/backend.h"
+#include "backends/cuda/cuda_nvrtc.h"
+#include "backends/kernel-params.h"
 
 #include <cuda_runtime_api.h>
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+/* A failed runtime call as a status: "cuda: <call> (<context>) failed:
+ * <error> (<name>)"; allocation failures are PV_ERR_OUT_OF_MEMORY, the
+ * rest PV_ERR_BACKEND. Clears the runtime's last error. */
+pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-/* cudaSuccess if the current device can run this build's kernels;
- * cudaErrorNoKernelImageForDevice (or similar) if none was built for it. */
-cudaError_t pv_cuda_kernels_loadable(void);
+/* Kernels looked up in one program at most (the gather family's six). */
+#define PV_CUDA_PROGRAM_KERNELS 8
+
+/* Returns a failed status at once (the backend's host code and launchers). */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        pv_status st_ = (expr);                                                                    \
+        if (st_ != PV_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+
+/* One loaded program: a family under one parameter set. */
+typedef struct pv_cuda_program {
+    pv_kernel_params params;
+    /* Kept while the library is loaded: the runtime may load it into a
+     * context only at the first launch, and does not promise a copy. */
+    pv_cuda_image image;
+    cudaLibrary_t library;
+    int n_kernels;
+    char names[PV_CUDA_PROGRAM_KERNELS][32];
+    cudaKernel_t kernels[PV_CUDA_PROGRAM_KERNELS];
+} pv_cuda_program;
+
+typedef struct pv_cuda_kernels {
+    pv_cuda_target target;
+    char cache_dir[4096]; /* "" when there is none */
+    /* Per family, the tuned values every build uses (the table's defaults);
+     * launchers copy the set and fill in the variants. */
+    pv_kernel_params tuned[PV_KERNEL_FAMILY_COUNT];
+    pv_cuda_program *programs;
+    int n_programs, cap_programs;
+} pv_cuda_kernels;
+
+/* The target for a device of compute capability major.minor, the cache
+ * directory and the default parameters; builds nothing yet. */
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor);
+
+/* Unloads every program; the caller has drained the streams. */
+void pv_cuda_kernels_free(pv_cuda_kernels *k);
 
 /* Blocks of at most max_group query heads (backends/attention-split.h);
  * splits > 1: partial rows go to part (pv_attention_split_floats floats),
  * then the combine kernel to out. */
-cudaError_t pv_cuda_launch_attention(cudaStream_t stream, const pv_attention_args *a,
-                                     const float *q, const void *kv_pool,
-                                     const int32_t *token_seq, const int32_t *token_pos,
-                                     const int32_t *slot_table, int max_group, int splits, float *part,
-                                     float *out);
+pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, const pv_attention_args *a,
+                                   const float *q, const void *kv_pool, const int32_t *token_seq,
+                                   const int32_t *token_pos, const int32_t *slot_table, int max_group, int splits,
+                                   float *part, float *out);
 
-cudaError_t pv_cuda_launch_kv_write(cudaStream_t stream, const pv_kv_write_args *a,
-                                    const float *k, const float *v, void *kv_pool,
-                                    const int32_t *token_seq, const int32_t *token_pos,
-                                    const int32_t *slot_table);
+pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_kv_write_args *a,
+                                  const float *kf, const float *vf, void *kv_pool, const int32_t *token_seq,
+                                  const int32_t *token_pos, const int32_t *slot_table);
 
 /* gather: staging[i] = pool[slots[i]]; scatter: pool[slots[i]] = staging[i]. */
-cudaError_t pv_cuda_launch_slot_copy(cudaStream_t stream, const pv_slot_copy_args *a, int scatter,
-                                     void *pool, void *staging, const int32_t *slots);
+pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_copy_args *a,
+                                   int scatter, void *pool, void *staging, const int32_t *slots);
 
-/* Whether kernels/qmatmul.cl is built here for weight type t. */
+/* Whether kernels/qmatmul.cl decodes weight type t. */
 int pv_cuda_weights_supported(pv_wtype t);
 
 /* The weight pointers (table, w) point at the op's offset. */
-cudaError_t pv_cuda_launch_embed_gather(cudaStream_t stream, const pv_embed_gather_args *a,
-                                        const void *table, const int32_t *ids, float *out);
+pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
+                                      const void *table, const int32_t *ids, float *out);
 
 /* T <= 16: y = x W^T in one pass over W. */
-cudaError_t pv_cuda_launch_qmatmul_fused(cudaStream_t stream, const pv_qmatmul_args *a, const void *w,
-                                         const float *x, float *y);
+pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                       const void *w, const float *x, float *y);
 
 /* tile[n_rows][n_in] = rows row0.. of W widened to f32; n_rows <= 65535. */
-cudaError_t pv_cuda_launch_qmatmul_widen(cudaStream_t stream, const pv_qmatmul_args *a, const void *w,
-                                         long long row0, long long n_rows, float *tile);
+pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                       const void *w, int64_t row0, int64_t n_rows, float *tile);
 
-cudaError_t pv_cuda_launch_rmsnorm(cudaStream_t stream, const pv_rmsnorm_args *a, const float *x,
-                                   const float *weight, float *out);
+pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_rmsnorm_args *a,
+                                 const float *x, const float *weight, float *out);
 
-cudaError_t pv_cuda_launch_rope(cudaStream_t stream, const pv_rope_args *a, float *x,
-                                const int32_t *pos);
+pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_rope_args *a, float *x,
+                              const int32_t *pos);
 
-cudaError_t pv_cuda_launch_swiglu(cudaStream_t stream, const pv_swiglu_args *a, const float *gate,
-                                  const float *up, float *out);
+pv_status pv_cuda_launch_swiglu(pv_cuda_kernels *k, cudaStream_t stream, const pv_swiglu_args *a,
+                                const float *gate, const float *up, float *out);
 
-cudaError_t pv_cuda_launch_add(cudaStream_t stream, const pv_add_args *a, const float *x,
-                               const float *y, float *out);
+pv_status pv_cuda_launch_add(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_args *a, const float *x,
+                             const float *y, float *out);
 
-cudaError_t pv_cuda_launch_softmax(cudaStream_t stream, const pv_softmax_args *a, const float *x,
-                                   float *out);
+pv_status pv_cuda_launch_softmax(pv_cuda_kernels *k, cudaStream_t stream, const pv_softmax_args *a,
+                                 const float *x, float *out);
 
 /* out[rows] (device) gets each row's argmax. */
-cudaError_t pv_cuda_launch_argmax(cudaStream_t stream, const pv_argmax_args *a, const float *x,
-                                  int32_t *out);
+pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const pv_argmax_args *a,
+                                const float *x, int32_t *out);
 
 /* out[rows] (device) gets each row's top-p draw for u[rows] (device). */
-cudaError_t pv_cuda_launch_sample_top_p(cudaStream_t stream, const pv_sample_args *a,
-                                        const float *logits, const float *u, int32_t *out);
+pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_args *a,
+                                      const float *logits, const float *u, int32_t *out);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

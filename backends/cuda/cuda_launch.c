@@ -1,0 +1,474 @@
+/* The CUDA backend's program cache and kernel launchers (cuda_kernels.h).
+ *
+ * A launcher copies its family's tuned parameter set, fills in the variants
+ * its op needs (storage dtype, weight type, head-dim and query-head
+ * classes), finds or builds the program for that set, and launches with
+ * the geometry each kernel's comment gives: gridDim = the kernel's groups,
+ * blockDim = the set's PV_WG, the same value the program was compiled
+ * with. CUDA caps gridDim.y at 65535 (and x at 2^31 - 1), so a launch with
+ * more rows along dimension 1 (tokens, moved slots, ids) runs as several
+ * launches, each shifted to its first row through the kernel's offset
+ * arguments and the index-array pointers.
+ *
+ * cudaLaunchKernel takes a kernel's arguments as an array of pointers to
+ * values of exactly the kernel's parameter types: pv_long is long long,
+ * pointers are device pointers, the rest int or float. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/attention-split.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GRID_ROWS 65535LL        /* gridDim.y */
+#define MAX_GRID_X 2147483647LL      /* gridDim.x */
+
+/* ---- programs -------------------------------------------------------------------- */
+
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor)
+{
+    memset(k, 0, sizeof *k);
+    TRY(pv_cuda_target_for(major, minor, &k->target));
+    if (!pv_cuda_cache_dir(k->cache_dir, sizeof k->cache_dir))
+        k->cache_dir[0] = '\0';
+    for (int f = 0; f < PV_KERNEL_FAMILY_COUNT; f++)
+        pv_kernel_params_default((pv_kernel_family)f, &k->tuned[f]);
+    return PV_OK;
+}
+
+void pv_cuda_kernels_free(pv_cuda_kernels *k)
+{
+    for (int i = 0; i < k->n_programs; i++) {
+        cudaLibraryUnload(k->programs[i].library);
+        pv_cuda_image_free(&k->programs[i].image);
+    }
+    (void)cudaGetLastError();
+    free(k->programs);
+    k->programs = NULL;
+    k->n_programs = k->cap_programs = 0;
+}
+
+static int same_params(const pv_kernel_params *a, const pv_kernel_params *b)
+{
+    return a->family == b->family && memcmp(a->value, b->value, sizeof a->value) == 0;
+}
+
+/* Builds (or reads from the cache) and loads the program of set p. */
+static pv_status program_load(pv_cuda_kernels *k, const pv_kernel_params *p, pv_cuda_program *prog)
+{
+    memset(prog, 0, sizeof *prog);
+    prog->params = *p;
+    TRY(pv_cuda_program_image(k->cache_dir[0] ? k->cache_dir : NULL, p, k->target, &prog->image));
+    cudaError_t err = cudaLibraryLoadData(&prog->library, prog->image.data, NULL, NULL, 0, NULL, NULL, 0);
+    if (err != cudaSuccess) {
+        pv_cuda_image_free(&prog->image);
+        char defines[128];
+        pv_kernel_params_defines(p, defines, sizeof defines);
+        return pv_cuda_fail(err, "cudaLibraryLoadData", "kernels/%s.cl built with \"%s\" for %s_%d",
+                            pv_kernel_family_spec_of(p->family)->name, defines, k->target.ptx ? "compute" : "sm",
+                            k->target.arch);
+    }
+    return PV_OK;
+}
+
+static pv_status program_get(pv_cuda_kernels *k, const pv_kernel_params *p, pv_cuda_program **out)
+{
+    for (int i = 0; i < k->n_programs; i++)
+        if (same_params(&k->programs[i].params, p)) {
+            *out = &k->programs[i];
+            return PV_OK;
+        }
+    if (k->n_programs == k->cap_programs) {
+        int cap = k->cap_programs ? 2 * k->cap_programs : 8;
+        pv_cuda_program *grown = realloc(k->programs, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot grow the program cache to %d programs", cap);
+        k->programs = grown;
+        k->cap_programs = cap;
+    }
+    TRY(program_load(k, p, &k->programs[k->n_programs]));
+    *out = &k->programs[k->n_programs++];
+    return PV_OK;
+}
+
+/* The kernel `name` of the program of set p. */
+static pv_status kernel_get(pv_cuda_kernels *k, const pv_kernel_params *p, const char *name, cudaKernel_t *out)
+{
+    pv_cuda_program *prog = NULL;
+    TRY(program_get(k, p, &prog));
+    for (int i = 0; i < prog->n_kernels; i++)
+        if (strcmp(prog->names[i], name) == 0) {
+            *out = prog->kernels[i];
+            return PV_OK;
+        }
+    const char *family = pv_kernel_family_spec_of(p->family)->name;
+    if (prog->n_kernels == PV_CUDA_PROGRAM_KERNELS || strlen(name) >= sizeof prog->names[0])
+        return pv_error(PV_ERR_BACKEND, "cuda: kernel %s of kernels/%s.cl: the program holds %d names of < %zu bytes",
+                        name, family, PV_CUDA_PROGRAM_KERNELS, sizeof prog->names[0]);
+    cudaKernel_t kernel;
+    cudaError_t err = cudaLibraryGetKernel(&kernel, prog->library, name);
+    if (err != cudaSuccess)
+        return pv_cuda_fail(err, "cudaLibraryGetKernel", "%s of kernels/%s.cl", name, family);
+    snprintf(prog->names[prog->n_kernels], sizeof prog->names[0], "%s", name);
+    prog->kernels[prog->n_kernels++] = kernel;
+    *out = kernel;
+    return PV_OK;
+}
+
+/* kernel_get for the name base_f32 or base_f16. */
+static pv_status kernel_get_stored(pv_cuda_kernels *k, const pv_kernel_params *p, const char *base, int f16,
+                                   cudaKernel_t *out)
+{
+    char name[40];
+    snprintf(name, sizeof name, "%s_%s", base, f16 ? "f16" : "f32");
+    return kernel_get(k, p, name, out);
+}
+
+/* ---- launching --------------------------------------------------------------------- */
+
+static unsigned int groups_of(long long n, long long per_group)
+{
+    return (unsigned int)((n + per_group - 1) / per_group);
+}
+
+/* Rows of dimension 1 in the launch that starts at row `first`. */
+static long long rows_in_launch(long long total, long long first)
+{
+    return total - first < MAX_GRID_ROWS ? total - first : MAX_GRID_ROWS;
+}
+
+/* Groups of dimension 0 in the launch that starts at group `first`. */
+static long long rows_in_grid_x(long long total, long long first)
+{
+    return total - first < MAX_GRID_X ? total - first : MAX_GRID_X;
+}
+
+static pv_status launch(cudaStream_t stream, const char *what, cudaKernel_t kernel, unsigned int groups0,
+                        unsigned int groups1, int work_group, void **args)
+{
+    dim3 grid = {groups0, groups1, 1};
+    dim3 block = {(unsigned int)work_group, 1, 1};
+    cudaError_t err = cudaLaunchKernel((const void *)kernel, grid, block, args, 0, stream);
+    if (err != cudaSuccess)
+        return pv_cuda_fail(err, "cudaLaunchKernel", "%s, %u x %u groups of %d", what, groups0, groups1,
+                            work_group);
+    return PV_OK;
+}
+
+/* ---- attention: groups {n_kv_heads * blocks * splits, T}, combine {n_heads, T} ---- */
+
+pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, const pv_attention_args *a,
+                                   const float *q, const void *kv_pool, const int32_t *token_seq,
+                                   const int32_t *token_pos, const int32_t *slot_table, int max_group, int splits,
+                                   float *part, float *out)
+{
+    const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
+    int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads, max_group);
+    /* The smallest classes that hold this call: registers for the heads
+     * and dims a work-item really has. */
+    int group_class = 1;
+    while (group_class < heads_per_block)
+        group_class *= 2;
+    pv_kernel_params p = k->tuned[PV_KERNEL_ATTENTION];
+    p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
+    p.value[PV_KPARAM_MAX_HEAD_DIM] = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
+    p.value[PV_KPARAM_ATT_MAX_GROUP] = group_class;
+    const int f16 = a->kv_dtype == PV_F16, wg = p.value[PV_KPARAM_WG];
+    cudaKernel_t attention, combine = NULL;
+    TRY(kernel_get_stored(k, &p, "pv_attention", f16, &attention));
+    if (splits > 1)
+        TRY(kernel_get_stored(k, &p, "pv_attention_combine", f16, &combine));
+
+    int max_chunks = a->max_chunks, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, head_dim = a->head_dim;
+    int chunk_tokens = a->chunk_tokens, n_splits = splits;
+    float scale = a->scale;
+    const long long token_elems = (long long)a->n_heads * a->head_dim;
+    /* part: [T][splits][n_heads][head_dim], then [T][splits][n_heads][2] */
+    const long long ml_base = (long long)a->n_tokens * splits * token_elems;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
+        const unsigned int rows = (unsigned int)rows_in_launch(a->n_tokens, i0);
+        long long off = i0 * token_elems;
+        long long part_off = i0 * splits * token_elems;
+        long long ml_off = ml_base + i0 * splits * a->n_heads * 2;
+        const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
+        void *args[] = {&q,         &off,        &kv_pool,      &seq,         &pos,
+                        &slot_table, &max_chunks, &n_heads,      &n_kv_heads,  &head_dim,
+                        &chunk_tokens, &scale,    &heads_per_block, &n_splits, &out,
+                        &off,       &part,       &part_off,     &ml_off};
+        TRY(launch(stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
+                   args));
+        if (splits > 1) {
+            void *combine_args[] = {&part, &part_off, &ml_off, &n_splits, &n_heads, &head_dim, &out, &off};
+            TRY(launch(stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
+        }
+    }
+    return PV_OK;
+}
+
+/* ---- gather family ------------------------------------------------------------------ */
+
+/* groups {ceil(row_elems / PV_WG), T} */
+pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_kv_write_args *a,
+                                  const float *kf, const float *vf, void *kv_pool, const int32_t *token_seq,
+                                  const int32_t *token_pos, const int32_t *slot_table)
+{
+    pv_kernel_params p = k->tuned[PV_KERNEL_GATHER];
+    p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
+    cudaKernel_t kernel;
+    TRY(kernel_get_stored(k, &p, "pv_kv_write", a->kv_dtype == PV_F16, &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    int max_chunks = a->max_chunks, chunk_tokens = a->chunk_tokens;
+    long long row_elems = (long long)a->n_kv_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
+        long long off = i0 * row_elems;
+        const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
+        void *args[] = {&kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks, &chunk_tokens,
+                        &row_elems};
+        TRY(launch(stream, "kv_write", kernel, groups_of(row_elems, wg),
+                   (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {ceil(slot_elems / (PV_WG * PV_ITEM_ELEMS)), n_moved}; the words
+ * are moved bit-exactly, so f16 slots travel as 16-bit words. */
+pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_copy_args *a,
+                                   int scatter, void *pool, void *staging, const int32_t *slots)
+{
+    pv_kernel_params p = k->tuned[PV_KERNEL_GATHER];
+    p.value[PV_KPARAM_STORE_F16] = a->dtype == PV_F16;
+    const char *what = scatter ? "slot_scatter" : "slot_gather";
+    cudaKernel_t kernel;
+    TRY(kernel_get_stored(k, &p, scatter ? "pv_slot_scatter" : "pv_slot_gather", a->dtype == PV_F16, &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    const long long per_group = (long long)wg * p.value[PV_KPARAM_ITEM_ELEMS];
+    long long slot_elems = a->slot_elems;
+    for (long long i0 = 0; i0 < a->n_slots_moved; i0 += MAX_GRID_ROWS) {
+        long long off = i0 * slot_elems;
+        const int32_t *ids = slots + i0;
+        void *args[] = {&pool, &staging, &off, &ids, &slot_elems};
+        TRY(launch(stream, what, kernel, groups_of(slot_elems, per_group),
+                   (unsigned int)rows_in_launch(a->n_slots_moved, i0), wg, args));
+    }
+    return PV_OK;
+}
+
+/* ---- qmatmul family ----------------------------------------------------------------- */
+
+int pv_cuda_weights_supported(pv_wtype t)
+{
+    switch (t) {
+    case PV_W_F32:
+    case PV_W_F16:
+    case PV_W_BF16:
+    case PV_W_Q8_0:
+    case PV_W_Q4_0:
+    case PV_W_Q4_1:
+        return 1;
+    }
+    return 0;
+}
+
+static pv_kernel_params weight_params(const pv_cuda_kernels *k, pv_wtype t)
+{
+    pv_kernel_params p = k->tuned[PV_KERNEL_QMATMUL];
+    p.value[PV_KPARAM_WTYPE] = (int)t;
+    return p;
+}
+
+/* groups {ceil(dim / PV_WG), n_ids} */
+pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
+                                      const void *table, const int32_t *ids, float *out)
+{
+    const pv_kernel_params p = weight_params(k, a->table_type);
+    cudaKernel_t kernel;
+    TRY(kernel_get(k, &p, "pv_embed_gather", &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    long long table_off = 0, dim = a->dim;
+    for (long long i0 = 0; i0 < a->n_ids; i0 += MAX_GRID_ROWS) {
+        long long out_off = i0 * a->dim;
+        const int32_t *first = ids + i0;
+        void *args[] = {&table, &table_off, &first, &dim, &out, &out_off};
+        TRY(launch(stream, "embed_gather", kernel, groups_of(a->dim, wg),
+                   (unsigned int)rows_in_launch(a->n_ids, i0), wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {ceil(n_out / rows_per_group), 1}: the work-items of a row take its
+ * units (blocks, or elements of the float types), as many as there are
+ * units up to the group, the rest of the group other rows. */
+pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                       const void *w, const float *x, float *y)
+{
+    const pv_kernel_params p = weight_params(k, a->w_type);
+    const char *name = a->n_tokens <= 1 ? "pv_qmatmul_fused_1"
+                       : a->n_tokens <= 4 ? "pv_qmatmul_fused_4"
+                                          : "pv_qmatmul_fused_16";
+    cudaKernel_t kernel;
+    TRY(kernel_get(k, &p, name, &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    uint32_t block_elems = 1;
+    pv_wtype_block(a->w_type, &block_elems, NULL);
+    const long long units = a->n_in / block_elems;
+    int per_row = 1;
+    while (per_row < units && per_row < wg)
+        per_row *= 2;
+    int rows_per_group = wg / per_row;
+    long long zero = 0;
+    int n_tokens = (int)a->n_tokens, n_in = (int)a->n_in, n_out = (int)a->n_out;
+    void *args[] = {&w, &zero, &x, &zero, &y, &zero, &n_tokens, &n_in, &n_out, &rows_per_group};
+    return launch(stream, name + 3, kernel, groups_of(a->n_out, rows_per_group), 1, wg, args);
+}
+
+/* groups {ceil(n_in / PV_WG), n_rows}, n_rows <= 65535 (the caller's tiles) */
+pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                       const void *w, int64_t row0, int64_t n_rows, float *tile)
+{
+    const pv_kernel_params p = weight_params(k, a->w_type);
+    cudaKernel_t kernel;
+    TRY(kernel_get(k, &p, "pv_qmatmul_widen", &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    long long w_off = 0, first_row = row0;
+    int n_in = (int)a->n_in;
+    void *args[] = {&w, &w_off, &n_in, &first_row, &tile};
+    return launch(stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg, args);
+}
+
+/* ---- recompute family ---------------------------------------------------------------- */
+
+static pv_status recompute_kernel(pv_cuda_kernels *k, const char *name, cudaKernel_t *kernel, int *wg,
+                                  int *item_elems)
+{
+    const pv_kernel_params *p = &k->tuned[PV_KERNEL_RECOMPUTE];
+    *wg = p->value[PV_KPARAM_WG];
+    if (item_elems)
+        *item_elems = p->value[PV_KPARAM_ITEM_ELEMS];
+    return kernel_get(k, p, name, kernel);
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_rmsnorm_args *a,
+                                 const float *x, const float *weight, float *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    TRY(recompute_kernel(k, "pv_rmsnorm", &kernel, &wg, NULL));
+    long long weight_off = 0, dim = a->dim;
+    float eps = a->eps;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->dim;
+        void *args[] = {&x, &off, &weight, &weight_off, &out, &off, &dim, &eps};
+        TRY(launch(stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {n_heads, T} */
+pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_rope_args *a, float *x,
+                              const int32_t *pos)
+{
+    cudaKernel_t kernel;
+    int wg;
+    TRY(recompute_kernel(k, "pv_rope", &kernel, &wg, NULL));
+    int n_heads = a->n_heads, head_dim = a->head_dim, neox = a->neox ? 1 : 0;
+    float base = a->base;
+    const long long token_elems = (long long)a->n_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
+        long long off = i0 * token_elems;
+        const int32_t *first = pos + i0;
+        void *args[] = {&x, &off, &first, &n_heads, &head_dim, &base, &neox};
+        TRY(launch(stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
+                   wg, args));
+    }
+    return PV_OK;
+}
+
+/* Element-wise, (x, x_off, y, y_off, out, out_off, n):
+ * groups {ceil(n / (PV_WG * PV_ITEM_ELEMS)), 1}. */
+static pv_status elementwise(pv_cuda_kernels *k, cudaStream_t stream, const char *name, const float *x,
+                             const float *y, float *out, int64_t total)
+{
+    cudaKernel_t kernel;
+    int wg, item_elems;
+    TRY(recompute_kernel(k, name, &kernel, &wg, &item_elems));
+    const long long per_group = (long long)wg * item_elems, per_launch = MAX_GRID_X * per_group;
+    long long zero = 0;
+    for (long long e0 = 0; e0 < total; e0 += per_launch) {
+        long long n = total - e0 < per_launch ? total - e0 : per_launch;
+        const float *xe = x + e0, *ye = y + e0;
+        float *oute = out + e0;
+        void *args[] = {&xe, &zero, &ye, &zero, &oute, &zero, &n};
+        TRY(launch(stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+pv_status pv_cuda_launch_swiglu(pv_cuda_kernels *k, cudaStream_t stream, const pv_swiglu_args *a,
+                                const float *gate, const float *up, float *out)
+{
+    return elementwise(k, stream, "pv_swiglu", gate, up, out, a->n);
+}
+
+pv_status pv_cuda_launch_add(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_args *a, const float *x,
+                             const float *y, float *out)
+{
+    return elementwise(k, stream, "pv_add", x, y, out, a->n);
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_softmax(pv_cuda_kernels *k, cudaStream_t stream, const pv_softmax_args *a,
+                                 const float *x, float *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    TRY(recompute_kernel(k, "pv_softmax", &kernel, &wg, NULL));
+    long long cols = a->cols;
+    float scale = a->scale;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->cols;
+        void *args[] = {&x, &off, &out, &off, &cols, &scale};
+        TRY(launch(stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const pv_argmax_args *a,
+                                const float *x, int32_t *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    TRY(recompute_kernel(k, "pv_argmax", &kernel, &wg, NULL));
+    long long cols = a->cols;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->cols;
+        int32_t *rows_out = out + r0;
+        void *args[] = {&x, &off, &cols, &rows_out};
+        TRY(launch(stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_args *a,
+                                      const float *logits, const float *u, int32_t *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    TRY(recompute_kernel(k, "pv_sample_top_p", &kernel, &wg, NULL));
+    long long cols = a->cols;
+    float temperature = a->temperature, top_p = a->top_p;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->cols;
+        const float *rows_u = u + r0;
+        int32_t *rows_out = out + r0;
+        void *args[] = {&logits, &off, &cols, &temperature, &top_p, &rows_u, &rows_out};
+        TRY(launch(stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}

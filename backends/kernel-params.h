@@ -1,0 +1,166 @@
+/* The parameters the portable kernels (kernels/<family>.cl) are built with:
+ * for each family, every -D define it takes, its default and the values a
+ * backend may build it with. Backend-neutral: the CUDA backend builds from
+ * this table (backends/cuda/), and it is meant for the OpenCL backend and
+ * pensieve-tune's kernel search too, so that a tuned value means the same
+ * thing everywhere.
+ *
+ * A parameter has one of two roles:
+ *   - tuned: a free choice that changes speed, never results (work-group
+ *     size, elements per work-item). A backend holds one value per family
+ *     (the default until a tuner picks another) and builds every program of
+ *     the family with it. A launcher that needs the value as well (PV_WG is
+ *     the work-group size, PV_ITEM_ELEMS sets the number of groups) must
+ *     take it from the same parameter set the program was built with.
+ *   - variant: fixed by the op's arguments (storage dtype, weight type,
+ *     head-dim class, query heads per group); the launcher sets it per call
+ *     and each value is a program of its own.
+ * The value lists are exactly what tests/test-cuda-nvrtc.c compiles for
+ * CUDA; a value outside them is untested. Defaults are those of the
+ * kernels' own #ifndef blocks (the test checks that they agree); a backend
+ * still passes every parameter of a family explicitly, so the option string
+ * alone says how a program was built. The OpenCL backend today builds
+ * attention with PV_WG = 16 on CPU devices (backends/opencl/opencl.h), a
+ * value of the list below, not its GPU default. */
+#ifndef PV_BACKENDS_KERNEL_PARAMS_H
+#define PV_BACKENDS_KERNEL_PARAMS_H
+
+#include <stdio.h>
+#include <string.h>
+
+typedef enum pv_kernel_family {
+    PV_KERNEL_ATTENTION = 0, /* kernels/attention.cl */
+    PV_KERNEL_GATHER,        /* kernels/gather.cl */
+    PV_KERNEL_QMATMUL,       /* kernels/qmatmul.cl */
+    PV_KERNEL_RECOMPUTE,     /* kernels/recompute.cl */
+    PV_KERNEL_FAMILY_COUNT
+} pv_kernel_family;
+
+/* Every parameter of any family; a family takes a subset. */
+typedef enum pv_kparam {
+    /* PV_WG, tuned: work-items per work-group (CUDA block size). A power of
+     * two (the group reductions halve it), at most 256 (with no launch
+     * bounds a CUDA kernel may take 255 registers a thread, and 256 such
+     * threads fill the 64K-register file). Attention needs PV_WG >=
+     * PV_ATT_MAX_GROUP (a tile has PV_WG / heads rows) and holds
+     * PV_WG * (PV_WG + 1) + 2 * PV_WG floats and PV_WG longs of local
+     * memory, so at most 64 under CUDA's 48 KiB of static shared memory;
+     * qmatmul holds 16 * PV_WG floats. */
+    PV_KPARAM_WG = 0,
+    /* PV_ITEM_ELEMS, tuned: elements each work-item moves in the slot copies
+     * and element-wise kernels (a group covers PV_WG * PV_ITEM_ELEMS). Any
+     * positive integer; the loop over them is unrolled. */
+    PV_KPARAM_ITEM_ELEMS,
+    /* PV_STORE_F16, variant: the KV storage dtype, 0 f32, 1 f16; picks the
+     * kernels' _f32 / _f16 names. */
+    PV_KPARAM_STORE_F16,
+    /* PV_MAX_HEAD_DIM, variant: the largest head_dim an attention build
+     * serves; the launcher takes the smallest class >= head_dim, since each
+     * work-item computes PV_MAX_HEAD_DIM / PV_WG dims whatever head_dim is. */
+    PV_KPARAM_MAX_HEAD_DIM,
+    /* PV_ATT_MAX_GROUP, variant: query heads an attention work-group serves
+     * at most (their queries and outputs live in registers); the launcher
+     * takes the smallest power of two >= the heads per block, at most
+     * PV_ATTENTION_GROUP_MAX (backends/attention-split.h). */
+    PV_KPARAM_ATT_MAX_GROUP,
+    /* PV_WTYPE, variant: the weight type's ggml id (pv_wtype), one qmatmul
+     * build per type. */
+    PV_KPARAM_WTYPE,
+    PV_KPARAM_COUNT
+} pv_kparam;
+
+typedef enum pv_kparam_role { PV_KPARAM_TUNED, PV_KPARAM_VARIANT } pv_kparam_role;
+
+#define PV_KPARAM_MAX_VALUES 8
+#define PV_KPARAM_MAX_PER_FAMILY 4
+
+typedef struct pv_kparam_spec {
+    pv_kparam param;
+    pv_kparam_role role;
+    int def;
+    int n_values;
+    int values[PV_KPARAM_MAX_VALUES];
+} pv_kparam_spec;
+
+typedef struct pv_kernel_family_spec {
+    const char *name; /* kernels/<name>.cl */
+    int n_params;
+    pv_kparam_spec params[PV_KPARAM_MAX_PER_FAMILY];
+} pv_kernel_family_spec;
+
+/* One parameter set: the family and a value for each parameter it takes
+ * (the others stay 0, so two sets compare equal with memcmp). */
+typedef struct pv_kernel_params {
+    pv_kernel_family family;
+    int value[PV_KPARAM_COUNT];
+} pv_kernel_params;
+
+/* The -D name of a parameter. */
+static inline const char *pv_kparam_define(pv_kparam p)
+{
+    static const char *const names[PV_KPARAM_COUNT] = {
+        "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE",
+    };
+    return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
+}
+
+/* The table. A function-local static so that a file including this header
+ * without using it carries no unused object. */
+static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_family family)
+{
+    static const pv_kernel_family_spec specs[PV_KERNEL_FAMILY_COUNT] = {
+        [PV_KERNEL_ATTENTION] = {"attention", 4, {
+            {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 3, {16, 32, 64}},
+            {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
+            {PV_KPARAM_MAX_HEAD_DIM, PV_KPARAM_VARIANT, 256, 3, {64, 128, 256}},
+            {PV_KPARAM_ATT_MAX_GROUP, PV_KPARAM_VARIANT, 8, 4, {1, 2, 4, 8}},
+        }},
+        [PV_KERNEL_GATHER] = {"gather", 3, {
+            {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
+            {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
+            {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
+        }},
+        [PV_KERNEL_QMATMUL] = {"qmatmul", 2, {
+            {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
+            /* F32, F16, Q4_0, Q4_1, Q8_0, BF16; the kernel has no default */
+            {PV_KPARAM_WTYPE, PV_KPARAM_VARIANT, 0, 6, {0, 1, 2, 3, 8, 30}},
+        }},
+        [PV_KERNEL_RECOMPUTE] = {"recompute", 2, {
+            {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
+            {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
+        }},
+    };
+    return (unsigned)family < PV_KERNEL_FAMILY_COUNT ? &specs[family] : NULL;
+}
+
+/* *out = the family's defaults. */
+static inline void pv_kernel_params_default(pv_kernel_family family, pv_kernel_params *out)
+{
+    memset(out, 0, sizeof *out);
+    out->family = family;
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    for (int i = 0; spec && i < spec->n_params; i++)
+        out->value[spec->params[i].param] = spec->params[i].def;
+}
+
+/* The build options of a parameter set: "-DPV_WG=64 -DPV_ITEM_ELEMS=8 ...",
+ * every parameter of the family in table order. Returns the length, as
+ * snprintf does (>= size: truncated). */
+static inline int pv_kernel_params_defines(const pv_kernel_params *p, char *buf, size_t size)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(p->family);
+    int len = 0;
+    if (size)
+        buf[0] = '\0';
+    for (int i = 0; spec && i < spec->n_params; i++) {
+        const pv_kparam id = spec->params[i].param;
+        const size_t at = (size_t)len < size ? (size_t)len : size;
+        int n = snprintf(buf + at, size - at, "%s-D%s=%d", i ? " " : "", pv_kparam_define(id), p->value[id]);
+        if (n < 0)
+            return n;
+        len += n;
+    }
+    return len;
+}
+
+#endif

@@ -1,0 +1,588 @@
+/* The CUDA kernels through NVRTC, with no GPU: every family of kernels/
+ * compiles, for the architectures of --with-cuda-arch (PV_CUDA_TEST_ARCHS),
+ * with every parameter set of backends/kernel-params.h that the backend
+ * may build, and holds the kernels the launchers look up; compile errors
+ * are caught and reported with NVRTC's log (checked by planted bugs); the
+ * on-disk cache keys, writes, reads back and rejects damaged entries.
+ *
+ * Which sets compile where: on the first architecture, the full cartesian
+ * product of every parameter's values per family (156 sets); on the
+ * others, every combination of the variants with the tuned parameters at
+ * their defaults (33 sets). That keeps the test near 30 s on 2 cores (50 s
+ * under ASan); the full product would add about 20 s (35 s) for each
+ * further architecture. The compiles run on up to 4 threads. */
+#include "config.h"
+
+#include "backends/cuda/cuda_nvrtc.h"
+#include "kernels/kernel-sources.h"
+#include "tap.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ARCHS 16
+#define MAX_THREADS 4
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- the table -------------------------------------------------------------------- */
+
+static const char *family_text(pv_kernel_family f)
+{
+    switch (f) {
+    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
+    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
+    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
+    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
+    case PV_KERNEL_FAMILY_COUNT: break;
+    }
+    return "";
+}
+
+/* The value of "#ifndef NAME\n#define NAME <value>" in text; 0 if absent. */
+static int source_default(const char *text, const char *name, int *value)
+{
+    char pattern[96];
+    snprintf(pattern, sizeof pattern, "#ifndef %s\n#define %s ", name, name);
+    const char *at = strstr(text, pattern);
+    return at && sscanf(at + strlen(pattern), "%d", value) == 1;
+}
+
+/* Each default is one of its values, and the kernels' own defaults (the
+ * dialect's or the family's #ifndef blocks) are the table's. */
+static void test_table(void)
+{
+    for (int f = 0; f < PV_KERNEL_FAMILY_COUNT; f++) {
+        const pv_kernel_family_spec *spec = pv_kernel_family_spec_of((pv_kernel_family)f);
+        int good = spec->n_params > 0 && spec->n_params <= PV_KPARAM_MAX_PER_FAMILY;
+        char why[256] = "";
+        for (int i = 0; good && i < spec->n_params; i++) {
+            const pv_kparam_spec *ps = &spec->params[i];
+            const char *name = pv_kparam_define(ps->param);
+            int listed = 0, in_source = 0;
+            for (int v = 0; v < ps->n_values; v++)
+                listed |= ps->values[v] == ps->def;
+            if (!listed) {
+                snprintf(why, sizeof why, "%s default %d is not among its values", name, ps->def);
+                good = 0;
+            } else if ((source_default(family_text((pv_kernel_family)f), name, &in_source) ||
+                        source_default(pv_kernel_source_dialect, name, &in_source)) &&
+                       in_source != ps->def) {
+                snprintf(why, sizeof why, "%s: the table's default is %d, the kernel's %d", name, ps->def,
+                         in_source);
+                good = 0;
+            }
+        }
+        ok(good, "table: kernels/%s.cl's parameters and defaults%s%s", spec->name, why[0] ? ": " : "", why);
+    }
+    pv_kernel_params p;
+    pv_kernel_params_default(PV_KERNEL_GATHER, &p);
+    char defines[128];
+    pv_kernel_params_defines(&p, defines, sizeof defines);
+    ok(strcmp(defines, "-DPV_WG=64 -DPV_ITEM_ELEMS=8 -DPV_STORE_F16=0") == 0,
+       "table: gather's defaults as options: \"%s\"", defines);
+}
+
+/* ---- the compile matrix ----------------------------------------------------------------- */
+
+typedef struct job {
+    pv_kernel_params params;
+    pv_cuda_target target;
+    int arch_index;
+    int ok;
+    char message[1024];
+} job;
+
+typedef struct job_list {
+    job *jobs;
+    int n, cap;
+    atomic_int next;
+} job_list;
+
+static int push_job(job_list *list, const pv_kernel_params *p, pv_cuda_target t, int arch_index)
+{
+    if (list->n == list->cap) {
+        int cap = list->cap ? 2 * list->cap : 64;
+        job *grown = realloc(list->jobs, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return 0;
+        list->jobs = grown;
+        list->cap = cap;
+    }
+    job *j = &list->jobs[list->n++];
+    memset(j, 0, sizeof *j);
+    j->params = *p;
+    j->target = t;
+    j->arch_index = arch_index;
+    return 1;
+}
+
+/* Every set of family f: variants over all their values, tuned parameters
+ * over theirs too (all_tuned) or at their defaults. A mixed-radix count. */
+static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int arch_index, int all_tuned)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(f);
+    int digit[PV_KPARAM_MAX_PER_FAMILY] = {0};
+    for (;;) {
+        pv_kernel_params p;
+        pv_kernel_params_default(f, &p);
+        for (int i = 0; i < spec->n_params; i++)
+            if (spec->params[i].role == PV_KPARAM_VARIANT || all_tuned)
+                p.value[spec->params[i].param] = spec->params[i].values[digit[i]];
+        if (!push_job(list, &p, t, arch_index))
+            return 0;
+        int i = 0;
+        for (; i < spec->n_params; i++) {
+            const pv_kparam_spec *ps = &spec->params[i];
+            const int radix = ps->role == PV_KPARAM_VARIANT || all_tuned ? ps->n_values : 1;
+            if (++digit[i] < radix)
+                break;
+            digit[i] = 0;
+        }
+        if (i == spec->n_params)
+            return 1;
+    }
+}
+
+/* The kernels the launchers (backends/cuda/cuda_launch.c) look up in a
+ * program of this set, NULL-terminated. */
+static void expected_kernels(const pv_kernel_params *p, const char *names[8], char storage[8][40])
+{
+    static const char *const attention[] = {"pv_attention", "pv_attention_combine", NULL};
+    static const char *const gather[] = {"pv_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
+    static const char *const qmatmul[] = {"pv_qmatmul_fused_1", "pv_qmatmul_fused_4", "pv_qmatmul_fused_16",
+                                          "pv_qmatmul_widen",   "pv_embed_gather",    NULL};
+    static const char *const recompute[] = {"pv_rmsnorm", "pv_rope",   "pv_swiglu",       "pv_add",
+                                            "pv_softmax", "pv_argmax", "pv_sample_top_p", NULL};
+    const char *const *base = p->family == PV_KERNEL_ATTENTION ? attention
+                              : p->family == PV_KERNEL_GATHER  ? gather
+                              : p->family == PV_KERNEL_QMATMUL ? qmatmul
+                                                               : recompute;
+    const int stored = p->family == PV_KERNEL_ATTENTION || p->family == PV_KERNEL_GATHER;
+    int n = 0;
+    for (; base[n] && n < 7; n++) {
+        if (stored) {
+            snprintf(storage[n], sizeof storage[n], "%s_%s", base[n], p->value[PV_KPARAM_STORE_F16] ? "f16" : "f32");
+            names[n] = storage[n];
+        } else {
+            names[n] = base[n];
+        }
+    }
+    names[n] = NULL;
+}
+
+/* Whether the image's symbol strings hold `name` exactly ("\0name\0"). */
+static int image_has(const pv_cuda_image *image, const char *name)
+{
+    const size_t len = strlen(name);
+    const char *data = image->data;
+    for (size_t i = 1; i + len < image->size; i++)
+        if (data[i - 1] == '\0' && data[i + len] == '\0' && memcmp(data + i, name, len) == 0)
+            return 1;
+    return 0;
+}
+
+static void run_job(job *j)
+{
+    char *source = NULL;
+    char options[256];
+    pv_cuda_image image = {NULL, 0};
+    pv_status st = pv_cuda_family_source(j->params.family, &source);
+    if (st == PV_OK)
+        st = pv_cuda_build_options(&j->params, j->target, options, sizeof options);
+    if (st == PV_OK) {
+        char what[64];
+        snprintf(what, sizeof what, "kernels/%s.cl", pv_kernel_family_spec_of(j->params.family)->name);
+        st = pv_cuda_compile(what, source, options, j->target, &image);
+    }
+    if (st != PV_OK) {
+        snprintf(j->message, sizeof j->message, "%s", pv_last_error());
+    } else {
+        const char *names[8];
+        char storage[8][40];
+        expected_kernels(&j->params, names, storage);
+        j->ok = 1;
+        for (int i = 0; names[i] && j->ok; i++)
+            if (!image_has(&image, names[i])) {
+                j->ok = 0;
+                snprintf(j->message, sizeof j->message, "\"%s\": the cubin (%zu bytes) has no kernel %s", options,
+                         image.size, names[i]);
+            }
+    }
+    pv_cuda_image_free(&image);
+    free(source);
+}
+
+static void *worker(void *arg)
+{
+    job_list *list = arg;
+    for (int i; (i = atomic_fetch_add(&list->next, 1)) < list->n;)
+        run_job(&list->jobs[i]);
+    return NULL;
+}
+
+static int parse_archs(const char *text, int archs[MAX_ARCHS])
+{
+    int n = 0;
+    for (const char *p = text; *p && n < MAX_ARCHS;) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v <= 0)
+            return 0;
+        archs[n++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+static void test_matrix(void)
+{
+    int archs[MAX_ARCHS];
+    const int n_archs = parse_archs(PV_CUDA_TEST_ARCHS, archs);
+    if (!ok(n_archs > 0, "matrix: architectures \"%s\" (--with-cuda-arch)", PV_CUDA_TEST_ARCHS))
+        return;
+    job_list list = {NULL, 0, 0, 0};
+    int built = 1;
+    for (int a = 0; a < n_archs; a++) {
+        const pv_cuda_target t = {archs[a], 0};
+        for (int f = 0; f < PV_KERNEL_FAMILY_COUNT; f++)
+            built &= add_sets(&list, (pv_kernel_family)f, t, a, a == 0);
+    }
+    if (!ok(built, "matrix: %d parameter sets listed", list.n))
+        return;
+
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_threads = cpus < 1 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
+    pthread_t threads[MAX_THREADS];
+    int started = 0;
+    const double t0 = now();
+    for (int i = 0; i < n_threads; i++)
+        started += pthread_create(&threads[started], NULL, worker, &list) == 0;
+    if (started == 0)
+        worker(&list);
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    tap_diag("%d compiles on %d threads in %.1f s", list.n, started ? started : 1, now() - t0);
+
+    for (int a = 0; a < n_archs; a++)
+        for (int f = 0; f < PV_KERNEL_FAMILY_COUNT; f++) {
+            int total = 0, failed = 0;
+            for (int i = 0; i < list.n; i++) {
+                const job *j = &list.jobs[i];
+                if (j->arch_index != a || j->params.family != (pv_kernel_family)f)
+                    continue;
+                total++;
+                if (!j->ok) {
+                    failed++;
+                    tap_diag("%s", j->message);
+                }
+            }
+            ok(total > 0 && failed == 0, "matrix: kernels/%s.cl for sm_%d: %d of %d parameter sets (%s) compile",
+               pv_kernel_family_spec_of((pv_kernel_family)f)->name, archs[a], total - failed, total,
+               a == 0 ? "every value of every parameter" : "every variant, tuned values at their defaults");
+        }
+    free(list.jobs);
+}
+
+/* ---- targets and PTX ---------------------------------------------------------------------- */
+
+static void test_targets(void)
+{
+    pv_cuda_target t = {0, 0};
+    ok(pv_cuda_target_for(8, 0, &t) == PV_OK && t.arch == 80 && !t.ptx, "target: sm_80 gets a cubin for sm_80");
+    ok(pv_cuda_target_for(9, 0, &t) == PV_OK && t.arch == 90 && !t.ptx, "target: sm_90 gets a cubin for sm_90");
+    /* A GPU newer than NVRTC knows: PTX of the newest architecture below it. */
+    pv_status st = pv_cuda_target_for(99, 0, &t);
+    ok(st == PV_OK && t.ptx && t.arch >= 90 && t.arch < 990, "target: a future sm_990 gets PTX for compute_%d",
+       t.arch);
+    st = pv_cuda_target_for(3, 0, &t);
+    ok(st == PV_ERR_UNSUPPORTED && strstr(pv_last_error(), "sm_30"), "target: sm_30 is refused: %s",
+       pv_last_error());
+
+    /* The PTX path compiles too, and holds the entry points. */
+    pv_kernel_params p;
+    pv_kernel_params_default(PV_KERNEL_RECOMPUTE, &p);
+    const pv_cuda_target ptx = {80, 1};
+    pv_cuda_image image = {NULL, 0};
+    st = pv_cuda_program_image(NULL, &p, ptx, &image);
+    ok(st == PV_OK && image.size > 1 && ((char *)image.data)[image.size - 1] == '\0' &&
+           strstr(image.data, ".entry pv_sample_top_p"),
+       "ptx: kernels/recompute.cl for compute_80 (%zu bytes)%s%s", image.size, st ? ": " : "",
+       st ? pv_last_error() : "");
+    pv_cuda_image_free(&image);
+}
+
+/* ---- planted bugs: the errors the matrix would report ----------------------------------- */
+
+/* Compiles text with options and checks that it fails with a message
+ * naming `what`, the options and `needle` from NVRTC's log. */
+static void expect_failure(const char *label, const char *what, const char *source, const char *options,
+                           const char *needle)
+{
+    const pv_cuda_target t = {80, 0};
+    pv_cuda_image image = {NULL, 0};
+    pv_status st = pv_cuda_compile(what, source, options, t, &image);
+    const char *msg = pv_last_error();
+    ok(st == PV_ERR_BACKEND && image.data == NULL && strstr(msg, what) && strstr(msg, options) &&
+           strstr(msg, needle),
+       "planted: %s fails, naming the file, the options and \"%s\"", label, needle);
+    tap_diag("%s", msg);
+    pv_cuda_image_free(&image);
+}
+
+static void test_planted(void)
+{
+    char *source = NULL;
+    if (!ok(pv_cuda_family_source(PV_KERNEL_RECOMPUTE, &source) == PV_OK, "planted: recompute source"))
+        return;
+    char options[256];
+    pv_kernel_params p;
+    pv_kernel_params_default(PV_KERNEL_RECOMPUTE, &p);
+    const pv_cuda_target t = {80, 0};
+    pv_cuda_build_options(&p, t, options, sizeof options);
+
+    /* A syntax error in a kernel: the source, as the matrix builds it, with
+     * one broken line after the family's text. */
+    const char bug[] = "\nPV_KERNEL pv_planted(PV_GLOBAL float *x) { x[0] = 1.0f }\n";
+    char *broken = malloc(strlen(source) + sizeof bug);
+    if (broken) {
+        strcpy(broken, source);
+        strcat(broken, bug);
+        expect_failure("a missing semicolon", "kernels/recompute.cl", broken, options, "expected a \";\"");
+    }
+    free(broken);
+    /* An option NVRTC does not know. */
+    char bad_option[300];
+    snprintf(bad_option, sizeof bad_option, "%s --no-such-option", options);
+    expect_failure("an unknown option", "kernels/recompute.cl", source, bad_option, "no-such-option");
+    free(source);
+
+    /* A value outside the table: the kernel's own #error. */
+    pv_kernel_params_default(PV_KERNEL_QMATMUL, &p);
+    p.value[PV_KPARAM_WTYPE] = 5;
+    if (pv_cuda_family_source(PV_KERNEL_QMATMUL, &source) == PV_OK &&
+        pv_cuda_build_options(&p, t, options, sizeof options) == PV_OK)
+        expect_failure("PV_WTYPE=5", "kernels/qmatmul.cl", source, options, "not a supported weight type");
+    free(source);
+    /* Past a resource limit, caught by ptxas: attention at PV_WG = 128
+     * needs 66 KiB of shared memory, over CUDA's 48 KiB. */
+    pv_kernel_params_default(PV_KERNEL_ATTENTION, &p);
+    p.value[PV_KPARAM_WG] = 128;
+    source = NULL;
+    if (pv_cuda_family_source(PV_KERNEL_ATTENTION, &source) == PV_OK &&
+        pv_cuda_build_options(&p, t, options, sizeof options) == PV_OK)
+        expect_failure("attention at PV_WG=128", "kernels/attention.cl", source, options, "too much shared data");
+    free(source);
+}
+
+/* ---- the cache ------------------------------------------------------------------------------ */
+
+static int write_file(const char *path, const void *data, size_t size)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return 0;
+    int good = fwrite(data, 1, size, f) == size;
+    return fclose(f) == 0 && good;
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* Removes dir and what the test put in it (two levels at most). */
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            struct stat st;
+            if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+                remove_tree(path);
+            else
+                unlink(path);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static void test_cache_keys(void)
+{
+    const pv_cuda_target sm80 = {80, 0}, sm90 = {90, 0}, ptx80 = {80, 1};
+    const uint64_t base = pv_cuda_cache_key("source", "-DPV_WG=64 --gpu-architecture=sm_80", sm80);
+    ok(base == pv_cuda_cache_key("source", "-DPV_WG=64 --gpu-architecture=sm_80", sm80),
+       "cache key: the same build, the same key");
+    ok(base != pv_cuda_cache_key("source", "-DPV_WG=32 --gpu-architecture=sm_80", sm80),
+       "cache key: other options, another key");
+    ok(base != pv_cuda_cache_key("sourcf", "-DPV_WG=64 --gpu-architecture=sm_80", sm80),
+       "cache key: another source, another key");
+    ok(base != pv_cuda_cache_key("source", "-DPV_WG=64 --gpu-architecture=sm_80", sm90) &&
+           base != pv_cuda_cache_key("source", "-DPV_WG=64 --gpu-architecture=sm_80", ptx80),
+       "cache key: another target, another key");
+    ok(pv_cuda_cache_key("ab", "c", sm80) != pv_cuda_cache_key("a", "bc", sm80),
+       "cache key: the boundary between source and options counts");
+
+    /* Where the cache lives. */
+    char dir[4096], home[4096] = "";
+    const char *saved_home = getenv("HOME");
+    if (saved_home)
+        snprintf(home, sizeof home, "%s", saved_home);
+    setenv("PV_CUDA_CACHE_DIR", "/tmp/pv-explicit", 1);
+    ok(pv_cuda_cache_dir(dir, sizeof dir) && strcmp(dir, "/tmp/pv-explicit") == 0,
+       "cache dir: $PV_CUDA_CACHE_DIR first: %s", dir);
+    unsetenv("PV_CUDA_CACHE_DIR");
+    setenv("XDG_CACHE_HOME", "/tmp/pv-xdg", 1);
+    ok(pv_cuda_cache_dir(dir, sizeof dir) && strcmp(dir, "/tmp/pv-xdg/pensieve/cuda") == 0,
+       "cache dir: then $XDG_CACHE_HOME/pensieve/cuda: %s", dir);
+    setenv("XDG_CACHE_HOME", "relative", 1);
+    setenv("HOME", "/tmp/pv-home", 1);
+    ok(pv_cuda_cache_dir(dir, sizeof dir) && strcmp(dir, "/tmp/pv-home/.cache/pensieve/cuda") == 0,
+       "cache dir: a relative $XDG_CACHE_HOME is ignored for $HOME/.cache/pensieve/cuda: %s", dir);
+    unsetenv("XDG_CACHE_HOME");
+    unsetenv("HOME");
+    ok(!pv_cuda_cache_dir(dir, sizeof dir), "cache dir: none without any of them");
+    if (saved_home)
+        setenv("HOME", home, 1);
+}
+
+static void test_cache_files(const char *tmp)
+{
+    const pv_cuda_target t = {80, 0};
+    char dir[4096], path[4096];
+    snprintf(dir, sizeof dir, "%s/a/b/cuda", tmp); /* parents created on the way */
+    const uint64_t key = 0x0123456789abcdefULL;
+    unsigned char bytes[1000];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (unsigned char)(i * 7 + 3);
+    const pv_cuda_image image = {bytes, sizeof bytes};
+    pv_cuda_image back = {NULL, 0};
+    pv_cuda_cache_path(dir, key, t, path, sizeof path);
+
+    ok(!pv_cuda_cache_load(dir, key, t, &back), "cache: a missing entry is a miss");
+    ok(pv_cuda_cache_store(dir, key, t, &image), "cache: an entry is written, parents created: %s", path);
+    int loaded = pv_cuda_cache_load(dir, key, t, &back);
+    ok(loaded && back.size == sizeof bytes && memcmp(back.data, bytes, back.size) == 0,
+       "cache: the entry reads back (%zu bytes)", back.size);
+    pv_cuda_image_free(&back);
+    ok(!pv_cuda_cache_load(dir, key ^ 1, t, &back), "cache: another key misses");
+    const pv_cuda_target ptx = {80, 1};
+    ok(!pv_cuda_cache_load(dir, key, ptx, &back), "cache: the same key for PTX misses");
+
+    /* Damaged entries are misses, never errors, and are replaced. */
+    const long whole = file_size(path);
+    ok(truncate(path, whole - 1) == 0 && !pv_cuda_cache_load(dir, key, t, &back),
+       "cache: an entry truncated by one byte is rejected");
+    ok(truncate(path, 20) == 0 && !pv_cuda_cache_load(dir, key, t, &back),
+       "cache: an entry truncated inside its header is rejected");
+    ok(pv_cuda_cache_store(dir, key, t, &image) && pv_cuda_cache_load(dir, key, t, &back),
+       "cache: a rejected entry is rewritten and then read");
+    pv_cuda_image_free(&back);
+    FILE *f = fopen(path, "r+b");
+    int flipped = f && fseek(f, whole - 10, SEEK_SET) == 0 && fputc(0x5a, f) != EOF;
+    if (f)
+        fclose(f);
+    ok(flipped && !pv_cuda_cache_load(dir, key, t, &back), "cache: an entry with a changed byte is rejected");
+    ok(write_file(path, "garbage", 7) && !pv_cuda_cache_load(dir, key, t, &back),
+       "cache: a file that is no entry is rejected");
+
+    /* A directory that cannot be made: no entry, no error, no output. */
+    char blocked[4096];
+    snprintf(blocked, sizeof blocked, "%s/file", tmp);
+    write_file(blocked, "x", 1);
+    snprintf(blocked, sizeof blocked, "%s/file/cuda", tmp);
+    ok(!pv_cuda_cache_store(blocked, key, t, &image) && !pv_cuda_cache_load(blocked, key, t, &back),
+       "cache: a directory under a file is not written, and misses");
+
+    /* No temporary files are left behind. */
+    DIR *d = opendir(dir);
+    int others = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        others += e->d_name[0] != '.' && strcmp(e->d_name, "0123456789abcdef.cubin") != 0;
+    if (d)
+        closedir(d);
+    ok(d && others == 0, "cache: only the entry is in the directory (%d other files)", others);
+}
+
+/* pv_cuda_program_image: compiles and stores on a miss, reads on a hit
+ * (a planted entry proves the read), recompiles over a damaged entry. */
+static void test_program_cache(const char *tmp)
+{
+    char dir[4096], path[4096];
+    snprintf(dir, sizeof dir, "%s/programs", tmp);
+    const pv_cuda_target t = {80, 0};
+    pv_kernel_params p;
+    pv_kernel_params_default(PV_KERNEL_GATHER, &p);
+    char *source = NULL, options[256];
+    if (!ok(pv_cuda_family_source(PV_KERNEL_GATHER, &source) == PV_OK &&
+                pv_cuda_build_options(&p, t, options, sizeof options) == PV_OK,
+            "program cache: gather source and options"))
+        return;
+    const uint64_t key = pv_cuda_cache_key(source, options, t);
+    free(source);
+    pv_cuda_cache_path(dir, key, t, path, sizeof path);
+
+    pv_cuda_image compiled = {NULL, 0}, again = {NULL, 0};
+    pv_status st = pv_cuda_program_image(dir, &p, t, &compiled);
+    ok(st == PV_OK && file_size(path) == (long)compiled.size + 32,
+       "program cache: a miss compiles (%zu bytes) and stores %s%s%s", compiled.size, path, st ? ": " : "",
+       st ? pv_last_error() : "");
+
+    static const char planted[] = "not a cubin, but the cache's";
+    const pv_cuda_image fake = {(void *)planted, sizeof planted};
+    pv_cuda_cache_store(dir, key, t, &fake);
+    st = pv_cuda_program_image(dir, &p, t, &again);
+    ok(st == PV_OK && again.size == sizeof planted && memcmp(again.data, planted, sizeof planted) == 0,
+       "program cache: a hit is read, not compiled");
+    pv_cuda_image_free(&again);
+
+    if (truncate(path, file_size(path) - 3) != 0)
+        tap_diag("cannot truncate %s", path);
+    st = pv_cuda_program_image(dir, &p, t, &again);
+    ok(st == PV_OK && again.size == compiled.size && memcmp(again.data, compiled.data, compiled.size) == 0 &&
+           file_size(path) == (long)compiled.size + 32,
+       "program cache: a truncated entry is recompiled and rewritten");
+    pv_cuda_image_free(&again);
+    pv_cuda_image_free(&compiled);
+}
+
+int main(void)
+{
+    const double t0 = now();
+    test_table();
+    test_cache_keys();
+    const char *base = getenv("TMPDIR");
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s/pv-cuda-cache-XXXXXX", base && *base ? base : "/tmp");
+    if (ok(mkdtemp(tmp) != NULL, "cache: a scratch directory")) {
+        test_cache_files(tmp);
+        test_program_cache(tmp);
+        remove_tree(tmp);
+    }
+    test_targets();
+    test_planted();
+    test_matrix();
+    tap_diag("%.1f s in all", now() - t0);
+    return tap_done();
+}
