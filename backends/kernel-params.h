@@ -133,6 +133,19 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
     return (unsigned)family < PV_KERNEL_FAMILY_COUNT ? &specs[family] : NULL;
 }
 
+/* Whether the family is built with `value` for param: for PV_KPARAM_WTYPE,
+ * whether the portable kernels read that weight type (the OpenCL and CUDA
+ * backends answer supports_weights from it). */
+static inline int pv_kernel_builds_value(pv_kernel_family family, pv_kparam param, int value)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    for (int i = 0; spec && i < spec->n_params; i++)
+        for (int v = 0; spec->params[i].param == param && v < spec->params[i].n_values; v++)
+            if (spec->params[i].values[v] == value)
+                return 1;
+    return 0;
+}
+
 /* *out = the family's defaults. */
 static inline void pv_kernel_params_default(pv_kernel_family family, pv_kernel_params *out)
 {

@@ -202,28 +202,22 @@ __attribute__((target("avx,f16c"))) static void half_row_to_float_f16c(float *re
 
 typedef void (*widen_half_fn)(float *restrict dst, const uint16_t *restrict src, int n);
 
-/* The AVX2 softmax weights where the backend runs its AVX2 kernels. */
-static exp_weights_fn exp_weighter(int avx2_kernels)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (avx2_kernels)
-        return exp_weights_avx2;
-#else
-    (void)avx2_kernels;
-#endif
-    return exp_weights_portable;
-}
+/* The attention's inner steps with AVX2 and F16C where the backend runs its
+ * AVX2 kernels (which require both), else portable: the same bits either way. */
+typedef struct attention_kernels {
+    widen_half_fn widen_half;   /* f16 K/V rows to f32 */
+    exp_weights_fn exp_weights; /* scores to softmax weights */
+} attention_kernels;
 
-/* F16C where the backend runs its AVX2 kernels (they require it). */
-static widen_half_fn half_widener(int avx2_kernels)
+static attention_kernels attention_kernels_for(int avx2_kernels)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (avx2_kernels)
-        return half_row_to_float_f16c;
+        return (attention_kernels){half_row_to_float_f16c, exp_weights_avx2};
 #else
     (void)avx2_kernels;
 #endif
-    return half_row_to_float;
+    return (attention_kernels){half_row_to_float, exp_weights_portable};
 }
 
 /* Where the K/V rows of a sequence live: the paged pool (slot_table set) or
@@ -297,8 +291,7 @@ typedef struct attention_problem {
      * + h of part_max and part_sum, and row of head_dim floats of part_acc. */
     float *part_max, *part_sum, *part_acc;
     const int32_t *token_splits; /* [T] its group's split count */
-    widen_half_fn widen_half;    /* f16 K/V rows to f32 */
-    exp_weights_fn exp_weights;  /* scores to softmax weights */
+    attention_kernels kernels;
 } attention_problem;
 
 /* One thread's working memory for an item of up to QUERY_BLOCK tokens and
@@ -490,10 +483,9 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, const
             for (int32_t t = 0; t < rows; t++) {
                 prefetch_row(&nb, nb.k, t);
                 prefetch_row(&nb, nb.v, t);
-                pb->widen_half(s->k_rows + (size_t)t * part_elems, (const uint16_t *)k + t * row_stride,
-                               part_elems);
-                pb->widen_half(s->v_rows + (size_t)t * part_elems, (const uint16_t *)v + t * row_stride,
-                               part_elems);
+                const widen_half_fn widen = pb->kernels.widen_half;
+                widen(s->k_rows + (size_t)t * part_elems, (const uint16_t *)k + t * row_stride, part_elems);
+                widen(s->v_rows + (size_t)t * part_elems, (const uint16_t *)v + t * row_stride, part_elems);
             }
             k_rows = s->k_rows;
             v_rows = s->v_rows;
@@ -508,7 +500,7 @@ static void attend_item(const attention_problem *pb, attention_scratch *s, const
             /* f32 rows are prefetched while the last (longest) token reads them */
             const next_block *prefetch = kv->dtype == PV_F32 && j == n_tok - 1 ? &nb : NULL;
             attend_block(&t, n_h, group, head_dim, score_stride, k_rows, v_rows, stride, rows_j, prefetch,
-                         pb->exp_weights);
+                         pb->kernels.exp_weights);
         }
     }
 
@@ -787,8 +779,7 @@ static attention_problem paged_problem(const pv_attention_args *a, int avx2_kern
         .token_seq = a->token_seq,
         .token_pos = a->token_pos,
         .out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float)),
-        .widen_half = half_widener(avx2_kernels),
-        .exp_weights = exp_weighter(avx2_kernels),
+        .kernels = attention_kernels_for(avx2_kernels),
     };
 }
 
@@ -837,8 +828,7 @@ pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a)
         .token_seq = a->token_seq,
         .token_pos = a->token_pos,
         .out = a->out,
-        .widen_half = half_widener(pv_cpu_avx2_available()),
-        .exp_weights = exp_weighter(pv_cpu_avx2_available()),
+        .kernels = attention_kernels_for(pv_cpu_avx2_available()),
     };
     return attention_run(&pb, 0);
 }

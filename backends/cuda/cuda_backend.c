@@ -353,7 +353,9 @@ static pv_status cuda_init(pv_backend *be)
 static int cuda_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
-    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_cuda_weights_supported(t);
+    /* every type kernels/qmatmul.cl is built for */
+    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) &&
+           pv_kernel_builds_value(PV_KERNEL_QMATMUL, PV_KPARAM_WTYPE, (int)t);
 }
 
 static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)

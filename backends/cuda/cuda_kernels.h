@@ -86,7 +86,6 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
                                    int scatter, void *pool, void *staging, const int32_t *slots);
 
 /* Whether kernels/qmatmul.cl decodes weight type t. */
-int pv_cuda_weights_supported(pv_wtype t);
 
 /* The weight pointers (table, w) point at the op's offset. */
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,

@@ -259,20 +259,6 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
 
 /* ---- qmatmul family ----------------------------------------------------------------- */
 
-int pv_cuda_weights_supported(pv_wtype t)
-{
-    switch (t) {
-    case PV_W_F32:
-    case PV_W_F16:
-    case PV_W_BF16:
-    case PV_W_Q8_0:
-    case PV_W_Q4_0:
-    case PV_W_Q4_1:
-        return 1;
-    }
-    return 0;
-}
-
 static pv_kernel_params weight_params(const pv_cuda_kernels *k, pv_wtype t)
 {
     pv_kernel_params p = k->tuned[PV_KERNEL_QMATMUL];

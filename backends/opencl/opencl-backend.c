@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
+#include "backends/kernel-params.h"
 #include "backends/attention-split.h"
 
 #include <pensieve/half.h>
@@ -310,7 +311,9 @@ static pv_status opencl_init(pv_backend *be)
 static int opencl_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
-    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_opencl_qmatmul_supports(t);
+    /* every type kernels/qmatmul.cl is built for */
+    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) &&
+           pv_kernel_builds_value(PV_KERNEL_QMATMUL, PV_KPARAM_WTYPE, (int)t);
 }
 
 static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)

@@ -524,20 +524,6 @@ pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
  * models, a few tiles of large ones). */
 #define PV_OPENCL_QMATMUL_TILE_BYTES ((size_t)64 << 20)
 
-int pv_opencl_qmatmul_supports(pv_wtype t)
-{
-    switch (t) {
-    case PV_W_F32:
-    case PV_W_F16:
-    case PV_W_BF16:
-    case PV_W_Q8_0:
-    case PV_W_Q4_0:
-    case PV_W_Q4_1:
-        return 1;
-    }
-    return 0;
-}
-
 /* A kernel of the qmatmul family built for weight type t. */
 static pv_status kernel_begin_weights(pv_backend *be, pv_wtype t, const char *name, kernel_args *ka)
 {

@@ -126,6 +126,5 @@ pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a);
 pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
-int pv_opencl_qmatmul_supports(pv_wtype t);
 
 #endif
