@@ -55,12 +55,16 @@ static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_hea
     return (group + blocks - 1) / blocks;
 }
 
-/* S for one call; `forced` is the PV_ATTENTION_SPLITS value (0: default). */
-static inline int pv_attention_splits(int forced, uint32_t compute_units, int max_group,
+/* S for one call: `forced`, the PV_ATTENTION_SPLITS value, if set; else
+ * `tuned`, the call's bucket's PV_SPLITS (backends/kernel-tuning.h), if
+ * set; else the rule above. */
+static inline int pv_attention_splits(int forced, int tuned, uint32_t compute_units, int max_group,
                                       const pv_attention_args *a)
 {
     if (forced > 0)
         return forced;
+    if (tuned > 0)
+        return tuned;
     int32_t longest = 0;
     for (int32_t i = 0; i < a->n_tokens; i++)
         longest = a->token_pos[i] + 1 > longest ? a->token_pos[i] + 1 : longest;

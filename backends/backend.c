@@ -6,6 +6,7 @@
 #endif
 
 #include "backends/backend.h"
+#include "backends/kernel-tuning.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -179,10 +180,17 @@ pv_status pv_backend_init(pv_backend **out, const char *name, int device)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "backend '%s': cannot allocate the backend", name);
     be->ops = ops;
     be->device = device;
+    be->tuning = calloc(1, sizeof *be->tuning);
+    if (!be->tuning) {
+        free(be);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "backend '%s': cannot allocate its kernel tuning", name);
+    }
+    pv_kernel_tuning_reset(be->tuning);
     st = ops->device_info(device, &be->info);
     if (st == PV_OK)
         st = ops->init(be);
     if (st != PV_OK) {
+        free(be->tuning);
         free(be);
         return st;
     }
@@ -195,6 +203,7 @@ void pv_backend_free(pv_backend *be)
     if (!be)
         return;
     be->ops->free(be);
+    free(be->tuning);
     free(be);
 }
 

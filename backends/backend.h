@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 6 /* 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 7 /* 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -110,6 +110,7 @@ typedef struct pv_device_info {
 typedef struct pv_backend pv_backend;
 typedef struct pv_buffer pv_buffer;
 typedef struct pv_event pv_event;
+typedef struct pv_kernel_tuning pv_kernel_tuning; /* backends/kernel-tuning.h */
 
 struct pv_buffer {
     pv_backend *backend;
@@ -391,6 +392,9 @@ typedef struct pv_backend_ops {
     /* Optional (NULL: qmatmul on each in turn): products sharing x, as one
      * dispatch (pv_qmatmul_group). */
     pv_status (*qmatmul_group)(pv_backend *be, const pv_qmatmul_args *products, int n);
+    /* 1: the ops run the portable kernels (kernels/) with the parameters
+     * of be->tuning, which init may give its own defaults. */
+    int tunable_kernels;
 } pv_backend_ops;
 
 struct pv_backend {
@@ -398,6 +402,7 @@ struct pv_backend {
     int device;
     pv_device_info info;
     void *impl;
+    pv_kernel_tuning *tuning; /* owned by the front end */
 };
 
 /* ---- front end: validation, then dispatch ---------------------------------
@@ -469,6 +474,40 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);
+
+/* ---- kernel tuning -----------------------------------------------------------
+ * The OpenCL and CUDA backends run the portable kernels (kernels/), built
+ * with parameters that change their speed and never their results: the
+ * work-group size PV_WG, the elements per work-item PV_ITEM_ELEMS, and
+ * attention's split-K count PV_SPLITS (0: a rule that grows it with the
+ * context). A set of them, written "PV_WG=16 PV_SPLITS=4", applies to the
+ * calls of one shape bucket:
+ *   attention.hd<64|128|256>.g<1|2|4|8>.<decode|prefill>.<short|long>
+ *     head_dim up to 64, 128 or 256; query heads per KV head rounded up to
+ *     a power of two (g8: 8 or more); decode: at most 8 query tokens;
+ *     long: the longest context (last position + 1) 1024 or more;
+ *   gather (kv_write, slot_gather, slot_scatter), qmatmul (qmatmul,
+ *   embed_gather), recompute (the element-wise ops): one bucket each.
+ * Buckets without a set use the backend's defaults. The CPU backend has no
+ * such kernels: the calls below that need them return PV_ERR_UNSUPPORTED.
+ * pensieve-tune searches the candidates, checking each against the CPU
+ * backend, and keeps the fastest in the device's profile. */
+
+/* Whether be runs the portable kernels. */
+int pv_backend_kernels_tunable(const pv_backend *be);
+/* The bucket name of an attention call. */
+pv_status pv_attention_bucket(const pv_attention_args *a, char *buf, size_t size);
+/* *count (if non-NULL) = the candidate sets of bucket (those within be's
+ * work-group limit; be may be NULL: all of them); with buf, candidate
+ * `index` (0 .. count - 1) as text. */
+pv_status pv_kernel_candidate(const pv_backend *be, const char *bucket, int index, char *buf, size_t size,
+                              int *count);
+/* Calls of bucket use these parameters from now on (the ones not named
+ * keep their current values); NULL or "" returns the bucket to the
+ * defaults. A value outside the candidates is PV_ERR_INVALID_ARG. */
+pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *params);
+/* The set calls of bucket use now, every tuned parameter named. */
+pv_status pv_backend_kernel_get(const pv_backend *be, const char *bucket, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

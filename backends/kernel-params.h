@@ -5,13 +5,16 @@
  * pensieve-tune's kernel search too, so that a tuned value means the same
  * thing everywhere.
  *
- * A parameter has one of two roles:
+ * A parameter has one of three roles:
  *   - tuned: a free choice that changes speed, never results (work-group
- *     size, elements per work-item). A backend holds one value per family
- *     (the default until a tuner picks another) and builds every program of
- *     the family with it. A launcher that needs the value as well (PV_WG is
- *     the work-group size, PV_ITEM_ELEMS sets the number of groups) must
- *     take it from the same parameter set the program was built with.
+ *     size, elements per work-item). A backend holds one value per shape
+ *     bucket (backends/kernel-tuning.h: the family's default until a tuner
+ *     picks another) and builds the programs of the bucket's calls with it.
+ *     A launcher that needs the value as well (PV_WG is the work-group
+ *     size, PV_ITEM_ELEMS sets the number of groups) must take it from the
+ *     same parameter set the program was built with.
+ *   - launch: tuned the same way, but read by the launcher only (split
+ *     count); never a -D define, so its values share one program.
  *   - variant: fixed by the op's arguments (storage dtype, weight type,
  *     head-dim class, query heads per group); the launcher sets it per call
  *     and each value is a program of its own.
@@ -19,9 +22,9 @@
  * CUDA; a value outside them is untested. Defaults are those of the
  * kernels' own #ifndef blocks (the test checks that they agree); a backend
  * still passes every parameter of a family explicitly, so the option string
- * alone says how a program was built. The OpenCL backend today builds
- * attention with PV_WG = 16 on CPU devices (backends/opencl/opencl.h), a
- * value of the list below, not its GPU default. */
+ * alone says how a program was built. A backend may start from other
+ * defaults of the lists (the OpenCL backend builds attention with PV_WG =
+ * 16 on CPU devices). */
 #ifndef PV_BACKENDS_KERNEL_PARAMS_H
 #define PV_BACKENDS_KERNEL_PARAMS_H
 
@@ -66,13 +69,18 @@ typedef enum pv_kparam {
     /* PV_WTYPE, variant: the weight type's ggml id (pv_wtype), one qmatmul
      * build per type. */
     PV_KPARAM_WTYPE,
+    /* PV_SPLITS, launch: attention's split-K count, the work-groups that
+     * share one (query token, KV head, head block) by ranges of its context
+     * (backends/attention-split.h); 0 is that header's rule, which grows it
+     * with the context. */
+    PV_KPARAM_SPLITS,
     PV_KPARAM_COUNT
 } pv_kparam;
 
-typedef enum pv_kparam_role { PV_KPARAM_TUNED, PV_KPARAM_VARIANT } pv_kparam_role;
+typedef enum pv_kparam_role { PV_KPARAM_TUNED, PV_KPARAM_VARIANT, PV_KPARAM_LAUNCH } pv_kparam_role;
 
 #define PV_KPARAM_MAX_VALUES 8
-#define PV_KPARAM_MAX_PER_FAMILY 4
+#define PV_KPARAM_MAX_PER_FAMILY 5
 
 typedef struct pv_kparam_spec {
     pv_kparam param;
@@ -99,7 +107,7 @@ typedef struct pv_kernel_params {
 static inline const char *pv_kparam_define(pv_kparam p)
 {
     static const char *const names[PV_KPARAM_COUNT] = {
-        "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE",
+        "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE", "PV_SPLITS",
     };
     return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
 }
@@ -109,8 +117,9 @@ static inline const char *pv_kparam_define(pv_kparam p)
 static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_family family)
 {
     static const pv_kernel_family_spec specs[PV_KERNEL_FAMILY_COUNT] = {
-        [PV_KERNEL_ATTENTION] = {"attention", 4, {
+        [PV_KERNEL_ATTENTION] = {"attention", 5, {
             {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 3, {16, 32, 64}},
+            {PV_KPARAM_SPLITS, PV_KPARAM_LAUNCH, 0, 6, {0, 1, 2, 4, 8, 16}},
             {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
             {PV_KPARAM_MAX_HEAD_DIM, PV_KPARAM_VARIANT, 256, 3, {64, 128, 256}},
             {PV_KPARAM_ATT_MAX_GROUP, PV_KPARAM_VARIANT, 8, 4, {1, 2, 4, 8}},
@@ -157,8 +166,8 @@ static inline void pv_kernel_params_default(pv_kernel_family family, pv_kernel_p
 }
 
 /* The build options of a parameter set: "-DPV_WG=64 -DPV_ITEM_ELEMS=8 ...",
- * every parameter of the family in table order. Returns the length, as
- * snprintf does (>= size: truncated). */
+ * every parameter of the family in table order but the launch ones. Returns
+ * the length, as snprintf does (>= size: truncated). */
 static inline int pv_kernel_params_defines(const pv_kernel_params *p, char *buf, size_t size)
 {
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(p->family);
@@ -167,8 +176,10 @@ static inline int pv_kernel_params_defines(const pv_kernel_params *p, char *buf,
         buf[0] = '\0';
     for (int i = 0; spec && i < spec->n_params; i++) {
         const pv_kparam id = spec->params[i].param;
+        if (spec->params[i].role == PV_KPARAM_LAUNCH)
+            continue;
         const size_t at = (size_t)len < size ? (size_t)len : size;
-        int n = snprintf(buf + at, size - at, "%s-D%s=%d", i ? " " : "", pv_kparam_define(id), p->value[id]);
+        int n = snprintf(buf + at, size - at, "%s-D%s=%d", len ? " " : "", pv_kparam_define(id), p->value[id]);
         if (n < 0)
             return n;
         len += n;

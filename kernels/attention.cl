@@ -81,7 +81,15 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
     const pv_long i = PV_GROUP_ID(1);
     const int pos = token_pos[i];
     const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
+#if defined(PV_TEST_BREAK_WG) && PV_TEST_BREAK_WG == PV_WG
+    /* Tests only (tests/test-tune-kernels.sh): this build skips the first
+     * half of every context, a faster and wrong candidate that
+     * pensieve-tune's kernel search must reject. */
+    const int begin = split * per_split * chunk_tokens > (pos + 1) / 2 ? split * per_split * chunk_tokens
+                                                                        : (pos + 1) / 2;
+#else
     const int begin = split * per_split * chunk_tokens;
+#endif
     const int end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens
                                                                       : pos + 1;
     const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;

@@ -44,6 +44,14 @@ tests_test_attention_splitk_SOURCES = tests/test-attention-splitk.c
 tests_test_attention_splitk_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_attention_splitk_LDADD = $(PV_LINK)
 
+# Kernel tuning: buckets and parameter sets as text, candidate lists, and
+# on the tunable backends a stored set reaching its bucket's builds only.
+check_PROGRAMS += tests/test-kernel-tuning
+TESTS += tests/test-kernel-tuning
+tests_test_kernel_tuning_SOURCES = tests/test-kernel-tuning.c
+tests_test_kernel_tuning_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_kernel_tuning_LDADD = $(PV_LINK)
+
 # The CPU backend's 16-bit activation rounding: AVX2 and portable agree bit
 # for bit, and the portable one follows its definition.
 check_PROGRAMS += tests/test-cpu-quantize-x

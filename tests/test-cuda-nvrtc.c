@@ -131,7 +131,8 @@ static int push_job(job_list *list, const pv_kernel_params *p, pv_cuda_target t,
 }
 
 /* Every set of family f: variants over all their values, tuned parameters
- * over theirs too (all_tuned) or at their defaults. A mixed-radix count. */
+ * over theirs too (all_tuned) or at their defaults; launch parameters at
+ * their defaults (they build no program of their own). A mixed-radix count. */
 static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int arch_index, int all_tuned)
 {
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(f);
@@ -140,14 +141,15 @@ static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int ar
         pv_kernel_params p;
         pv_kernel_params_default(f, &p);
         for (int i = 0; i < spec->n_params; i++)
-            if (spec->params[i].role == PV_KPARAM_VARIANT || all_tuned)
+            if (spec->params[i].role == PV_KPARAM_VARIANT || (all_tuned && spec->params[i].role == PV_KPARAM_TUNED))
                 p.value[spec->params[i].param] = spec->params[i].values[digit[i]];
         if (!push_job(list, &p, t, arch_index))
             return 0;
         int i = 0;
         for (; i < spec->n_params; i++) {
             const pv_kparam_spec *ps = &spec->params[i];
-            const int radix = ps->role == PV_KPARAM_VARIANT || all_tuned ? ps->n_values : 1;
+            const int radix =
+                ps->role == PV_KPARAM_VARIANT || (all_tuned && ps->role == PV_KPARAM_TUNED) ? ps->n_values : 1;
             if (++digit[i] < radix)
                 break;
             digit[i] = 0;

@@ -275,14 +275,14 @@ static void cuda_free(pv_backend *be)
 
 /* What NVRTC compiles for on this device, and the kernel cache: fails
  * early, naming the architectures, on a GPU that NVRTC cannot serve. */
-static pv_status init_kernels(cuda_impl *cu)
+static pv_status init_kernels(cuda_impl *cu, const pv_kernel_tuning *tuning)
 {
     int major = 0, minor = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device), "device %d",
              cu->device);
     CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device), "device %d",
              cu->device);
-    return pv_cuda_kernels_init(&cu->kernels, major, minor);
+    return pv_cuda_kernels_init(&cu->kernels, major, minor, tuning);
 }
 
 /* Streams, events, the staging ring and cuBLAS: everything an op may need,
@@ -341,7 +341,7 @@ static pv_status cuda_init(pv_backend *be)
     if (st == PV_OK)
         st = enter(cu);
     if (st == PV_OK)
-        st = init_kernels(cu);
+        st = init_kernels(cu, be->tuning);
     if (st == PV_OK)
         st = init_resources(cu);
     if (st != PV_OK)
@@ -812,7 +812,11 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
-    const int splits = pv_attention_splits(cu->attention_splits, be->info.compute_units, cu->attention_group, a);
+    pv_kernel_bucket bucket;
+    pv_kernel_bucket_of_attention(a, &bucket);
+    const int tuned_splits = pv_kernel_tuned(be->tuning, &bucket).value[PV_KPARAM_SPLITS];
+    const int splits =
+        pv_attention_splits(cu->attention_splits, tuned_splits, be->info.compute_units, cu->attention_group, a);
     void *part = NULL;
     if (splits > 1)
         TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
@@ -1065,4 +1069,5 @@ const pv_backend_ops pv_cuda_backend_ops = {
     .argmax = cuda_argmax,
     .sample_top_p = cuda_sample_top_p,
     .qmatmul = cuda_qmatmul,
+    .tunable_kernels = 1,
 };

@@ -19,7 +19,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_nvrtc.h"
-#include "backends/kernel-params.h"
+#include "backends/kernel-tuning.h"
 
 #include <cuda_runtime_api.h>
 
@@ -55,16 +55,16 @@ typedef struct pv_cuda_program {
 typedef struct pv_cuda_kernels {
     pv_cuda_target target;
     char cache_dir[4096]; /* "" when there is none */
-    /* Per family, the tuned values every build uses (the table's defaults);
-     * launchers copy the set and fill in the variants. */
-    pv_kernel_params tuned[PV_KERNEL_FAMILY_COUNT];
+    /* The backend's tuned sets per bucket (pv_backend.tuning); launchers
+     * copy their call's set and fill in the variants. */
+    const pv_kernel_tuning *tuning;
     pv_cuda_program *programs;
     int n_programs, cap_programs;
 } pv_cuda_kernels;
 
 /* The target for a device of compute capability major.minor, the cache
- * directory and the default parameters; builds nothing yet. */
-pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor);
+ * directory and the backend's tuned sets; builds nothing yet. */
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning);
 
 /* Unloads every program; the caller has drained the streams. */
 void pv_cuda_kernels_free(pv_cuda_kernels *k);

@@ -29,15 +29,21 @@
 
 /* ---- programs -------------------------------------------------------------------- */
 
-pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor)
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning)
 {
     memset(k, 0, sizeof *k);
     TRY(pv_cuda_target_for(major, minor, &k->target));
     if (!pv_cuda_cache_dir(k->cache_dir, sizeof k->cache_dir))
         k->cache_dir[0] = '\0';
-    for (int f = 0; f < PV_KERNEL_FAMILY_COUNT; f++)
-        pv_kernel_params_default((pv_kernel_family)f, &k->tuned[f]);
+    k->tuning = tuning;
     return PV_OK;
+}
+
+/* The tuned set of a family with one bucket. */
+static pv_kernel_params family_params(const pv_cuda_kernels *k, pv_kernel_family family)
+{
+    const pv_kernel_bucket b = {.family = family};
+    return pv_kernel_tuned(k->tuning, &b);
 }
 
 void pv_cuda_kernels_free(pv_cuda_kernels *k)
@@ -173,9 +179,11 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
     int group_class = 1;
     while (group_class < heads_per_block)
         group_class *= 2;
-    pv_kernel_params p = k->tuned[PV_KERNEL_ATTENTION];
+    pv_kernel_bucket bucket;
+    pv_kernel_bucket_of_attention(a, &bucket);
+    pv_kernel_params p = pv_kernel_tuned(k->tuning, &bucket);
     p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
-    p.value[PV_KPARAM_MAX_HEAD_DIM] = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
+    p.value[PV_KPARAM_MAX_HEAD_DIM] = bucket.head_dim;
     p.value[PV_KPARAM_ATT_MAX_GROUP] = group_class;
     const int f16 = a->kv_dtype == PV_F16, wg = p.value[PV_KPARAM_WG];
     cudaKernel_t attention, combine = NULL;
@@ -216,7 +224,7 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
                                   const float *kf, const float *vf, void *kv_pool, const int32_t *token_seq,
                                   const int32_t *token_pos, const int32_t *slot_table)
 {
-    pv_kernel_params p = k->tuned[PV_KERNEL_GATHER];
+    pv_kernel_params p = family_params(k, PV_KERNEL_GATHER);
     p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
     cudaKernel_t kernel;
     TRY(kernel_get_stored(k, &p, "pv_kv_write", a->kv_dtype == PV_F16, &kernel));
@@ -239,7 +247,7 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
 pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_copy_args *a,
                                    int scatter, void *pool, void *staging, const int32_t *slots)
 {
-    pv_kernel_params p = k->tuned[PV_KERNEL_GATHER];
+    pv_kernel_params p = family_params(k, PV_KERNEL_GATHER);
     p.value[PV_KPARAM_STORE_F16] = a->dtype == PV_F16;
     const char *what = scatter ? "slot_scatter" : "slot_gather";
     cudaKernel_t kernel;
@@ -261,7 +269,7 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
 
 static pv_kernel_params weight_params(const pv_cuda_kernels *k, pv_wtype t)
 {
-    pv_kernel_params p = k->tuned[PV_KERNEL_QMATMUL];
+    pv_kernel_params p = family_params(k, PV_KERNEL_QMATMUL);
     p.value[PV_KPARAM_WTYPE] = (int)t;
     return p;
 }
@@ -330,7 +338,7 @@ pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, 
 static pv_status recompute_kernel(pv_cuda_kernels *k, const char *name, cudaKernel_t *kernel, int *wg,
                                   int *item_elems)
 {
-    const pv_kernel_params *p = &k->tuned[PV_KERNEL_RECOMPUTE];
+    const pv_kernel_params tuned = family_params(k, PV_KERNEL_RECOMPUTE), *p = &tuned;
     *wg = p->value[PV_KPARAM_WG];
     if (item_elems)
         *item_elems = p->value[PV_KPARAM_ITEM_ELEMS];

@@ -20,6 +20,7 @@
 
 #include <clblast_c.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,14 +243,39 @@ static void opencl_free(pv_backend *be)
     be->impl = NULL;
 }
 
-/* The largest power of two not above `wanted` and the device's work-group
- * limit: the kernels' reductions need a power of two. */
-static int pick_work_group(int wanted, size_t device_max)
+/* The defaults of the tuned parameters on this device: the table's, PV_WG
+ * capped at the device's work-group limit, and attention's smaller group
+ * on CPU devices. */
+static pv_status tuning_defaults(pv_backend *be, size_t max_wg, cl_device_type type)
 {
-    int wg = wanted;
-    while ((size_t)wg > device_max && wg > 1)
-        wg /= 2;
-    return wg;
+    pv_kernel_tuning *t = be->tuning;
+    if (!t)
+        return PV_OK;
+    t->max_work_group = max_wg > 4096 ? 4096 : (int)max_wg;
+    pv_status st = PV_OK;
+    for (int f = 0; f < PV_KERNEL_FAMILY_COUNT && st == PV_OK; f++) {
+        int wg = t->defaults[f].value[PV_KPARAM_WG];
+        if (f == PV_KERNEL_ATTENTION && (type & CL_DEVICE_TYPE_CPU))
+            wg = PV_OPENCL_ATTENTION_WORK_GROUP_CPU;
+        st = pv_kernel_tuning_default(t, (pv_kernel_family)f, PV_KPARAM_WG, wg);
+    }
+    return st;
+}
+
+/* PV_TEST_KERNEL_DEFINES: -D defines only, so a typo cannot pass other
+ * compiler options. */
+static pv_status test_defines(pv_opencl *cl)
+{
+    const char *text = getenv("PV_TEST_KERNEL_DEFINES");
+    if (!text || !*text)
+        return PV_OK;
+    if (strlen(text) >= sizeof cl->test_defines || strspn(text, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_=- D") !=
+                                                       strlen(text))
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "opencl: PV_TEST_KERNEL_DEFINES = \"%.64s\" is not a list of -DNAME=VALUE under %zu bytes",
+                        text, sizeof cl->test_defines);
+    snprintf(cl->test_defines, sizeof cl->test_defines, "%s", text);
+    return PV_OK;
 }
 
 static pv_status opencl_init(pv_backend *be)
@@ -275,11 +301,11 @@ static pv_status opencl_init(pv_backend *be)
         opencl_free(be);
         return pv_opencl_fail("init", "clGetDeviceInfo(CL_DEVICE_TYPE)", err);
     }
-    cl->work_group = pick_work_group(PV_OPENCL_WORK_GROUP, max_wg);
-    int attention_wg = type & CL_DEVICE_TYPE_CPU ? PV_OPENCL_ATTENTION_WORK_GROUP_CPU
-                                                 : PV_OPENCL_ATTENTION_WORK_GROUP;
-    cl->attention_work_group = pick_work_group(attention_wg, max_wg);
-    st = pv_attention_env("opencl", "PV_ATTENTION_SPLITS", PV_ATTENTION_MAX_SPLITS, &cl->attention_splits);
+    st = tuning_defaults(be, max_wg, type);
+    if (st == PV_OK)
+        st = test_defines(cl);
+    if (st == PV_OK)
+        st = pv_attention_env("opencl", "PV_ATTENTION_SPLITS", PV_ATTENTION_MAX_SPLITS, &cl->attention_splits);
     if (st == PV_OK)
         st = pv_attention_env("opencl", "PV_ATTENTION_GROUP", PV_ATTENTION_GROUP_MAX, &cl->attention_group);
     if (!cl->attention_group)
@@ -656,4 +682,5 @@ const pv_backend_ops pv_opencl_backend_ops = {
     .argmax = pv_opencl_argmax,
     .sample_top_p = pv_opencl_sample_top_p,
     .qmatmul = pv_opencl_qmatmul,
+    .tunable_kernels = 1,
 };

@@ -14,34 +14,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Elements per work-item in the copy and element-wise kernels
- * (PV_ITEM_ELEMS of the dialect). */
-#define PV_OPENCL_ITEM_ELEMS 8
-
 /* ---- program cache ----------------------------------------------------------- */
 
-static const char *family_source(pv_opencl_family family)
+static const char *family_source(pv_kernel_family family)
 {
     switch (family) {
-    case PV_OPENCL_ATTENTION: return pv_kernel_source_attention;
-    case PV_OPENCL_GATHER: return pv_kernel_source_gather;
-    case PV_OPENCL_QMATMUL: return pv_kernel_source_qmatmul;
-    case PV_OPENCL_RECOMPUTE: return pv_kernel_source_recompute;
-    case PV_OPENCL_FAMILY_COUNT: break;
+    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
+    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
+    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
+    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
+    case PV_KERNEL_FAMILY_COUNT: break;
     }
     return NULL;
 }
 
-static const char *family_name(pv_opencl_family family)
+static const char *family_name(pv_kernel_family family)
 {
-    switch (family) {
-    case PV_OPENCL_ATTENTION: return "attention";
-    case PV_OPENCL_GATHER: return "gather";
-    case PV_OPENCL_QMATMUL: return "qmatmul";
-    case PV_OPENCL_RECOMPUTE: return "recompute";
-    case PV_OPENCL_FAMILY_COUNT: break;
-    }
-    return "?";
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    return spec ? spec->name : "?";
 }
 
 static void program_release(pv_opencl_program *p)
@@ -65,7 +55,7 @@ void pv_opencl_programs_free(pv_opencl *cl)
 }
 
 /* A failed build: the message carries as much of the compiler log as fits. */
-static pv_status build_failure(pv_opencl *cl, cl_program program, pv_opencl_family family,
+static pv_status build_failure(pv_opencl *cl, cl_program program, pv_kernel_family family,
                                const char *options, cl_int err)
 {
     char log[640] = "";
@@ -83,7 +73,7 @@ static pv_status build_failure(pv_opencl *cl, cl_program program, pv_opencl_fami
 }
 
 /* Build `family` with `options` and create all its kernels into *p. */
-static pv_status program_build(pv_opencl *cl, pv_opencl_family family, const char *options,
+static pv_status program_build(pv_opencl *cl, pv_kernel_family family, const char *options,
                                pv_opencl_program *p)
 {
     memset(p, 0, sizeof *p);
@@ -130,13 +120,15 @@ static pv_status program_build(pv_opencl *cl, pv_opencl_family family, const cha
     return PV_OK;
 }
 
-pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_group, const char *defines,
-                           const char *name, cl_kernel *out)
+pv_status pv_opencl_kernel(pv_backend *be, const pv_kernel_params *params, const char *name, cl_kernel *out)
 {
     pv_opencl *cl = pv_opencl_of(be);
-    char options[256];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DPV_WG=%d -DPV_ITEM_ELEMS=%d %s", work_group,
-             PV_OPENCL_ITEM_ELEMS, defines);
+    const pv_kernel_family family = params->family;
+    char defines[256], options[384];
+    if (pv_kernel_params_defines(params, defines, sizeof defines) >= (int)sizeof defines ||
+        snprintf(options, sizeof options, "-cl-std=CL1.2 %s %s", defines, cl->test_defines) >= (int)sizeof options)
+        return pv_error(PV_ERR_INVALID_ARG, "opencl: the build options of kernels/%s.cl do not fit in %zu bytes",
+                        family_name(family), sizeof options);
 
     pv_opencl_program *p = NULL;
     for (int i = 0; i < cl->n_programs && !p; i++)
@@ -171,6 +163,7 @@ pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_gro
 typedef struct kernel_args {
     cl_kernel kernel;
     int work_group; /* the PV_WG the kernel was built with */
+    int item_elems; /* and its PV_ITEM_ELEMS, for the families that take one */
     cl_uint next;
     cl_int err;
 } kernel_args;
@@ -205,23 +198,37 @@ static void arg_float(kernel_args *ka, float value)
     arg(ka, sizeof v, &v);
 }
 
+/* Kernel `name` built with p, its launch values in *ka. */
+static pv_status kernel_begin_with(pv_backend *be, const pv_kernel_params *p, const char *name, kernel_args *ka)
+{
+    memset(ka, 0, sizeof *ka);
+    ka->work_group = p->value[PV_KPARAM_WG];
+    ka->item_elems = p->value[PV_KPARAM_ITEM_ELEMS];
+    return pv_opencl_kernel(be, p, name, &ka->kernel);
+}
+
+/* The tuned set of a family with one bucket. */
+static pv_kernel_params family_params(const pv_backend *be, pv_kernel_family family)
+{
+    const pv_kernel_bucket b = {.family = family};
+    return pv_kernel_tuned(be->tuning, &b);
+}
+
 /* A kernel of the recompute family (f32 only). */
 static pv_status kernel_begin(pv_backend *be, const char *name, kernel_args *ka)
 {
-    memset(ka, 0, sizeof *ka);
-    ka->work_group = pv_opencl_of(be)->work_group;
-    return pv_opencl_kernel(be, PV_OPENCL_RECOMPUTE, ka->work_group, "", name, &ka->kernel);
+    const pv_kernel_params p = family_params(be, PV_KERNEL_RECOMPUTE);
+    return kernel_begin_with(be, &p, name, ka);
 }
 
 /* A kernel of the gather family for storage dtype `store`: name_f32/_f16. */
 static pv_status kernel_begin_stored(pv_backend *be, pv_dtype store, const char *name, kernel_args *ka)
 {
-    memset(ka, 0, sizeof *ka);
-    ka->work_group = pv_opencl_of(be)->work_group;
+    pv_kernel_params p = family_params(be, PV_KERNEL_GATHER);
+    p.value[PV_KPARAM_STORE_F16] = store == PV_F16;
     char full_name[64];
     snprintf(full_name, sizeof full_name, "%s_%s", name, store == PV_F16 ? "f16" : "f32");
-    return pv_opencl_kernel(be, PV_OPENCL_GATHER, ka->work_group, store == PV_F16 ? "-DPV_STORE_F16=1" : "",
-                            full_name, &ka->kernel);
+    return kernel_begin_with(be, &p, full_name, ka);
 }
 
 /* Enqueue on the compute queue: groups0 x groups1 groups of ka->work_group items. */
@@ -374,25 +381,31 @@ static pv_status upload_one(pv_backend *be, const char *what, const void *host, 
 
 /* ---- the ops ----------------------------------------------------------------------- */
 
-/* The attention kernels of one build: per storage dtype, head-dim class
- * (64, 128, 256: each work-item holds only the dims it can own, head_dim
- * <= 64 * k needing k at a 64-wide group) and query-head class (1, 2, 4, 8:
- * the registers of the heads a group serves). */
-static pv_status attention_kernel(pv_backend *be, const pv_attention_args *a, int heads_per_block,
-                                  const char *base, kernel_args *ka)
+/* The attention kernels of the call's tuned set (its bucket's PV_WG and
+ * PV_SPLITS) built per storage dtype, head-dim class (64, 128, 256: each
+ * work-item holds only the dims it can own, head_dim <= 64 * k needing k
+ * at a 64-wide group) and query-head class (1, 2, 4, 8: the registers of
+ * the heads a group serves). */
+static pv_kernel_params attention_params(const pv_backend *be, const pv_attention_args *a, int heads_per_block)
 {
-    memset(ka, 0, sizeof *ka);
-    ka->work_group = pv_opencl_of(be)->attention_work_group;
-    int max_head_dim = a->head_dim <= 64 ? 64 : a->head_dim <= 128 ? 128 : 256;
+    pv_kernel_bucket bucket;
+    pv_kernel_bucket_of_attention(a, &bucket);
+    pv_kernel_params p = pv_kernel_tuned(be->tuning, &bucket);
     int max_group = 1;
     while (max_group < heads_per_block)
         max_group *= 2;
-    char defines[128];
-    snprintf(defines, sizeof defines, "-DPV_STORE_F16=%d -DPV_MAX_HEAD_DIM=%d -DPV_ATT_MAX_GROUP=%d",
-             a->kv_dtype == PV_F16, max_head_dim, max_group);
+    p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
+    p.value[PV_KPARAM_MAX_HEAD_DIM] = bucket.head_dim;
+    p.value[PV_KPARAM_ATT_MAX_GROUP] = max_group;
+    return p;
+}
+
+static pv_status attention_kernel(pv_backend *be, const pv_kernel_params *p, const pv_attention_args *a,
+                                  const char *base, kernel_args *ka)
+{
     char name[64];
     snprintf(name, sizeof name, "%s_%s", base, a->kv_dtype == PV_F16 ? "f16" : "f32");
-    return pv_opencl_kernel(be, PV_OPENCL_ATTENTION, ka->work_group, defines, name, &ka->kernel);
+    return kernel_begin_with(be, p, name, ka);
 }
 
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
@@ -400,9 +413,11 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
     pv_opencl *cl = pv_opencl_of(be);
     const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, cl->attention_group);
     const int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads, cl->attention_group);
-    const int splits = pv_attention_splits(cl->attention_splits, be->info.compute_units, cl->attention_group, a);
+    const pv_kernel_params p = attention_params(be, a, heads_per_block);
+    const int splits = pv_attention_splits(cl->attention_splits, p.value[PV_KPARAM_SPLITS], be->info.compute_units,
+                                           cl->attention_group, a);
     kernel_args ka;
-    pv_status st = attention_kernel(be, a, heads_per_block, "pv_attention", &ka);
+    pv_status st = attention_kernel(be, &p, a, "pv_attention", &ka);
     if (st != PV_OK)
         return st;
     cl_mem part = pv_opencl_mem(a->out); /* never touched with one split */
@@ -443,7 +458,7 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
         return st;
 
     kernel_args combine;
-    st = attention_kernel(be, a, heads_per_block, "pv_attention_combine", &combine);
+    st = attention_kernel(be, &p, a, "pv_attention_combine", &combine);
     if (st != PV_OK)
         return st;
     arg_mem(&combine, part);
@@ -499,7 +514,7 @@ static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, const cha
     arg_long(&ka, (int64_t)a->staging_off);
     arg_mem(&ka, slots);
     arg_long(&ka, a->slot_elems);
-    uint64_t per_group = (uint64_t)ka.work_group * PV_OPENCL_ITEM_ELEMS;
+    uint64_t per_group = (uint64_t)ka.work_group * (uint64_t)ka.item_elems;
     return launch(be, name + 3, &ka, ceil_div((uint64_t)a->slot_elems, per_group),
                   (uint64_t)a->n_slots_moved);
 }
@@ -527,11 +542,9 @@ pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 /* A kernel of the qmatmul family built for weight type t. */
 static pv_status kernel_begin_weights(pv_backend *be, pv_wtype t, const char *name, kernel_args *ka)
 {
-    memset(ka, 0, sizeof *ka);
-    ka->work_group = pv_opencl_of(be)->work_group;
-    char defines[32];
-    snprintf(defines, sizeof defines, "-DPV_WTYPE=%d", (int)t);
-    return pv_opencl_kernel(be, PV_OPENCL_QMATMUL, ka->work_group, defines, name, &ka->kernel);
+    pv_kernel_params p = family_params(be, PV_KERNEL_QMATMUL);
+    p.value[PV_KPARAM_WTYPE] = (int)t;
+    return kernel_begin_with(be, &p, name, ka);
 }
 
 /* The kernels address weights in 16-bit words (kernels/qmatmul.cl): the
@@ -701,7 +714,7 @@ static pv_status elementwise(pv_backend *be, const char *name, const pv_buffer *
     arg_mem(&ka, pv_opencl_mem(out));
     arg_long(&ka, (int64_t)out_off);
     arg_long(&ka, n);
-    uint64_t per_group = (uint64_t)ka.work_group * PV_OPENCL_ITEM_ELEMS;
+    uint64_t per_group = (uint64_t)ka.work_group * (uint64_t)ka.item_elems;
     return launch(be, name + 3, &ka, ceil_div((uint64_t)n, per_group), 1);
 }
 

@@ -13,28 +13,22 @@
 #include <CL/cl.h>
 
 #include "backends/backend.h"
+#include "backends/kernel-tuning.h"
 
 extern const pv_backend_ops pv_opencl_backend_ops;
 
-/* Default work-group sizes (PV_WG): 64 for the gather and recompute
- * families. Attention sums PV_WG partials per score (over tiles of PV_WG
- * positions with one query head a group, the CPU devices' default), so it
- * has its own: 64 on GPUs; 16 on CPU devices, where a small
- * group keeps that sum cheap and gives each work-item 8 dims of a 128-dim
- * head in one unrolled run (PoCL, decode, 2 cores: 1.7-1.8x faster than
- * 64; 8 and 32 are slower than 16). */
-#define PV_OPENCL_WORK_GROUP 64
-#define PV_OPENCL_ATTENTION_WORK_GROUP 64
+/* Attention's default PV_WG on CPU devices, where the table's 64 is slow:
+ * attention sums PV_WG partials per score (over tiles of PV_WG positions
+ * with one query head a group, the CPU devices' default), so a small group
+ * keeps that sum cheap and gives each work-item 8 dims of a 128-dim head
+ * in one unrolled run (PoCL, decode, 2 cores: 1.7-1.8x faster than 64; 8
+ * and 32 are slower than 16). pensieve-tune may pick others per bucket. */
 #define PV_OPENCL_ATTENTION_WORK_GROUP_CPU 16
 
-/* The kernel families, one embedded program text each (kernels/<family>.cl). */
-typedef enum pv_opencl_family {
-    PV_OPENCL_ATTENTION = 0,
-    PV_OPENCL_GATHER,
-    PV_OPENCL_QMATMUL,
-    PV_OPENCL_RECOMPUTE,
-    PV_OPENCL_FAMILY_COUNT
-} pv_opencl_family;
+/* Extra -D defines for every build, from the environment variable
+ * PV_TEST_KERNEL_DEFINES (tests only: it lets a test break one candidate,
+ * kernels/attention.cl's PV_TEST_BREAK_WG). */
+#define PV_OPENCL_TEST_DEFINES_MAX 128
 
 /* The most host index arrays one op passes (attention: 3). */
 #define PV_OPENCL_INDEX_BUFFERS 3
@@ -43,8 +37,8 @@ typedef enum pv_opencl_family {
  * kernels created once. A cl_kernel holds its arguments until enqueued, so
  * a backend serves one thread at a time. */
 typedef struct pv_opencl_program {
-    pv_opencl_family family;
-    char options[256];
+    pv_kernel_family family;
+    char options[384];
     cl_program program;
     cl_uint n_kernels;
     cl_kernel *kernels;
@@ -59,8 +53,6 @@ typedef struct pv_opencl {
     /* Unmaps freed host buffers after both queues are done with them, so a
      * free holds neither queue behind the other (backend.h's contract). */
     cl_command_queue release_queue;
-    int work_group;             /* PV_WG of the gather and recompute builds */
-    int attention_work_group;   /* PV_WG of the attention builds */
     pv_opencl_program *programs;
     int n_programs, cap_programs;
     /* Device copies of host index arrays, one buffer per argument position
@@ -74,6 +66,7 @@ typedef struct pv_opencl {
     size_t scratch_bytes[2];
     int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
+    char test_defines[PV_OPENCL_TEST_DEFINES_MAX];
 } pv_opencl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
@@ -101,12 +94,10 @@ pv_status pv_opencl_fail(const char *what, const char *call, cl_int err);
 /* Find the platform and device with flat index `index` over all platforms. */
 pv_status pv_opencl_find_device(int index, cl_platform_id *platform, cl_device_id *device);
 
-/* The kernel `name` of `family` built with PV_WG = work_group and the
- * family's own -D `defines` (storage dtype, head-dim class). Programs are
- * built on first use and cached per define set; a failed build reports its
- * log. */
-pv_status pv_opencl_kernel(pv_backend *be, pv_opencl_family family, int work_group, const char *defines,
-                           const char *name, cl_kernel *out);
+/* The kernel `name` of the program built with parameter set p (tuned
+ * values and variants, kernel-params.h). Programs are built on first use
+ * and cached per option string; a failed build reports its log. */
+pv_status pv_opencl_kernel(pv_backend *be, const pv_kernel_params *p, const char *name, cl_kernel *out);
 
 void pv_opencl_programs_free(pv_opencl *cl);
 /* The index buffers and the scratch buffers. */
