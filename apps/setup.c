@@ -130,9 +130,10 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
     if ((s = pv_engine_profile_apply(st->be, o->profile, &cc, &use)) != PV_OK)
         return stack_error(prog, "--profile", s);
     if (use.applied)
-        fprintf(stderr, "%s: profile %s [%s: %s] (%s): alpha %.3g s/token, beta %.3g s, c %.3g s\n", prog, use.path,
-                use.profile.backend, use.profile.device, use.profile.date[0] ? use.profile.date : "undated",
-                cc.alpha, cc.beta, cc.c);
+        fprintf(stderr, "%s: profile %s [%s: %s] (%s): alpha %.3g s/token, beta %.3g s, c %.3g s; %d tuned kernel "
+                "sets\n",
+                prog, use.path, use.profile.backend, use.profile.device,
+                use.profile.date[0] ? use.profile.date : "undated", cc.alpha, cc.beta, cc.c, use.kernel_sets);
     else
         fprintf(stderr, "%s: warning: %s; default cost constants alpha %.3g, beta %.3g, c %.3g (run pensieve-tune)\n",
                 prog, use.path[0] ? pv_last_error() : "no profile location (HOME unset)", cc.alpha, cc.beta, cc.c);

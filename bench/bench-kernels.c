@@ -15,7 +15,11 @@
  *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
  *      directly (same shape), and against the GEMM peak: the best
  *      cblas_sgemm rate over square sizes 512..3072, beside the cores'
- *      nominal FMA rate (bench-util.h says how it is computed).
+ *      nominal FMA rate (bench-util.h says how it is computed);
+ *   5. with --profile FILE, on the backends that run the portable kernels:
+ *      the attention and gather runs above with the backend's default
+ *      kernel parameters against the device profile's tuned sets
+ *      (pensieve-tune), alternating in the same run.
  * The references are measured per backend in the same run, before and
  * after its kernels, keeping the higher of the two measurements of each
  * rate: on a shared machine either may land in a busy minute.
@@ -34,7 +38,7 @@
  *
  * Usage: bench-kernels [--backend cpu|opencl|cuda|all] [--kv f16|f32]
  *                      [--heads 32] [--kv-heads 8] [--head-dim 128]
- *                      [--max-context 4096] [--reps 5] [--json]
+ *                      [--max-context 4096] [--reps 5] [--profile FILE] [--json]
  * The default shape is one layer of Llama 3 8B (32 heads, 8 KV heads,
  * head_dim 128); SmolLM2-135M is --heads 9 --kv-heads 3 --head-dim 64. */
 #include "config.h"
@@ -43,6 +47,7 @@
 #include "bench-util.h"
 
 #include <pensieve/half.h>
+#include <pensieve/profile.h>
 
 #include <cblas.h>
 #include <math.h>
@@ -64,6 +69,7 @@ typedef struct options {
     int32_t max_context;
     int reps;
     int json;
+    const char *profile;
 } options;
 
 typedef struct attention_row {
@@ -85,6 +91,14 @@ typedef struct single_row {
     int32_t splits; /* CPU kernel's context splits; 0 on other backends */
     double bytes, paged_ms, contiguous_ms;
 } single_row;
+
+/* One workload with the default kernel parameters and with the profile's. */
+typedef struct tuned_row {
+    char what[64];
+    double default_ms, tuned_ms;
+} tuned_row;
+
+#define TUNED_ROWS 8
 
 typedef struct gemm_row {
     int64_t m, n, k;
@@ -110,6 +124,9 @@ typedef struct report {
     int64_t peak_n[PEAK_SIZES];        /* square sizes tried for the GEMM peak */
     double peak_size_gflops[PEAK_SIZES];
     double blas_peak_gflops;           /* the best of them */
+    char tuned_note[256];              /* why there are no tuned rows, or the profile used */
+    tuned_row tuned[TUNED_ROWS];
+    int n_tuned;
 } report;
 
 /* A timed action: returns a status; the backend is finished inside. */
@@ -361,39 +378,73 @@ static pv_status run_gather(void *state)
     return st == PV_OK ? pv_backend_finish(r->be) : st;
 }
 
+/* Query tokens of the runs: up to BATCH sequences x MAX_QUERY. */
+#define MAX_QUERY 8
+
+static void attention_run_free(attention_run *r)
+{
+    pv_buffer_free(r->q);
+    pv_buffer_free(r->out);
+    free(r->token_seq);
+    free(r->token_pos);
+    memset(r, 0, sizeof *r);
+}
+
+/* Room for BATCH x MAX_QUERY query tokens, and their q. */
+static pv_status attention_run_init(kv_data *d, attention_run *r)
+{
+    const options *opt = d->opt;
+    const int32_t max_tokens = BATCH * MAX_QUERY;
+    const uint64_t q_bytes = (uint64_t)max_tokens * opt->n_heads * opt->head_dim * sizeof(float);
+    *r = (attention_run){.d = d};
+    r->token_seq = malloc((size_t)max_tokens * sizeof *r->token_seq);
+    r->token_pos = malloc((size_t)max_tokens * sizeof *r->token_pos);
+    float *q_host = malloc((size_t)q_bytes);
+    pv_status st = PV_OK;
+    if (!r->token_seq || !r->token_pos || !q_host)
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate %d query tokens", max_tokens);
+    if (st == PV_OK)
+        st = pv_buffer_init(&r->q, d->be, PV_MEM_DEVICE, q_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_init(&r->out, d->be, PV_MEM_DEVICE, q_bytes);
+    if (st == PV_OK) {
+        uint64_t state = 7;
+        fill_values(q_host, (size_t)(q_bytes / sizeof(float)), PV_F32, &state);
+        st = pv_buffer_write(r->q, 0, q_host, q_bytes);
+    }
+    free(q_host);
+    return st;
+}
+
+/* n_seqs sequences of `context` tokens, `query` queries each at the last
+ * positions (sequence-major): the batch over the tables' BATCH rows, or one
+ * sequence over the tables read as one row of up to BATCH x max_context
+ * tokens. */
+static void attention_run_shape(attention_run *r, int32_t n_seqs, int32_t query, int32_t context)
+{
+    r->n_seqs = n_seqs;
+    r->n_tokens = n_seqs * query;
+    r->max_chunks = n_seqs > 1 ? r->d->max_chunks : (context + CHUNK - 1) / CHUNK;
+    r->max_tokens = n_seqs > 1 ? r->d->opt->max_context : context;
+    for (int32_t s = 0; s < n_seqs; s++)
+        for (int32_t j = 0; j < query; j++) {
+            r->token_seq[s * query + j] = s;
+            r->token_pos[s * query + j] = context - query + j;
+        }
+}
+
 /* Batch of BATCH sequences of `context` tokens, `query` queries each at the
  * last positions (sequence-major). */
 static pv_status bench_attention(kv_data *d, report *rep, const int32_t *contexts, int n_contexts)
 {
     const options *opt = d->opt;
-    static const int32_t queries[2] = {8, 1};
-    int32_t max_tokens = BATCH * queries[0];
-    uint64_t q_bytes = (uint64_t)max_tokens * opt->n_heads * opt->head_dim * sizeof(float);
-    attention_run r = {.d = d, .n_seqs = BATCH, .max_chunks = d->max_chunks, .max_tokens = opt->max_context};
-    r.token_seq = malloc((size_t)max_tokens * sizeof *r.token_seq);
-    r.token_pos = malloc((size_t)max_tokens * sizeof *r.token_pos);
-    float *q_host = malloc((size_t)q_bytes);
-    pv_status st = PV_OK;
-    if (!r.token_seq || !r.token_pos || !q_host)
-        st = pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate %d query tokens", max_tokens);
-    if (st == PV_OK)
-        st = pv_buffer_init(&r.q, d->be, PV_MEM_DEVICE, q_bytes);
-    if (st == PV_OK)
-        st = pv_buffer_init(&r.out, d->be, PV_MEM_DEVICE, q_bytes);
-    if (st == PV_OK) {
-        uint64_t state = 7;
-        fill_values(q_host, (size_t)(q_bytes / sizeof(float)), PV_F32, &state);
-        st = pv_buffer_write(r.q, 0, q_host, q_bytes);
-    }
+    static const int32_t queries[2] = {MAX_QUERY, 1};
+    attention_run r;
+    pv_status st = attention_run_init(d, &r);
     for (int qi = 0; qi < 2 && st == PV_OK; qi++) {
         for (int ci = 0; ci < n_contexts && st == PV_OK; ci++) {
             int32_t query = queries[qi], context = contexts[ci];
-            r.n_tokens = BATCH * query;
-            for (int32_t s = 0; s < BATCH; s++)
-                for (int32_t j = 0; j < query; j++) {
-                    r.token_seq[s * query + j] = s;
-                    r.token_pos[s * query + j] = context - query + j;
-                }
+            attention_run_shape(&r, BATCH, query, context);
             attention_row *row = &rep->attention[rep->n_attention++];
             row->context = context;
             row->query = query;
@@ -413,14 +464,9 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
     }
     /* Single-stream decode: the tables hold BATCH x max_context >= 8192
      * tokens, read here as one sequence. */
-    r.n_tokens = 1;
-    r.n_seqs = 1;
-    r.token_seq[0] = 0;
     for (int ci = 0; ci < SINGLE_CONTEXTS && st == PV_OK; ci++) {
         int32_t context = single_contexts[ci];
-        r.max_chunks = (context + CHUNK - 1) / CHUNK;
-        r.max_tokens = context;
-        r.token_pos[0] = context - 1;
+        attention_run_shape(&r, 1, 1, context);
         single_row *row = &rep->single[rep->n_single++];
         row->context = context;
         row->bytes = (double)context * (double)d->row_elems * 2.0 * (double)d->elem;
@@ -434,11 +480,7 @@ static pv_status bench_attention(kv_data *d, report *rep, const int32_t *context
             st = time_pair(run_attention, &r, run_attention, &contiguous, opt->reps, &row->paged_ms,
                            &row->contiguous_ms);
     }
-    pv_buffer_free(r.q);
-    pv_buffer_free(r.out);
-    free(r.token_seq);
-    free(r.token_pos);
-    free(q_host);
+    attention_run_free(&r);
     return st;
 }
 
@@ -465,6 +507,92 @@ static pv_status bench_gather(kv_data *d, report *rep)
     rep->gather_slots = n;
     rep->gather_bytes = (double)c.bytes;
     return time_pair(run_gather, &c, run_memcpy, &c, d->opt->reps, &rep->gather_ms, &rep->gather_memcpy_ms);
+}
+
+/* ---- default vs tuned kernel parameters ------------------------------------------------- */
+
+/* An action run with the backend's default kernel parameters (tuned 0) or
+ * with the profile's sets (tuned 1), switched before each run. */
+typedef struct tuned_run {
+    pv_backend *be;
+    const pv_profile *profile;
+    int tuned;
+    action_fn fn;
+    void *state;
+} tuned_run;
+
+static pv_status run_with_sets(void *state)
+{
+    tuned_run *t = state;
+    for (uint32_t i = 0; i < t->profile->n_kernels; i++) {
+        const struct pv_profile_kernel *k = &t->profile->kernels[i];
+        pv_status st = pv_backend_kernel_set(t->be, k->bucket, t->tuned ? k->params : NULL);
+        if (st != PV_OK)
+            return st;
+    }
+    return t->fn(t->state);
+}
+
+static pv_status time_tuned(kv_data *d, report *rep, const pv_profile *profile, const char *what, action_fn fn,
+                            void *state)
+{
+    tuned_row *row = &rep->tuned[rep->n_tuned++];
+    snprintf(row->what, sizeof row->what, "%s", what);
+    tuned_run with_defaults = {d->be, profile, 0, fn, state}, with_profile = {d->be, profile, 1, fn, state};
+    return time_pair(run_with_sets, &with_defaults, run_with_sets, &with_profile, d->opt->reps, &row->default_ms,
+                     &row->tuned_ms);
+}
+
+/* The attention and gather workloads of sections 1-3 both ways, when the
+ * backend runs the portable kernels and the profile file has its device. */
+static pv_status bench_tuned(kv_data *d, report *rep)
+{
+    const options *opt = d->opt;
+    if (!opt->profile)
+        return PV_OK;
+    if (!pv_backend_kernels_tunable(d->be)) {
+        snprintf(rep->tuned_note, sizeof rep->tuned_note, "the %s backend has no tunable kernels",
+                 d->be->ops->name);
+        return PV_OK;
+    }
+    pv_profile *profile = calloc(1, sizeof *profile);
+    if (!profile)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "bench: no memory for the profile");
+    pv_status st = pv_profile_load(opt->profile, d->be->ops->name, d->be->info.name, profile);
+    if (st == PV_OK && !profile->n_kernels)
+        st = pv_error(PV_ERR_NOT_FOUND, "%s: [%s: %s] has no kernel sets", opt->profile, profile->backend,
+                      profile->device);
+    if (st != PV_OK) {
+        snprintf(rep->tuned_note, sizeof rep->tuned_note, "%s", pv_last_error());
+        free(profile);
+        return st == PV_ERR_NOT_FOUND ? PV_OK : st;
+    }
+    snprintf(rep->tuned_note, sizeof rep->tuned_note, "%.80s [%s: %.64s], %u kernel sets, tuned on shape %.32s",
+             opt->profile, profile->backend, profile->device, profile->n_kernels, profile->shape);
+    static const struct {
+        int32_t n_seqs, query, context; /* context 0: max_context */
+    } shapes[] = {{BATCH, MAX_QUERY, 0}, {BATCH, 1, 512}, {BATCH, 1, 0}, {1, 1, 512}, {1, 1, 2048}, {1, 1, 8192}};
+    attention_run r;
+    st = attention_run_init(d, &r);
+    for (size_t i = 0; st == PV_OK && i < sizeof shapes / sizeof *shapes; i++) {
+        const int32_t context = shapes[i].context ? shapes[i].context : opt->max_context;
+        if (context > (shapes[i].n_seqs > 1 ? opt->max_context : BATCH * opt->max_context))
+            continue;
+        attention_run_shape(&r, shapes[i].n_seqs, shapes[i].query, context);
+        char what[64];
+        snprintf(what, sizeof what, "attention %dx%d at %d", shapes[i].n_seqs, shapes[i].query, context);
+        st = time_tuned(d, rep, profile, what, run_attention, &r);
+    }
+    attention_run_free(&r);
+    const int32_t n = d->n_slots < GATHER_SLOTS ? (int32_t)d->n_slots : GATHER_SLOTS;
+    copy_run c = {.be = d->be,
+                  .gather = {.dtype = opt->kv_dtype, .slot_elems = d->slot_elems, .pool = d->paged_pool,
+                             .n_slots = d->n_slots, .staging = d->scratch, .slots = d->paged_table,
+                             .n_slots_moved = n}};
+    if (st == PV_OK)
+        st = time_tuned(d, rep, profile, "swap gather", run_gather, &c);
+    free(profile);
+    return st;
 }
 
 /* ---- GEMM ----------------------------------------------------------------------------- */
@@ -663,6 +791,14 @@ static void print_table(const report *rep, const options *opt)
         printf("%6lld %6lld %6lld %10.3f %10.1f %12.1f %8.2f %8.2f\n", (long long)r->m, (long long)r->n,
                (long long)r->k, r->ms, g, blas, g / blas, g / peak);
     }
+    if (!opt->profile)
+        return;
+    printf("\nkernel parameters: the backend's defaults vs the profile's (%s), alternating runs\n", rep->tuned_note);
+    if (rep->n_tuned)
+        printf("%-28s %12s %12s %9s\n", "workload", "default ms", "tuned ms", "speedup");
+    for (int i = 0; i < rep->n_tuned; i++)
+        printf("%-28s %12.3f %12.3f %8.2fx\n", rep->tuned[i].what, rep->tuned[i].default_ms, rep->tuned[i].tuned_ms,
+               rep->tuned[i].default_ms / rep->tuned[i].tuned_ms);
 }
 
 static void print_json(const report *reps, int n_reports, const options *opt)
@@ -708,7 +844,12 @@ static void print_json(const report *reps, int n_reports, const options *opt)
         for (int i = 0; i < PEAK_SIZES; i++)
             printf("%s{\"n\": %lld, \"gflops\": %.2f}", i ? ", " : "", (long long)rep->peak_n[i],
                    rep->peak_size_gflops[i]);
-        printf("], \"best_gflops\": %.2f},\n   \"gemm\": [", rep->blas_peak_gflops);
+        printf("], \"best_gflops\": %.2f},\n   \"tuned\": [", rep->blas_peak_gflops);
+        for (int i = 0; i < rep->n_tuned; i++)
+            printf("%s{\"workload\": \"%s\", \"default_ms\": %.4f, \"tuned_ms\": %.4f, \"speedup\": %.4f}",
+                   i ? ", " : "", rep->tuned[i].what, rep->tuned[i].default_ms, rep->tuned[i].tuned_ms,
+                   rep->tuned[i].default_ms / rep->tuned[i].tuned_ms);
+        printf("],\n   \"gemm\": [");
         for (int i = 0; i < rep->n_gemm; i++) {
             const gemm_row *r = &rep->gemm[i];
             printf("%s{\"m\": %lld, \"n\": %lld, \"k\": %lld, \"gflops\": %.2f, \"blas_gflops\": %.2f, "
@@ -753,6 +894,8 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
         st = bench_attention(&d, rep, contexts, n_contexts);
     if (st == PV_OK)
         st = bench_gather(&d, rep);
+    if (st == PV_OK)
+        st = bench_tuned(&d, rep);
     kv_data_free(&d);
     if (st == PV_OK)
         st = bench_gemm(be, opt, rep);
@@ -769,7 +912,7 @@ static int usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--backend cpu|opencl|cuda|all] [--kv f16|f32] [--heads N] [--kv-heads N]\n"
-            "          [--head-dim N] [--max-context N] [--reps N] [--json]\n",
+            "          [--head-dim N] [--max-context N] [--reps N] [--profile FILE] [--json]\n",
             argv0);
     return 2;
 }
@@ -798,6 +941,8 @@ int main(int argc, char **argv)
             opt.max_context = atoi(argv[++i]);
         else if (strcmp(arg, "--reps") == 0)
             opt.reps = atoi(argv[++i]);
+        else if (strcmp(arg, "--profile") == 0)
+            opt.profile = argv[++i];
         else
             return usage(argv[0]);
     }

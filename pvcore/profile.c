@@ -143,17 +143,62 @@ static pv_status on_section(void *ctx, unsigned line, size_t offset, const char 
     return PV_OK;
 }
 
+#define KERNEL_PREFIX "kernel."
+
+/* The form of kernel.<bucket> = <params> (pvcore knows no backend, so not
+ * what they mean): 1 bucket wrong, 2 params wrong, 0 good. */
+static int kernel_entry_form(const char *bucket, const char *params)
+{
+    const size_t len = strlen(bucket);
+    if (!len || len >= sizeof ((pv_profile *)0)->kernels[0].bucket ||
+        strspn(bucket, "abcdefghijklmnopqrstuvwxyz0123456789.") != len)
+        return 1;
+    if (strlen(params) >= sizeof ((pv_profile *)0)->kernels[0].params ||
+        strspn(params, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_= ") != strlen(params) || !strchr(params, '='))
+        return 2;
+    return 0;
+}
+
+static pv_status on_kernel_key(profile_read *rd, pv_profile *p, unsigned line, const char *section,
+                               const char *key, const char *val)
+{
+    const char *bucket = key + strlen(KERNEL_PREFIX);
+    const int wrong = kernel_entry_form(bucket, val);
+    if (wrong == 1)
+        return pv_error(PV_ERR_FORMAT, "%s:%u: key [%.64s] %.80s: the bucket is not lower-case words and dots "
+                        "under %zu characters",
+                        rd->path, line, section, key, sizeof p->kernels[0].bucket);
+    if (wrong == 2)
+        return pv_error(PV_ERR_FORMAT, "%s:%u: key [%.64s] %.80s = \"%.64s\" is not NAME=VALUE pairs under %zu "
+                        "characters",
+                        rd->path, line, section, key, val, sizeof p->kernels[0].params);
+    for (uint32_t i = 0; i < p->n_kernels; i++)
+        if (strcmp(p->kernels[i].bucket, bucket) == 0)
+            return pv_error(PV_ERR_FORMAT, "%s:%u: key [%.64s] %.80s is set again (first on line %u)", rd->path,
+                            line, section, key, p->kernels[i].line);
+    if (p->n_kernels == PV_PROFILE_MAX_KERNELS)
+        return pv_error(PV_ERR_FORMAT, "%s:%u: key [%.64s] %.80s: more than %d kernel.* keys", rd->path, line,
+                        section, key, PV_PROFILE_MAX_KERNELS);
+    struct pv_profile_kernel *k = &p->kernels[p->n_kernels++];
+    snprintf(k->bucket, sizeof k->bucket, "%s", bucket);
+    snprintf(k->params, sizeof k->params, "%s", val);
+    k->line = line;
+    return PV_OK;
+}
+
 static pv_status on_key(void *ctx, unsigned line, const char *section, const char *key, const char *val)
 {
     profile_read *rd = ctx;
     pv_profile *p = rd->in_wanted && rd->out ? rd->out : &rd->scratch;
+    if (strncmp(key, KERNEL_PREFIX, strlen(KERNEL_PREFIX)) == 0)
+        return on_kernel_key(rd, p, line, section, key, val);
     size_t k = 0;
     while (k < N_PROFILE_KEYS && strcasecmp(key, profile_keys[k]) != 0)
         k++;
     if (k == N_PROFILE_KEYS)
         return pv_error(PV_ERR_FORMAT,
                         "%s:%u: unknown key [%.64s] %.64s (known: alpha, beta, c, r2, heldout_error, "
-                        "chunk_tokens, points, shape, date, version)",
+                        "chunk_tokens, points, shape, date, version, kernel.<bucket>)",
                         rd->path, line, section, key);
     if (rd->seen_on[k])
         return pv_error(PV_ERR_FORMAT, "%s:%u: key [%.64s] %s is set again (first on line %u)", rd->path, line,
@@ -267,6 +312,8 @@ static int write_section(FILE *f, const char *name, const pv_profile *p)
         fprintf(f, "date = %s\n", p->date);
     if (p->version[0])
         fprintf(f, "version = %s\n", p->version);
+    for (uint32_t i = 0; i < p->n_kernels; i++)
+        fprintf(f, KERNEL_PREFIX "%s = %s\n", p->kernels[i].bucket, p->kernels[i].params);
     return ferror(f) ? -1 : 0;
 }
 
@@ -308,6 +355,14 @@ static pv_status check_profile(const pv_profile *p)
     if (p->n_points > PV_PROFILE_MAX_POINTS)
         return pv_error(PV_ERR_INVALID_ARG, "pv_profile_save: %u points, more than %d", p->n_points,
                         PV_PROFILE_MAX_POINTS);
+    if (p->n_kernels > PV_PROFILE_MAX_KERNELS)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_profile_save: %u kernel sets, more than %d", p->n_kernels,
+                        PV_PROFILE_MAX_KERNELS);
+    for (uint32_t i = 0; i < p->n_kernels; i++)
+        if (kernel_entry_form(p->kernels[i].bucket, p->kernels[i].params))
+            return pv_error(PV_ERR_INVALID_ARG, "pv_profile_save: kernel set %u (\"%.48s\" = \"%.96s\") is not a "
+                            "bucket and NAME=VALUE pairs",
+                            i, p->kernels[i].bucket, p->kernels[i].params);
     return PV_OK;
 }
 

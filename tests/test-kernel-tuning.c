@@ -7,13 +7,18 @@
  * wrong results: the default set must be right, 32 set on the call's
  * bucket wrong, 32 set on another bucket right again. The copy and
  * element-wise families run at their extreme candidates, checked exactly,
- * which catches a launcher whose geometry is not the build's. */
+ * which catches a launcher whose geometry is not the build's. A profile's
+ * kernel sets reach the backend through pv_engine_profile_apply, all or
+ * none: one the backend refuses is an error naming file, line and key. */
 #include "config.h"
 
 #include "backends/kernel-tuning.h"
 #include "kv-scenario.h"
 
+#include <pensieve/engine.h>
+
 #include <stdio.h>
+#include <unistd.h>
 
 static void test_buckets(void)
 {
@@ -274,12 +279,59 @@ static int copies_exact(pv_backend *be, const char *family, const char *set, uin
     return exact;
 }
 
+static void test_profile_sets(pv_backend *be, const char *name)
+{
+    char path[] = "/tmp/pv-test-kernel-tuning-XXXXXX";
+    const int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        tap_skip("%s: no temporary file", name);
+        tap_skip("%s: no temporary file", name);
+        return;
+    }
+    /* line 7 is good, line 8 refused: its value is off the list */
+    fprintf(f, "[%s: %s]\nalpha = 1e-6\nbeta = 1e-5\nc = 1e-3\nchunk_tokens = 32\n\n"
+               "kernel.attention.hd64.g4.decode.long = PV_WG=32 PV_SPLITS=2\nkernel.gather = PV_WG=48\n",
+            name, be->info.name);
+    fclose(f);
+    pv_cache_config cfg, before;
+    pv_cache_config_defaults(&cfg);
+    before = cfg;
+    pv_engine_profile_use use;
+    char now[96] = "", defaults[96] = "";
+    pv_backend_kernel_get(be, "attention.hd64.g4.decode.long", defaults, sizeof defaults);
+    pv_status st = pv_engine_profile_apply(be, path, &cfg, &use);
+    pv_backend_kernel_get(be, "attention.hd64.g4.decode.long", now, sizeof now);
+    ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), path) && strstr(pv_last_error(), ":8: key [") &&
+           strstr(pv_last_error(), "kernel.gather") && strcmp(now, defaults) == 0 && cfg.alpha == before.alpha,
+       "%s: a kernel set the backend refuses is an error naming file, line and key, and nothing is applied "
+       "(attention keeps \"%s\"): %s",
+       name, now, pv_last_error());
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "[%s: %s]\nalpha = 1e-6\nbeta = 1e-5\nc = 1e-3\nchunk_tokens = 32\n"
+                   "kernel.attention.hd64.g4.decode.long = PV_WG=32 PV_SPLITS=2\nkernel.gather = PV_ITEM_ELEMS=2\n",
+                name, be->info.name);
+        fclose(f);
+    }
+    st = pv_engine_profile_apply(be, path, &cfg, &use);
+    char gather[96] = "";
+    pv_backend_kernel_get(be, "attention.hd64.g4.decode.long", now, sizeof now);
+    pv_backend_kernel_get(be, "gather", gather, sizeof gather);
+    ok(st == PV_OK && use.applied && use.kernel_sets == 2 && strcmp(now, "PV_WG=32 PV_SPLITS=2") == 0 &&
+           strstr(gather, "PV_ITEM_ELEMS=2"),
+       "%s: a good profile's sets are in the backend: \"%s\", gather \"%s\"", name, now, gather);
+    pv_backend_kernel_set(be, "attention.hd64.g4.decode.long", NULL);
+    pv_backend_kernel_set(be, "gather", NULL);
+    unlink(path);
+}
+
 static void test_backend(const char *name, uint64_t *rng)
 {
     pv_backend *be = NULL;
     pv_status st = pv_backend_init(&be, name, 0);
     if (st != PV_OK) {
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < 11; i++)
             tap_skip("%s: %s", name, pv_last_error());
         return;
     }
@@ -303,6 +355,7 @@ static void test_backend(const char *name, uint64_t *rng)
         }
         ok(good, "%s: %s exact at its first and last candidates", name, *family);
     }
+    test_profile_sets(be, name);
     pv_backend_free(be);
 }
 

@@ -118,6 +118,9 @@ static pv_profile sample(const char *backend, const char *device, double alpha)
     snprintf(p.shape, sizeof p.shape, "9,3,64,30");
     snprintf(p.date, sizeof p.date, "2026-11-23T23:00:00Z");
     snprintf(p.version, sizeof p.version, "test");
+    p.n_kernels = 2;
+    p.kernels[0] = (struct pv_profile_kernel){"attention.hd64.g4.decode.long", "PV_WG=16 PV_SPLITS=4", 0};
+    p.kernels[1] = (struct pv_profile_kernel){"gather", "PV_WG=128 PV_ITEM_ELEMS=2", 0};
     return p;
 }
 
@@ -133,8 +136,15 @@ static void check_files(const char *dir)
     ok(st == PV_OK && got.alpha == a.alpha && got.beta == a.beta && got.c == a.c && got.r2 == a.r2 &&
            got.chunk_tokens == 32 && got.n_points == 3 && got.points[2].context == 128 &&
            got.points[2].seconds == 3.6e-5 && strcmp(got.shape, "9,3,64,30") == 0 &&
-           got.heldout_error == 0.031,
-       "a profile reads back as written, its device name's [ ] ; # made safe (%s)", st ? pv_last_error() : "ok");
+           got.heldout_error == 0.031 && got.n_kernels == 2 &&
+           strcmp(got.kernels[1].bucket, "gather") == 0 &&
+           strcmp(got.kernels[1].params, "PV_WG=128 PV_ITEM_ELEMS=2") == 0 && got.kernels[0].line > 0,
+       "a profile reads back as written, kernel sets too, its device name's [ ] ; # made safe (%s)",
+       st ? pv_last_error() : "ok");
+    pv_profile odd = a;
+    snprintf(odd.kernels[1].params, sizeof odd.kernels[1].params, "PV_WG=128\n[cpu: y]");
+    ok(pv_profile_save(path, &odd) == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "kernel set 1"),
+       "a kernel set with a line break, which would break the file, is not saved");
 
     /* another device's section, hand-edited, with comments: kept byte for byte */
     const char *other = "[opencl: pthread-AMD EPYC]  ; PoCL\n"
@@ -182,6 +192,11 @@ static void check_files(const char *dir)
         {"[cpu: x]\nalpha = 1\nbeta = 1\nc = 1\nchunk_tokens = 32\npoints = 32:1e-5\n", ":6: key [cpu: x] points"},
         {"[cpu]\nalpha = 1\n", ":1: section [cpu] is not \"backend: device\""},
         {"alpha = 1\n", ":1: \"alpha = 1\" comes before any section"},
+        {"[cpu: x]\nalpha = 1\nkernel.Gather = PV_WG=64\n", ":3: key [cpu: x] kernel.Gather: the bucket"},
+        {"[cpu: x]\nalpha = 1\nkernel. = PV_WG=64\n", ":3: key [cpu: x] kernel.: the bucket"},
+        {"[cpu: x]\nalpha = 1\nkernel.gather = fast\n", ":3: key [cpu: x] kernel.gather = \"fast\" is not"},
+        {"[cpu: x]\nkernel.gather = PV_WG=64\nalpha = 1\nkernel.gather = PV_WG=32\n",
+         ":4: key [cpu: x] kernel.gather is set again (first on line 2)"},
     };
     char bad_path[512];
     snprintf(bad_path, sizeof bad_path, "%s/bad.ini", dir);

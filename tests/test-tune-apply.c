@@ -1,9 +1,10 @@
-/* A profile written by pensieve-tune reaches the cache: usage
- * test-tune-apply PROFILE. The CPU backend's section is applied as the
- * engine applies it (pv_engine_profile_apply), its constants read back from
- * the file itself, and a cache built with them gives every chunk the
- * retention value (alpha l + beta + c) / idle time of the profile, not of
- * the defaults. */
+/* A profile written by pensieve-tune reaches the cache and the backend:
+ * usage test-tune-apply PROFILE [BACKEND]. The backend's section (cpu by
+ * default) is applied as the engine applies it (pv_engine_profile_apply),
+ * its constants read back from the file itself, and a cache built with
+ * them gives every chunk the retention value (alpha l + beta + c) / idle
+ * time of the profile, not of the defaults; every kernel set of the
+ * section is the one the backend now uses for its bucket. */
 #include "tap.h"
 
 #include <pensieve/engine.h>
@@ -20,12 +21,13 @@ static double fake_clock(void *ctx)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test-tune-apply PROFILE\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: test-tune-apply PROFILE [BACKEND]\n");
         return 2;
     }
+    const char *backend = argc == 3 ? argv[2] : "cpu";
     pv_backend *be = NULL;
-    if (!ok(pv_backend_init(&be, "cpu", 0) == PV_OK, "the cpu backend opens"))
+    if (!ok(pv_backend_init(&be, backend, 0) == PV_OK, "the %s backend opens", backend))
         return tap_done();
     pv_cache_config defaults, cfg;
     pv_cache_config_defaults(&defaults);
@@ -33,9 +35,20 @@ int main(int argc, char **argv)
     pv_engine_profile_use use;
     pv_status st = pv_engine_profile_apply(be, argv[1], &cfg, &use);
     pv_profile in_file;
-    pv_status st_file = pv_profile_load(argv[1], "cpu", be->info.name, &in_file);
-    ok(st == PV_OK && use.applied && st_file == PV_OK, "the profile for [cpu: %s] is found and applied (%s)",
-       be->info.name, st == PV_OK && use.applied ? "ok" : pv_last_error());
+    pv_status st_file = pv_profile_load(argv[1], backend, be->info.name, &in_file);
+    ok(st == PV_OK && use.applied && st_file == PV_OK, "the profile for [%s: %s] is found and applied (%s)",
+       backend, be->info.name, st == PV_OK && use.applied ? "ok" : pv_last_error());
+    int sets_good = st_file == PV_OK && use.kernel_sets == (pv_backend_kernels_tunable(be) ? (int)in_file.n_kernels : 0);
+    for (uint32_t i = 0; sets_good && use.kernel_sets && i < in_file.n_kernels; i++) {
+        char now[96];
+        sets_good = pv_backend_kernel_get(be, in_file.kernels[i].bucket, now, sizeof now) == PV_OK &&
+                    strcmp(now, in_file.kernels[i].params) == 0;
+        if (!sets_good)
+            tap_diag("%s: the backend uses \"%s\", the file says \"%s\"", in_file.kernels[i].bucket, now,
+                     in_file.kernels[i].params);
+    }
+    ok(sets_good, "the backend uses the file's %d kernel sets (of %u in the section)", use.kernel_sets,
+       in_file.n_kernels);
     ok(cfg.alpha == in_file.alpha && cfg.beta == in_file.beta && cfg.c == in_file.c && in_file.chunk_tokens == 32,
        "the cache config holds the file's constants: alpha %g, beta %g, c %g", cfg.alpha, cfg.beta, cfg.c);
     ok(cfg.alpha != defaults.alpha && cfg.c != defaults.c, "and they are not the defaults (alpha %g, c %g)",

@@ -8,12 +8,7 @@ top_builddir=${top_builddir:-.}
 tune=$top_builddir/tuning/pensieve-tune
 tmp=$(mktemp -d /tmp/pv-test-tune-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-n=0
-fails=0
-check() { # check COND-STATUS MESSAGE
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
+. "$(dirname "$0")/tap.sh"
 
 printf '[opencl: another device]\nalpha = 1e-8\nbeta = 1e-5\nc = 1e-3\nchunk_tokens = 32\n' >"$tmp/p.ini"
 # What the JSON must hold whatever the timings: the contexts, and alpha,
@@ -97,5 +92,4 @@ fi
 "$tune" --backend cpu --quick --shape 9,4,64,2 --out "$tmp/q.ini" >/dev/null 2>"$tmp/err"
 [ $? -eq 1 ] && grep -q "kv_heads dividing heads" "$tmp/err"
 check $? "a shape whose kv heads do not divide the heads is refused ($(cat "$tmp/err"))"
-echo "1..$n"
-[ $fails -eq 0 ]
+tap_done

@@ -2,6 +2,6 @@
 # writes the device profile file (include/pensieve/profile.h).
 bin_PROGRAMS += tuning/pensieve-tune
 noinst_HEADERS += tuning/tune.h
-tuning_pensieve_tune_SOURCES = tuning/pensieve-tune.c tuning/tune-measure.c
+tuning_pensieve_tune_SOURCES = tuning/pensieve-tune.c tuning/tune-measure.c tuning/tune-kernels.c
 tuning_pensieve_tune_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tuning_pensieve_tune_LDADD = $(PV_LINK) $(JANSSON_LIBS)

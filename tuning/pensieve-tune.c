@@ -1,5 +1,11 @@
-/* pensieve-tune: fits the eviction cost model of one backend device and
- * writes it to the device profile file (include/pensieve/profile.h).
+/* pensieve-tune: tunes the kernel parameters and fits the eviction cost
+ * model of one backend device, and writes both to the device profile file
+ * (include/pensieve/profile.h).
+ *
+ * On a backend that runs the portable kernels (OpenCL, CUDA) it first
+ * searches each shape bucket's candidate parameter sets (tune-kernels.c),
+ * each checked against the CPU backend before it is timed, and keeps the
+ * fastest; the cost model is then measured with those sets.
  *
  * It times one chunk's attention at one layer over contexts of 2^k tokens
  * through the real attention kernel over the paged pool, fits
@@ -21,7 +27,7 @@
 #include <unistd.h>
 
 typedef struct tune_options {
-    const char *backend, *model, *shape, *out, *plot;
+    const char *backend, *model, *shape, *out, *plot, *kernels;
     int device, quick, json, chunk_tokens, repeats;
     int64_t max_context;
     pv_dtype kv_dtype;
@@ -41,6 +47,8 @@ static void usage(FILE *f)
             "  --kv f16|f32         KV pool type (default f16)\n"
             "  --max-context N      longest context measured (default 16384, or the model's)\n"
             "  --repeats N          timed runs per point (default 15; --quick 5)\n"
+            "  --kernels LIST       kernel families to search: all (default), none, or a comma list of\n"
+            "                       attention, gather, qmatmul, recompute (OpenCL and CUDA only)\n"
             "  --quick              contexts up to 1024, 5 repeats: seconds, for tests\n"
             "  --json               print the profile as JSON instead of the table\n"
             "  --plot FILE.png      measured points and the fitted line (gnuplot)\n");
@@ -48,7 +56,8 @@ static void usage(FILE *f)
 
 static int parse_options(int argc, char **argv, tune_options *o)
 {
-    *o = (tune_options){.backend = "cpu", .chunk_tokens = 32, .kv_dtype = PV_F16, .max_context = 16384};
+    *o = (tune_options){.backend = "cpu", .kernels = "all", .chunk_tokens = 32, .kv_dtype = PV_F16,
+                        .max_context = 16384};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = 1;
@@ -72,6 +81,8 @@ static int parse_options(int argc, char **argv, tune_options *o)
             o->out = v;
         else if (strcmp(a, "--plot") == 0)
             o->plot = v;
+        else if (strcmp(a, "--kernels") == 0)
+            o->kernels = v;
         else if (strcmp(a, "--kv") == 0 && (strcmp(v, "f16") == 0 || strcmp(v, "f32") == 0))
             o->kv_dtype = strcmp(v, "f16") == 0 ? PV_F16 : PV_F32;
         else {
@@ -172,6 +183,159 @@ static void progress(int done, int total, const char *what)
     fflush(stderr);
 }
 
+/* --kernels: a mask of 1 << tune_family. */
+static int parse_families(const char *text, unsigned *mask)
+{
+    *mask = 0;
+    if (strcmp(text, "none") == 0)
+        return 0;
+    if (strcmp(text, "all") == 0) {
+        *mask = (1u << TUNE_FAMILY_COUNT) - 1;
+        return 0;
+    }
+    const char *at = text;
+    while (*at) {
+        const size_t len = strcspn(at, ",");
+        int f = 0;
+        while (f < TUNE_FAMILY_COUNT && !(strlen(tune_family_name((tune_family)f)) == len &&
+                                          strncmp(tune_family_name((tune_family)f), at, len) == 0))
+            f++;
+        if (f == TUNE_FAMILY_COUNT)
+            return -1;
+        *mask |= 1u << f;
+        at += len + (at[len] == ',');
+    }
+    return *mask ? 0 : -1;
+}
+
+static void search_progress(void *ctx, const char *what)
+{
+    int *tried = ctx;
+    ++*tried;
+    if (!isatty(STDERR_FILENO))
+        return;
+    fprintf(stderr, "\rkernel search: %3d tried, now %-60.60s", *tried, what);
+    fflush(stderr);
+}
+
+static int bucket_family(const char *bucket)
+{
+    const size_t len = strcspn(bucket, ".");
+    for (int f = 0; f < TUNE_FAMILY_COUNT; f++)
+        if (strlen(tune_family_name((tune_family)f)) == len &&
+            strncmp(bucket, tune_family_name((tune_family)f), len) == 0)
+            return f;
+    return -1;
+}
+
+/* The kernel sets: those of the device's section in the file at path whose
+ * family is not searched now are kept (and set in s->be, so the cost model
+ * is measured with them); the searched buckets get the search's best. All
+ * end up in p->kernels. */
+static pv_status kernel_stage(const tune_options *o, const char *path, const tune_setup *s, unsigned families,
+                              pv_profile *p, tune_bucket_result *res, int *n_res)
+{
+    *n_res = 0;
+    if (!pv_backend_kernels_tunable(s->be))
+        return strcmp(o->kernels, "all") == 0 || strcmp(o->kernels, "none") == 0
+                   ? PV_OK
+                   : pv_error(PV_ERR_INVALID_ARG, "--kernels %s: the %s backend has no tunable kernels", o->kernels,
+                              o->backend);
+    pv_profile *old = calloc(1, sizeof *old);
+    if (!old)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: no memory for the old profile");
+    pv_status st = pv_profile_load(path, o->backend, s->be->info.name, old);
+    if (st == PV_ERR_NOT_FOUND || st == PV_ERR_IO) {
+        st = PV_OK;
+        old->n_kernels = 0;
+    }
+    for (uint32_t i = 0; st == PV_OK && i < old->n_kernels; i++) {
+        const int f = bucket_family(old->kernels[i].bucket);
+        if (f >= 0 && (families & (1u << f)))
+            continue;
+        if (pv_backend_kernel_set(s->be, old->kernels[i].bucket, old->kernels[i].params) != PV_OK)
+            st = pv_error(PV_ERR_FORMAT, "%s:%u: kernel.%s: %s", path, old->kernels[i].line, old->kernels[i].bucket,
+                          pv_last_error());
+        else
+            p->kernels[p->n_kernels++] = old->kernels[i];
+    }
+    free(old);
+    if (st != PV_OK || !families)
+        return st;
+    pv_backend *ref = NULL;
+    if ((st = pv_backend_init(&ref, "cpu", 0)) != PV_OK)
+        return st;
+    tune_setup search = *s;
+    search.repeats = o->quick ? 3 : 7;
+    int tried = 0;
+    st = tune_kernels(&search, ref, families, o->quick, res, n_res, search_progress, &tried);
+    if (isatty(STDERR_FILENO) && tried)
+        fputc('\n', stderr);
+    pv_backend_free(ref);
+    for (int i = 0; st == PV_OK && i < *n_res; i++) {
+        struct pv_profile_kernel *k = &p->kernels[p->n_kernels++];
+        _Static_assert(sizeof k->bucket == sizeof res->bucket && sizeof k->params == sizeof res->candidates->params,
+                       "a profile's kernel set holds a search result");
+        memcpy(k->bucket, res[i].bucket, sizeof k->bucket);
+        memcpy(k->params, res[i].candidates[res[i].best].params, sizeof k->params);
+        k->line = 0;
+    }
+    return st;
+}
+
+static void print_kernels(const tune_bucket_result *res, int n, int repeats)
+{
+    if (!n)
+        return;
+    printf("\nkernel search: every candidate checked against the cpu backend, then timed (median of %d runs);\n"
+           "the default and the fastest timed again, alternating, for the speedup; the default is kept (*)\n"
+           "unless the fastest gains %.0f%% in those runs\n",
+           repeats, 100 * TUNE_MIN_GAIN);
+    printf("%-32s %-40s %5s %5s  %-28s %10s  %-28s %10s %7s\n", "bucket", "workload", "tried", "wrong",
+           "default", "s", "best", "s", "speedup");
+    for (int i = 0; i < n; i++) {
+        const tune_bucket_result *r = &res[i];
+        int wrong = 0;
+        for (int c = 0; c < r->n_candidates; c++)
+            wrong += r->candidates[c].rejected;
+        printf("%-32s %-40s %5d %5d  %-28s %10.4g  %-28s %10.4g %6.2fx%s\n", r->bucket, r->what, r->n_candidates,
+               wrong, r->default_params, r->default_s, r->candidates[r->best].params, r->best_s,
+               r->default_s / r->best_s, r->kept_default ? " *" : "");
+        for (int c = 0; c < r->n_candidates; c++)
+            if (r->candidates[c].rejected)
+                printf("    rejected %s: error %.3g against the cpu backend (limit %g)\n", r->candidates[c].params,
+                       r->candidates[c].error, r->limit);
+    }
+}
+
+static json_t *number_or_null(double x)
+{
+    return isfinite(x) ? json_real(x) : json_null();
+}
+
+static json_t *kernels_json(const tune_bucket_result *res, int n)
+{
+    json_t *list = json_array();
+    for (int i = 0; i < n; i++) {
+        const tune_bucket_result *r = &res[i];
+        json_t *cands = json_array();
+        for (int c = 0; c < r->n_candidates; c++) {
+            const tune_candidate *k = &r->candidates[c];
+            json_array_append_new(cands, json_pack("{s:s,s:o,s:b,s:o,s:o}", "params", k->params, "error",
+                                                   number_or_null(k->error), "rejected", k->rejected, "seconds",
+                                                   k->rejected ? json_null() : json_real(k->seconds), "spread",
+                                                   k->rejected ? json_null() : json_real(k->spread)));
+        }
+        json_array_append_new(list, json_pack("{s:s,s:s,s:f,s:s,s:o,s:s,s:f,s:o,s:b,s:o}", "bucket", r->bucket,
+                                              "workload", r->what, "limit", r->limit, "default", r->default_params,
+                                              "default_s", number_or_null(r->default_s), "best",
+                                              r->candidates[r->best].params, "best_s", r->best_s, "speedup",
+                                              number_or_null(r->default_s / r->best_s), "kept_default",
+                                              r->kept_default, "candidates", cands));
+    }
+    return list;
+}
+
 static pv_status plot(const char *file, const pv_profile *p, const pv_cost_point *held, int n_held)
 {
     FILE *g = popen("gnuplot 2>&1", "w");
@@ -197,7 +361,7 @@ static pv_status plot(const char *file, const pv_profile *p, const pv_cost_point
 }
 
 static void print_json(const pv_profile *p, const char *path, const pv_cost_point *held, int n_held,
-                       const tune_timing *forward)
+                       const tune_timing *forward, const tune_bucket_result *kernels, int n_kernels)
 {
     json_t *points = json_array(), *heldout = json_array();
     for (uint32_t i = 0; i < p->n_points; i++)
@@ -212,6 +376,7 @@ static void print_json(const pv_profile *p, const char *path, const pv_cost_poin
                              p->c, "r2", p->r2, "heldout_error", p->heldout_error, "chunk_tokens",
                              (int)p->chunk_tokens, "shape", p->shape, "forward_per_layer_s", forward->median,
                              "points", points, "heldout", heldout, "date", p->date, "version", p->version);
+    json_object_set_new(root, "kernels", kernels_json(kernels, n_kernels));
     char *text = json_dumps(root, JSON_INDENT(2));
     if (text)
         puts(text);
@@ -228,8 +393,15 @@ static int fail(const char *what, pv_status st)
 int main(int argc, char **argv)
 {
     tune_options o;
+    unsigned families = 0;
     if (parse_options(argc, argv, &o) != 0) {
         usage(stderr);
+        return 2;
+    }
+    if (parse_families(o.kernels, &families) != 0) {
+        fprintf(stderr, "pensieve-tune: --kernels '%s': want all, none, or a comma list of attention, gather, "
+                        "qmatmul, recompute\n",
+                o.kernels);
         return 2;
     }
     pv_profile p;
@@ -253,6 +425,13 @@ int main(int argc, char **argv)
     s.n_kv_heads = (int32_t)hp->n_kv_heads;
     s.head_dim = (int32_t)hp->head_dim;
     s.n_layers = (int32_t)hp->n_layers;
+    static tune_bucket_result kernels[TUNE_MAX_BUCKETS];
+    int n_kernels = 0;
+    if ((st = kernel_stage(&o, path, &s, families, &p, kernels, &n_kernels)) != PV_OK) {
+        pv_llama_free(s.model);
+        pv_backend_free(be);
+        return fail("kernel search", st);
+    }
 
     /* Contexts: the powers of two from one chunk up, for the fit; three
      * quarters of each power above the first, held out to check it. */
@@ -323,7 +502,7 @@ int main(int argc, char **argv)
         return fail("plot", st);
 
     if (o.json) {
-        print_json(&p, path, held, n_held, &forward);
+        print_json(&p, path, held, n_held, &forward, kernels, n_kernels);
         return 0;
     }
     printf("pensieve-tune: %s device %d (%s), shape %s (heads, kv heads, head dim, layers), chunk %d tokens, "
@@ -345,6 +524,7 @@ int main(int argc, char **argv)
     printf("attention share of a chunk's cost: %.2f at 1K context, %.2f at 4K (paper, Fig. 4: 0.1 and 0.38 of "
            "the other work)\n",
            (p.alpha * 1024 + p.beta) / p.c, (p.alpha * 4096 + p.beta) / p.c);
+    print_kernels(kernels, n_kernels, o.quick ? 3 : 7);
     printf("profile [%s: %s] written to %s\n", p.backend, p.device, path);
     return 0;
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void)
+double tune_now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -19,30 +19,34 @@ static int by_value(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+double tune_median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof *t, by_value);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 /* Median and interquartile spread of n times (sorted in place). */
 static tune_timing summarise(double *t, int n)
 {
-    qsort(t, (size_t)n, sizeof *t, by_value);
-    const double median = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    const double median = tune_median(t, n);
     const double q1 = t[n / 4], q3 = t[(3 * n) / 4 < n ? (3 * n) / 4 : n - 1];
     return (tune_timing){median, median > 0 ? (q3 - q1) / median : 0};
 }
 
-/* Runs fn(ctx) warmup + repeats times, timing the repeats. */
-static pv_status time_runs(const tune_setup *s, pv_status (*fn)(const tune_setup *s, void *ctx), void *ctx,
-                           tune_timing *out)
+pv_status tune_time_runs(const tune_setup *s, pv_status (*fn)(const tune_setup *s, void *ctx), void *ctx,
+                         tune_timing *out)
 {
     double *t = malloc((size_t)s->repeats * sizeof *t);
     if (!t)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %d repeats", s->repeats);
     pv_status st = PV_OK;
     for (int i = 0; st == PV_OK && i < s->warmup + s->repeats; i++) {
-        const double t0 = now_s();
+        const double t0 = tune_now_s();
         st = fn(s, ctx);
         if (st == PV_OK)
             st = pv_backend_finish(s->be);
         if (i >= s->warmup)
-            t[i - s->warmup] = now_s() - t0;
+            t[i - s->warmup] = tune_now_s() - t0;
     }
     if (st == PV_OK)
         *out = summarise(t, s->repeats);
@@ -124,7 +128,7 @@ pv_status tune_attention(const tune_setup *s, int64_t context, tune_timing *out)
                                  .n_slots = n_chunks, .token_seq = seq, .token_pos = pos,
                                  .slot_table = slot_table, .n_seqs = 1, .max_chunks = (int32_t)n_chunks, .out = o,
                              }};
-        st = time_runs(s, run_attention, &run, out);
+        st = tune_time_runs(s, run_attention, &run, out);
     }
     pv_buffer_free(pool);
     pv_buffer_free(q);
@@ -166,7 +170,7 @@ pv_status tune_forward_per_layer(const tune_setup *s, tune_timing *out)
         forward_run run = {.batch = {.n_tokens = T, .tokens = tokens, .token_seq = seq, .token_pos = pos,
                                      .n_seqs = 1, .max_chunks = 1, .slot_tables = tables, .kv_pool = pool,
                                      .n_slots = s->n_layers}};
-        st = time_runs(s, run_forward, &run, out);
+        st = tune_time_runs(s, run_forward, &run, out);
         if (st == PV_OK)
             out->median /= s->n_layers;
     }

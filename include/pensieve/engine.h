@@ -153,18 +153,22 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
 typedef struct pv_engine_profile_use {
     char path[4096];     /* the file looked in ("" when there is no default location) */
     int applied;         /* 1: profile's constants are in the config */
+    int kernel_sets;     /* of them, the kernel parameter sets now in the backend */
     pv_profile profile;  /* when applied */
 } pv_engine_profile_use;
 
 /* Sets cfg's cost constants (alpha, beta, c) from the profile of be's
  * device (pensieve-tune; include/pensieve/profile.h) in the file at path,
- * or at pv_profile_default_path() when path is NULL. Returns PV_OK with
- * use->applied = 0 and cfg unchanged when the default file is absent or the
- * file has no section for this device (pv_last_error() then says which, for
- * a warning); a named file that is missing, and a corrupt file, are errors.
- * Call it after pv_cache_config_defaults and before applying an INI file's
- * own [cache] keys, so those win over the profile. */
-pv_status pv_engine_profile_apply(const pv_backend *be, const char *path, pv_cache_config *cfg,
+ * or at pv_profile_default_path() when path is NULL, and gives be the
+ * profile's kernel parameter sets (pv_backend_kernel_set) when it runs the
+ * portable kernels. Returns PV_OK with use->applied = 0 and nothing changed
+ * when the default file is absent or the file has no section for this
+ * device (pv_last_error() then says which, for a warning); a named file
+ * that is missing, a corrupt file, and a kernel set the backend refuses
+ * (PV_ERR_FORMAT naming file, line and key) are errors. Call it after
+ * pv_cache_config_defaults and before applying an INI file's own [cache]
+ * keys, so those win over the profile. */
+pv_status pv_engine_profile_apply(pv_backend *be, const char *path, pv_cache_config *cfg,
                                   pv_engine_profile_use *use);
 void pv_engine_free(pv_engine *e);
 

@@ -20,6 +20,14 @@
  *   shape = 9,3,64,30        ; heads, kv heads, head dim, layers measured
  *   date = 2026-11-23T22:50:00Z
  *   version = 0.1.0
+ *   kernel.attention.hd64.g4.decode.long = PV_WG=16 PV_SPLITS=4
+ *   kernel.gather = PV_WG=64 PV_ITEM_ELEMS=4
+ *
+ * The kernel.* keys are the tuned kernel parameters per shape bucket
+ * (backend.h, "kernel tuning"), for the backends that run the portable
+ * kernels. The reader checks their form (a bucket of lower-case words,
+ * NAME=VALUE pairs); what they mean is checked where they are applied
+ * (pv_engine_profile_apply), with the line they came from.
  *
  * Reading is strict (pvcore/ini.h): a malformed line, an unknown key or a
  * value out of range anywhere in the file is PV_ERR_FORMAT naming file,
@@ -39,6 +47,8 @@ extern "C" {
 
 /* Most measured points a profile keeps (2^5 .. 2^36 would be 32). */
 #define PV_PROFILE_MAX_POINTS 32
+/* Most kernel.* keys: more than there are buckets (backend.h). */
+#define PV_PROFILE_MAX_KERNELS 64
 
 typedef struct pv_cost_point {
     double context; /* tokens before the chunk */
@@ -73,6 +83,12 @@ typedef struct pv_profile {
     char shape[64];
     char date[32];
     char version[32];
+    uint32_t n_kernels;
+    struct pv_profile_kernel {
+        char bucket[48];  /* "attention.hd64.g4.decode.long" */
+        char params[96];  /* "PV_WG=16 PV_SPLITS=4" */
+        unsigned line;    /* where it was read (0: not read from a file) */
+    } kernels[PV_PROFILE_MAX_KERNELS];
 } pv_profile;
 
 /* The file pensieve-tune writes and the engine reads when none is named:

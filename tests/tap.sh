@@ -1,0 +1,13 @@
+# TAP for the shell tests: source it, call check STATUS MESSAGE per test
+# (STATUS 0 is a pass), and end with `tap_done`, whose status is the
+# script's.
+n=0
+fails=0
+check() { # check COND-STATUS MESSAGE
+    n=$((n + 1))
+    if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
+}
+tap_done() {
+    echo "1..$n"
+    [ $fails -eq 0 ]
+}

@@ -1,0 +1,503 @@
+/* pensieve-tune's kernel search (tune.h): for each shape bucket of the
+ * model's calls, every candidate parameter set of the bucket's family runs
+ * one workload, its result is compared with the CPU backend's result of
+ * the same workload, and the correct candidates are timed; the fastest
+ * becomes the bucket's set. */
+#include "tuning/tune.h"
+
+#include <pensieve/half.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Error limits against the CPU backend, relative to the largest output:
+ * f32 arithmetic in another order stays near 1e-6 (1e-5 for the sums of a
+ * long context's attention); a wrong kernel is off by the outputs' own
+ * size. The copies must be exact. */
+#define ATTENTION_LIMIT 1e-4
+#define ARITHMETIC_LIMIT 1e-4
+
+#define MAX_BUFFERS 8
+
+/* The KV pool the attention and gather workloads read: larger than the
+ * last-level caches (32 MiB of L3 on the 2-core EPYC, 50 MiB of L2 on an
+ * H100), with the chunks read spread over it, as a serving pool holds many
+ * conversations. A pool that fits in cache times the kernels' arithmetic,
+ * not their memory traffic, and picks other parameters. */
+#define POOL_BYTES ((uint64_t)64 << 20)
+
+/* One workload: what it runs, on which shape, with which inputs. */
+typedef struct workload {
+    tune_family family;
+    char what[96];
+    int32_t n_tokens;   /* attention's query tokens, the others' rows */
+    int64_t context;    /* attention: tokens before the first query */
+    uint64_t seed;
+} workload;
+
+/* Its buffers on one backend. */
+typedef struct workload_buffers {
+    pv_backend *be;
+    pv_buffer *buf[MAX_BUFFERS];
+    int n;
+    pv_buffer *out[4]; /* the results, read back in order */
+    uint64_t out_bytes[4];
+    int n_out;
+    /* host index arrays the ops read */
+    int32_t *seq, *pos, *slot_table, *slots;
+    int64_t n_chunks;
+    int32_t n_moved;
+} workload_buffers;
+
+static void buffers_free(workload_buffers *b)
+{
+    for (int i = 0; i < b->n; i++)
+        pv_buffer_free(b->buf[i]);
+    free(b->seq);
+    free(b->pos);
+    free(b->slot_table);
+    free(b->slots);
+    memset(b, 0, sizeof *b);
+}
+
+static uint64_t next_random(uint64_t *state)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return *state >> 33;
+}
+
+/* n elements of dtype at host, uniform in [-1, 1), from *state. */
+static void fill_random(void *host, pv_dtype dtype, uint64_t n, uint64_t *state)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        const float x = (float)next_random(state) / 2147483648.0f * 2.0f - 1.0f;
+        if (dtype == PV_F32)
+            ((float *)host)[i] = x;
+        else
+            ((pv_half *)host)[i] = pv_float_to_half(x);
+    }
+}
+
+/* A buffer of n random elements of dtype (fill_random). */
+static pv_status random_buffer(workload_buffers *b, pv_dtype dtype, uint64_t n, uint64_t *state, pv_buffer **out)
+{
+    const size_t size = pv_dtype_size(dtype);
+    void *host = malloc((size_t)n * size);
+    if (!host)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu elements of input", (unsigned long long)n);
+    fill_random(host, dtype, n, state);
+    pv_status st = pv_buffer_init(out, b->be, PV_MEM_DEVICE, n * size);
+    if (st == PV_OK) {
+        b->buf[b->n++] = *out;
+        st = pv_buffer_write(*out, 0, host, n * size);
+    }
+    free(host);
+    return st;
+}
+
+/* A pool of n_slots slots of slot_elems elements of dtype, POOL_BYTES at
+ * least; only the n_used slots listed get values (random, from *state). */
+static pv_status pool_buffer(workload_buffers *b, pv_dtype dtype, uint64_t slot_elems, int64_t n_slots,
+                             const int32_t *used, int64_t n_used, uint64_t *state, pv_buffer **out)
+{
+    const size_t size = pv_dtype_size(dtype);
+    void *slot = malloc((size_t)slot_elems * size);
+    if (!slot)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: a slot of %llu elements",
+                        (unsigned long long)slot_elems);
+    pv_status st = pv_buffer_init(out, b->be, PV_MEM_DEVICE, (uint64_t)n_slots * slot_elems * size);
+    if (st == PV_OK)
+        b->buf[b->n++] = *out;
+    for (int64_t i = 0; st == PV_OK && i < n_used; i++) {
+        fill_random(slot, dtype, slot_elems, state);
+        st = pv_buffer_write(*out, (uint64_t)used[i] * slot_elems * size, slot, slot_elems * size);
+    }
+    free(slot);
+    return st;
+}
+
+/* Slots in a pool of at least POOL_BYTES for at least `needed` of them. */
+static int64_t pool_slots(uint64_t slot_bytes, int64_t needed)
+{
+    const int64_t fill = (int64_t)((POOL_BYTES + slot_bytes - 1) / slot_bytes);
+    return fill > needed ? fill : needed;
+}
+
+static pv_status output_buffer(workload_buffers *b, uint64_t bytes, pv_buffer **out)
+{
+    pv_status st = pv_buffer_init(out, b->be, PV_MEM_DEVICE, bytes);
+    if (st != PV_OK)
+        return st;
+    b->buf[b->n++] = *out;
+    b->out[b->n_out] = *out;
+    b->out_bytes[b->n_out++] = bytes;
+    return PV_OK;
+}
+
+/* The ops of a workload, with every argument but the buffers fixed by its
+ * shape: filled by setup, run by run. */
+typedef struct workload_ops {
+    pv_attention_args attention;
+    pv_slot_copy_args gather;
+    pv_qmatmul_args qmatmul[2];
+    pv_rmsnorm_args rmsnorm;
+    pv_swiglu_args swiglu;
+    pv_add_args add;
+} workload_ops;
+
+static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, workload_buffers *b,
+                       workload_ops *ops)
+{
+    memset(b, 0, sizeof *b);
+    memset(ops, 0, sizeof *ops);
+    b->be = be;
+    uint64_t state = w->seed;
+    const int32_t T = w->n_tokens, C = s->chunk_tokens;
+    const uint64_t row = (uint64_t)s->n_kv_heads * (uint64_t)s->head_dim;
+    const uint64_t embd = (uint64_t)s->n_heads * (uint64_t)s->head_dim;
+    pv_buffer *in[4] = {NULL};
+    pv_status st = PV_OK;
+    switch (w->family) {
+    case TUNE_ATTENTION: {
+        const uint64_t slot_elems = 2 * (uint64_t)C * row;
+        b->n_chunks = (w->context + T + C - 1) / C;
+        const int64_t n_slots = pool_slots(slot_elems * pv_dtype_size(s->kv_dtype), b->n_chunks);
+        if (n_slots > INT32_MAX)
+            return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: %lld slots", (long long)n_slots);
+        b->seq = calloc((size_t)T, sizeof *b->seq);
+        b->pos = malloc((size_t)T * sizeof *b->pos);
+        b->slot_table = malloc((size_t)b->n_chunks * sizeof *b->slot_table);
+        if (!b->seq || !b->pos || !b->slot_table)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: attention tables");
+        /* spread over the pool, last first: a conversation's chunks are rarely adjacent */
+        for (int64_t c = 0; c < b->n_chunks; c++)
+            b->slot_table[c] = (int32_t)(n_slots - 1 - c * (n_slots / b->n_chunks));
+        for (int32_t i = 0; i < T; i++)
+            b->pos[i] = (int32_t)(w->context + i);
+        st = pool_buffer(b, s->kv_dtype, slot_elems, n_slots, b->slot_table, b->n_chunks, &state, &in[0]);
+        if (st == PV_OK)
+            st = random_buffer(b, PV_F32, (uint64_t)T * embd, &state, &in[1]);
+        if (st == PV_OK)
+            st = output_buffer(b, (uint64_t)T * embd * sizeof(float), &in[2]);
+        ops->attention = (pv_attention_args){
+            .kv_dtype = s->kv_dtype, .n_tokens = T, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
+            .head_dim = s->head_dim, .chunk_tokens = C, .scale = 1.0f / sqrtf((float)s->head_dim), .q = in[1],
+            .kv_pool = in[0], .n_slots = n_slots, .token_seq = b->seq, .token_pos = b->pos,
+            .slot_table = b->slot_table, .n_seqs = 1, .max_chunks = (int32_t)b->n_chunks, .out = in[2]};
+        return st;
+    }
+    case TUNE_GATHER: {
+        /* a swap-out: a quarter of the pool's slots, every fourth, last first */
+        const uint64_t slot_elems = 2 * (uint64_t)C * row;
+        const int64_t n_slots = pool_slots(slot_elems * pv_dtype_size(s->kv_dtype), 4);
+        const int64_t moved = n_slots / 4;
+        if (n_slots > INT32_MAX)
+            return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: %lld slots", (long long)n_slots);
+        b->slots = malloc((size_t)moved * sizeof *b->slots);
+        if (!b->slots)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: slot list");
+        for (int64_t i = 0; i < moved; i++)
+            b->slots[i] = (int32_t)(n_slots - 1 - 4 * i);
+        st = pool_buffer(b, s->kv_dtype, slot_elems, n_slots, b->slots, moved, &state, &in[0]);
+        if (st == PV_OK)
+            st = output_buffer(b, (uint64_t)moved * slot_elems * pv_dtype_size(s->kv_dtype), &in[1]);
+        ops->gather = (pv_slot_copy_args){.dtype = s->kv_dtype, .slot_elems = (int64_t)slot_elems, .pool = in[0],
+                                          .n_slots = n_slots, .staging = in[1], .slots = b->slots,
+                                          .n_slots_moved = (int32_t)moved};
+        return st;
+    }
+    case TUNE_QMATMUL: {
+        /* a layer's up projection (4x wider), f16 weights: one token, and a chunk */
+        const uint64_t n_out = 4 * embd;
+        st = random_buffer(b, PV_F16, n_out * embd, &state, &in[0]);
+        if (st == PV_OK)
+            st = random_buffer(b, PV_F32, (uint64_t)T * embd, &state, &in[1]);
+        if (st == PV_OK)
+            st = output_buffer(b, n_out * sizeof(float), &in[2]);
+        if (st == PV_OK)
+            st = output_buffer(b, (uint64_t)T * n_out * sizeof(float), &in[3]);
+        for (int k = 0; k < 2; k++)
+            ops->qmatmul[k] = (pv_qmatmul_args){.w_type = PV_W_F16, .n_tokens = k ? T : 1, .n_in = (int64_t)embd,
+                                                .n_out = (int64_t)n_out, .w = in[0], .x = in[1], .y = in[2 + k]};
+        return st;
+    }
+    case TUNE_RECOMPUTE: {
+        /* a chunk's norm, SwiGLU and residual add */
+        const uint64_t n = (uint64_t)T * embd, ff = 4 * n;
+        pv_buffer *norm_w = NULL, *gate = NULL, *up = NULL, *normed = NULL, *glu = NULL, *sum = NULL;
+        st = random_buffer(b, PV_F32, n, &state, &in[0]);
+        if (st == PV_OK)
+            st = random_buffer(b, PV_F32, embd, &state, &norm_w);
+        if (st == PV_OK)
+            st = random_buffer(b, PV_F32, ff, &state, &gate);
+        if (st == PV_OK)
+            st = random_buffer(b, PV_F32, ff, &state, &up);
+        if (st == PV_OK)
+            st = output_buffer(b, n * sizeof(float), &normed);
+        if (st == PV_OK)
+            st = output_buffer(b, ff * sizeof(float), &glu);
+        if (st == PV_OK)
+            st = output_buffer(b, n * sizeof(float), &sum);
+        ops->rmsnorm = (pv_rmsnorm_args){.rows = T, .dim = (int64_t)embd, .eps = 1e-5f, .x = in[0],
+                                         .weight = norm_w, .out = normed};
+        ops->swiglu = (pv_swiglu_args){.n = (int64_t)ff, .gate = gate, .up = up, .out = glu};
+        ops->add = (pv_add_args){.n = (int64_t)n, .a = normed, .b = in[0], .out = sum};
+        return st;
+    }
+    case TUNE_FAMILY_COUNT: break;
+    }
+    return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: unknown workload");
+}
+
+static pv_status run(const workload *w, pv_backend *be, const workload_ops *ops)
+{
+    pv_status st;
+    switch (w->family) {
+    case TUNE_ATTENTION: return pv_attention(be, &ops->attention);
+    case TUNE_GATHER: return pv_slot_gather(be, &ops->gather);
+    case TUNE_QMATMUL:
+        st = pv_qmatmul(be, &ops->qmatmul[0]);
+        return st == PV_OK ? pv_qmatmul(be, &ops->qmatmul[1]) : st;
+    case TUNE_RECOMPUTE:
+        st = pv_rmsnorm(be, &ops->rmsnorm);
+        if (st == PV_OK)
+            st = pv_swiglu(be, &ops->swiglu);
+        return st == PV_OK ? pv_add(be, &ops->add) : st;
+    case TUNE_FAMILY_COUNT: break;
+    }
+    return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: unknown workload");
+}
+
+/* The outputs, concatenated, into *out (malloc'd). */
+static pv_status read_outputs(const workload_buffers *b, unsigned char **out, uint64_t *bytes)
+{
+    *bytes = 0;
+    for (int i = 0; i < b->n_out; i++)
+        *bytes += b->out_bytes[i];
+    *out = malloc((size_t)*bytes);
+    if (!*out)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu bytes of results", (unsigned long long)*bytes);
+    pv_status st = PV_OK;
+    uint64_t at = 0;
+    for (int i = 0; st == PV_OK && i < b->n_out; i++) {
+        st = pv_buffer_read(b->out[i], 0, *out + at, b->out_bytes[i]);
+        at += b->out_bytes[i];
+    }
+    return st;
+}
+
+/* Every output byte 0xff: NaN as f32 and as f16. */
+static pv_status poison_outputs(const workload_buffers *b)
+{
+    pv_status st = PV_OK;
+    for (int i = 0; st == PV_OK && i < b->n_out; i++) {
+        void *nan_bytes = malloc((size_t)b->out_bytes[i]);
+        if (!nan_bytes)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu bytes", (unsigned long long)b->out_bytes[i]);
+        memset(nan_bytes, 0xff, (size_t)b->out_bytes[i]);
+        st = pv_buffer_write(b->out[i], 0, nan_bytes, b->out_bytes[i]);
+        free(nan_bytes);
+    }
+    return st;
+}
+
+/* Max |got - want| / max |want| over f32 results; the copies compare bytes
+ * (0 or infinity). NaN anywhere is infinity. */
+static double result_error(const workload *w, const unsigned char *got, const unsigned char *want, uint64_t bytes)
+{
+    if (w->family == TUNE_GATHER)
+        return memcmp(got, want, (size_t)bytes) == 0 ? 0.0 : INFINITY;
+    const float *g = (const float *)got, *r = (const float *)want;
+    const uint64_t n = bytes / sizeof(float);
+    double worst = 0, scale = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const double d = fabs((double)g[i] - (double)r[i]);
+        if (!(d <= worst))
+            worst = isnan(d) ? INFINITY : d;
+        scale = fmax(scale, fabs((double)r[i]));
+    }
+    return scale > 0 ? worst / scale : worst;
+}
+
+typedef struct timed_ctx {
+    const workload *w;
+    const workload_ops *ops;
+} timed_ctx;
+
+static pv_status timed_run(const tune_setup *s, void *ctx)
+{
+    const timed_ctx *t = ctx;
+    return run(t->w, s->be, t->ops);
+}
+
+const char *tune_family_name(tune_family f)
+{
+    static const char *const names[TUNE_FAMILY_COUNT] = {"attention", "gather", "qmatmul", "recompute"};
+    return (unsigned)f < TUNE_FAMILY_COUNT ? names[f] : "?";
+}
+
+/* r->default_s and r->best_s: s->repeats runs of each, alternating (a b,
+ * b a, ...) after a warm-up of each, so load hits both alike. */
+static pv_status time_default_and_best(const tune_setup *s, const workload *w, const workload_ops *ops,
+                                       tune_bucket_result *r)
+{
+    r->default_s = r->best_s = NAN;
+    int default_rejected = 0;
+    for (int i = 0; i < r->n_candidates; i++)
+        default_rejected |= strcmp(r->candidates[i].params, r->default_params) == 0 && r->candidates[i].rejected;
+    const char *sets[2] = {r->default_params, r->candidates[r->best].params};
+    const int first = default_rejected ? 1 : 0;
+    double *t[2] = {malloc((size_t)s->repeats * sizeof(double)), malloc((size_t)s->repeats * sizeof(double))};
+    pv_status st = t[0] && t[1] ? PV_OK : pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %d repeats", s->repeats);
+    for (int k = -1; st == PV_OK && k < s->repeats; k++)
+        for (int turn = 0; st == PV_OK && turn < 2; turn++) {
+            const int which = (turn == 0) == (k % 2 == 0) ? 0 : 1;
+            if (which < first)
+                continue;
+            st = pv_backend_kernel_set(s->be, r->bucket, sets[which]);
+            const double t0 = tune_now_s();
+            if (st == PV_OK)
+                st = run(w, s->be, ops);
+            if (st == PV_OK)
+                st = pv_backend_finish(s->be);
+            if (k >= 0) /* k = -1: the warm-up */
+                t[which][k] = tune_now_s() - t0;
+        }
+    if (st == PV_OK) {
+        r->best_s = tune_median(t[1], s->repeats);
+        if (!first)
+            r->default_s = tune_median(t[0], s->repeats);
+    }
+    for (int i = 0; st == PV_OK && !first && i < r->n_candidates; i++)
+        if (strcmp(r->candidates[i].params, r->default_params) == 0 && i != r->best &&
+            r->best_s > (1 - TUNE_MIN_GAIN) * r->default_s) {
+            r->best = i;
+            r->best_s = r->default_s;
+            r->kept_default = 1;
+        }
+    free(t[0]);
+    free(t[1]);
+    return st;
+}
+
+/* Searches one workload's bucket on s->be against ref; the fastest correct
+ * candidate is left set in s->be. */
+static pv_status search(const tune_setup *s, pv_backend *ref, const workload *w, tune_bucket_result *r,
+                        tune_progress_fn progress, void *progress_ctx)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->what, sizeof r->what, "%s", w->what);
+    workload_buffers on_ref, on_dev;
+    workload_ops ref_ops, dev_ops;
+    unsigned char *want = NULL, *got = NULL;
+    uint64_t want_bytes = 0, got_bytes = 0;
+    pv_status st = setup(s, w, ref, &on_ref, &ref_ops);
+    if (st == PV_OK)
+        st = run(w, ref, &ref_ops);
+    if (st == PV_OK)
+        st = read_outputs(&on_ref, &want, &want_bytes);
+    buffers_free(&on_ref);
+    if (st == PV_OK)
+        st = setup(s, w, s->be, &on_dev, &dev_ops);
+    if (st == PV_OK && w->family == TUNE_ATTENTION)
+        st = pv_attention_bucket(&dev_ops.attention, r->bucket, sizeof r->bucket);
+    else if (st == PV_OK)
+        snprintf(r->bucket, sizeof r->bucket, "%s", tune_family_name(w->family));
+    if (st == PV_OK)
+        st = pv_backend_kernel_get(s->be, r->bucket, r->default_params, sizeof r->default_params);
+    int count = 0;
+    if (st == PV_OK)
+        st = pv_kernel_candidate(s->be, r->bucket, 0, NULL, 0, &count);
+    if (st == PV_OK && count > TUNE_MAX_CANDIDATES)
+        st = pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: bucket %s has %d candidates, more than %d", r->bucket,
+                      count, TUNE_MAX_CANDIDATES);
+    r->best = -1;
+    const double limit = w->family == TUNE_GATHER ? 0.0 : w->family == TUNE_ATTENTION ? ATTENTION_LIMIT
+                                                                                       : ARITHMETIC_LIMIT;
+    for (int i = 0; st == PV_OK && i < count; i++) {
+        tune_candidate *c = &r->candidates[r->n_candidates++];
+        st = pv_kernel_candidate(s->be, r->bucket, i, c->params, sizeof c->params, NULL);
+        if (st == PV_OK)
+            st = pv_backend_kernel_set(s->be, r->bucket, c->params);
+        if (progress) {
+            char what[160];
+            snprintf(what, sizeof what, "%s: %s", r->bucket, c->params);
+            progress(progress_ctx, what);
+        }
+        /* checked before it is timed, on outputs poisoned first: a candidate
+         * that writes nothing must not pass on its predecessor's results */
+        if (st == PV_OK)
+            st = poison_outputs(&on_dev);
+        if (st == PV_OK)
+            st = run(w, s->be, &dev_ops);
+        if (st == PV_OK)
+            st = read_outputs(&on_dev, &got, &got_bytes);
+        if (st != PV_OK)
+            break;
+        c->error = got_bytes == want_bytes ? result_error(w, got, want, want_bytes) : INFINITY;
+        free(got);
+        got = NULL;
+        c->rejected = !(c->error <= limit);
+        if (c->rejected)
+            continue;
+        timed_ctx t = {w, &dev_ops};
+        tune_timing timing;
+        st = tune_time_runs(s, timed_run, &t, &timing);
+        c->seconds = timing.median;
+        c->spread = timing.spread;
+        if (st == PV_OK && (r->best < 0 || c->seconds < r->candidates[r->best].seconds))
+            r->best = r->n_candidates - 1;
+    }
+    r->limit = limit;
+    if (st == PV_OK && r->best < 0)
+        st = pv_error(PV_ERR_BACKEND, "pensieve-tune: every candidate of %s was wrong (the first: error %.3g, "
+                      "limit %g)",
+                      r->bucket, r->n_candidates ? r->candidates[0].error : 0.0, limit);
+    if (st == PV_OK)
+        st = time_default_and_best(s, w, &dev_ops, r);
+    if (st == PV_OK)
+        st = pv_backend_kernel_set(s->be, r->bucket, r->candidates[r->best].params);
+    buffers_free(&on_dev);
+    free(want);
+    return st;
+}
+
+pv_status tune_kernels(const tune_setup *s, pv_backend *ref, unsigned families, int quick,
+                       tune_bucket_result *results, int *n_results, tune_progress_fn progress, void *progress_ctx)
+{
+    /* Attention: decode (one token) and prefill (one chunk), each at a short
+     * and a long context, the buckets' two sides of 1024; one workload for
+     * each other family, at a chunk's rows. */
+    workload list[TUNE_MAX_BUCKETS];
+    int n = 0;
+    const int64_t contexts[2] = {512, quick ? 1024 : 4096};
+    if (families & (1u << TUNE_ATTENTION))
+        for (int prefill = 0; prefill < 2; prefill++)
+            for (int c = 0; c < 2; c++) {
+                workload *w = &list[n++];
+                *w = (workload){.family = TUNE_ATTENTION, .n_tokens = prefill ? s->chunk_tokens : 1,
+                                .context = contexts[c], .seed = 17u + (unsigned)n};
+                snprintf(w->what, sizeof w->what, "%d query token%s at context %lld", w->n_tokens,
+                         w->n_tokens == 1 ? "" : "s", (long long)w->context);
+            }
+    for (int f = TUNE_GATHER; f <= TUNE_RECOMPUTE; f++)
+        if (families & (1u << f)) {
+            workload *w = &list[n++];
+            *w = (workload){.family = (tune_family)f, .n_tokens = s->chunk_tokens, .seed = 17u + (unsigned)n};
+            snprintf(w->what, sizeof w->what,
+                     f == TUNE_GATHER    ? "slot_gather, a quarter of a 64 MiB pool"
+                     : f == TUNE_QMATMUL ? "qmatmul f16 at 1 and %d tokens"
+                                         : "rmsnorm, swiglu, add of %d tokens",
+                     s->chunk_tokens);
+        }
+    *n_results = 0;
+    for (int i = 0; i < n; i++) {
+        pv_status st = search(s, ref, &list[i], &results[i], progress, progress_ctx);
+        if (st != PV_OK)
+            return st;
+        *n_results = i + 1;
+    }
+    return PV_OK;
+}
