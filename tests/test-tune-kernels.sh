@@ -38,12 +38,14 @@ for b in buckets:
         assert (c["seconds"] is None) == broken, (b["bucket"], c)
     assert not b["best"].startswith("PV_WG=32 "), b
     fastest = min((c for c in b["candidates"] if not c["rejected"]), key=lambda c: c["seconds"])
-    # the fastest, or the default when the fastest did not gain 3% over it
+    # the fastest, or the default when the fastest did not gain 3% over
+    # it in the alternating runs (whatever the timings, one of the two)
     if b["kept_default"]:
-        assert b["best"] == b["default"] and b["best_s"] == b["default_s"], b
+        assert b["best"] == b["default"] != fastest["params"] and b["best_s"] == b["default_s"], b
     else:
         assert b["best"] == fastest["params"], (b["best"], fastest)
-        assert b["default_s"] is None or b["best_s"] <= 0.97 * b["default_s"], b
+        if b["best"] != b["default"] and b["default_s"] is not None:
+            assert b["best_s"] <= 0.97 * b["default_s"], b
     line = "kernel.%s = %s" % (b["bucket"], b["best"])
     assert re.search("^" + re.escape(line) + "$", profile, re.M), line
 print("# picked: " + ", ".join("%s %s" % (b["bucket"], b["best"]) for b in buckets))
