@@ -48,6 +48,48 @@ int app_opt_weights(const char *prog, const char *s, pv_llama_weights *out)
     return 0;
 }
 
+int app_stack_option(const char *prog, const char *name, const char *value, app_stack_options *o)
+{
+    if (strcmp(name, "model") == 0)
+        o->model = value;
+    else if (strcmp(name, "synthetic") == 0)
+        o->synthetic = 1;
+    else if (strcmp(name, "backend") == 0)
+        o->backend = value;
+    else if (strcmp(name, "config") == 0)
+        o->config = value;
+    else if (strcmp(name, "profile") == 0)
+        o->profile = value;
+    else if (strcmp(name, "device-mem") == 0)
+        return app_opt_size(prog, "--device-mem", value, &o->device_bytes) ? -1 : 1;
+    else if (strcmp(name, "host-mem") == 0)
+        return app_opt_size(prog, "--host-mem", value, &o->host_bytes) ? -1 : 1;
+    else if (strcmp(name, "mode") == 0) {
+        if (pv_engine_mode_parse(value, &o->mode) != PV_OK) {
+            fprintf(stderr, "%s: --mode '%s' is not pensieve, gpu-only or stateless\n", prog, value);
+            return -1;
+        }
+    } else if (strcmp(name, "policy") == 0) {
+        if (pv_policy_parse(value, &o->policy) != PV_OK) {
+            fprintf(stderr, "%s: --policy '%s' is not pensieve, weighted or lru\n", prog, value);
+            return -1;
+        }
+        o->have_policy = 1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+int app_stack_options_check(const char *prog, const app_stack_options *o)
+{
+    if (o->synthetic && o->model) {
+        fprintf(stderr, "%s: --model and --synthetic exclude each other\n", prog);
+        return -1;
+    }
+    return 0;
+}
+
 int app_opt_size(const char *prog, const char *opt, const char *s, uint64_t *out)
 {
     char *end;

@@ -35,6 +35,16 @@ typedef struct app_stack_options {
     double idle_timeout_s;
 } app_stack_options;
 
+/* The stack's own options, shared by the programs that build one: --model,
+ * --synthetic, --backend, --mode, --policy, --device-mem, --host-mem,
+ * --config, --profile (name without the dashes; value NULL for
+ * --synthetic). Returns 1 when name is one of them and its value is good,
+ * -1 after printing why a value is bad, 0 when name is none of them. */
+int app_stack_option(const char *prog, const char *name, const char *value, app_stack_options *o);
+/* What holds across the stack's options once all are read (--model and
+ * --synthetic exclude each other); prints why not and returns -1. */
+int app_stack_options_check(const char *prog, const app_stack_options *o);
+
 typedef struct app_stack {
     pv_backend *be;
     pv_llama *model;

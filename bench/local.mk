@@ -4,3 +4,5 @@ include bench/cache.mk
 include bench/models.mk
 include bench/engine.mk
 include bench/serve.mk
+include bench/workload.mk
+include bench/pensieve-bench.mk

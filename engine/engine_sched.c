@@ -258,9 +258,15 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
     }
     r->recompute = (uint32_t)R;
     r->recompute_done = 0;
-    r->result.reused_device += (uint32_t)((dev_tok_layers + L / 2) / L);
-    r->result.reused_host += (uint32_t)((host_tok_layers + L / 2) / L);
-    r->result.recomputed += (uint32_t)R;
+    /* The turn's result says where its history came from: the first
+     * admission's view, so the three add up to context_tokens. A request
+     * resumed after a suspension reads its history (and its own tokens so
+     * far) again; that work shows in the engine's statistics only. */
+    if (r->t_admit == 0) {
+        r->result.reused_device = (uint32_t)((dev_tok_layers + L / 2) / L);
+        r->result.reused_host = (uint32_t)((host_tok_layers + L / 2) / L);
+        r->result.recomputed = (uint32_t)R;
+    }
     e->stats.reused_device_tokens += (dev_tok_layers + L / 2) / L;
     e->stats.reused_host_tokens += (host_tok_layers + L / 2) / L;
     r->state = PV_REQ_RUNNING;

@@ -82,7 +82,10 @@ const char *pv_finish_reason_name(pv_finish_reason r);
 
 /* Where one turn's context came from, and what it cost. Token counts are
  * averaged over layers (a chunk whose layers sit in different tiers counts
- * fractionally in each), rounded to whole tokens. */
+ * fractionally in each), rounded to whole tokens, so reused_device +
+ * reused_host + recomputed is context_tokens within one token. They are
+ * the turn's first admission's: a request suspended for room and resumed
+ * reads its context again, which counts in pv_engine_stats only. */
 typedef struct pv_turn_result {
     uint64_t request_id;
     pv_finish_reason finish;

@@ -5,6 +5,7 @@
  * cache that starts, stores a chunk and passes pv_cache_check(). On failure
  * the config must be unchanged (the header's promise). */
 #define _GNU_SOURCE /* memfd_create */
+#include "fuzz-file.h"
 #include <pensieve/cache.h>
 
 #include <stdint.h>
@@ -22,19 +23,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * not the allocator (huge pools are item 4 of issue 8). */
 #define MAX_SLOTS 1024u
 
-static int fd = -1;
-static char path[64];
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    fd = memfd_create("fuzz-ini", 0);
-    if (fd < 0) {
-        perror("fuzz-ini: memfd_create");
-        abort();
-    }
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    fuzz_file_open("fuzz-ini");
     return 0;
 }
 
@@ -48,10 +41,7 @@ static int same_config(const pv_cache_config *a, const pv_cache_config *b)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) {
-        perror("fuzz-ini: writing the memfd");
-        abort();
-    }
+    const char *path = fuzz_file_write(data, size);
     pv_cache_config cfg, before;
     pv_cache_config_defaults(&cfg);
     before = cfg;

@@ -3,6 +3,7 @@
  * either fails with a message naming the file, or gives a profile whose
  * constants the cache accepts once applied. */
 #define _GNU_SOURCE /* memfd_create */
+#include "fuzz-file.h"
 #include <pensieve/profile.h>
 
 #include <math.h>
@@ -16,28 +17,17 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static int fd = -1;
-static char path[64];
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    fd = memfd_create("fuzz-profile", 0);
-    if (fd < 0) {
-        perror("fuzz-profile: memfd_create");
-        abort();
-    }
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    fuzz_file_open("fuzz-profile");
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) {
-        perror("fuzz-profile: writing the memfd");
-        abort();
-    }
+    const char *path = fuzz_file_write(data, size);
     pv_profile p;
     pv_status st = pv_profile_load(path, "cpu", "x", &p);
     if (st != PV_OK) {
