@@ -334,13 +334,15 @@ static pv_status run_mode(const bench_options *o, pv_engine_mode mode, run_repor
     wl_options wo = o->workload;
     /* The engine refuses a turn past the model's context, and fails one
      * whose context outgrows the whole device pool (every layer's chunks of
-     * a running request live there): conversations stop short of both. */
+     * a running request live there, and a partly filled last chunk is
+     * copied to a fresh slot at admission while its old one is held):
+     * conversations stop short of both, two chunks short of the pool. */
     pv_cache_stats cs;
     pv_status s = pv_cache_stats_get(pv_engine_cache(st.engine), &cs);
     const int64_t chunk = pv_llama_options_of(st.model)->chunk_tokens;
     const int64_t pool_chunks = (int64_t)(cs.capacity_bytes[PV_TIER_DEVICE] / pv_llama_slot_bytes(st.model)) /
                                 (int64_t)hp->n_layers;
-    const int64_t fits = (pool_chunks - 1) * chunk;
+    const int64_t fits = (pool_chunks - 2) * chunk;
     rep->context_cap = wo.context_cap;
     if (rep->context_cap >= (int64_t)hp->n_ctx_train)
         rep->context_cap = (int64_t)hp->n_ctx_train - 1;
