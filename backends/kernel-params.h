@@ -28,6 +28,8 @@
 #ifndef PV_BACKENDS_KERNEL_PARAMS_H
 #define PV_BACKENDS_KERNEL_PARAMS_H
 
+#include "kernels/kernel-sources.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -140,6 +142,20 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
         }},
     };
     return (unsigned)family < PV_KERNEL_FAMILY_COUNT ? &specs[family] : NULL;
+}
+
+/* The family's kernel text (kernels/<name>.cl, embedded); a program is
+ * pv_kernel_source_dialect followed by it. NULL for no family. */
+static inline const char *pv_kernel_family_source(pv_kernel_family family)
+{
+    switch (family) {
+    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
+    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
+    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
+    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
+    case PV_KERNEL_FAMILY_COUNT: break;
+    }
+    return NULL;
 }
 
 /* Whether the family is built with `value` for param: for PV_KPARAM_WTYPE,

@@ -229,14 +229,15 @@ int pv_backend_kernels_tunable(const pv_backend *be)
     return be && be->tuning && be->ops->tunable_kernels;
 }
 
-static pv_status require_tunable(const pv_backend *be, const char *what)
+/* *b = the bucket named, on a backend that has tunable kernels. */
+static pv_status tunable_bucket(const pv_backend *be, const char *what, const char *bucket, pv_kernel_bucket *b)
 {
     if (!be)
         return pv_error(PV_ERR_INVALID_ARG, "%s: backend is NULL", what);
     if (!pv_backend_kernels_tunable(be))
         return pv_error(PV_ERR_UNSUPPORTED, "%s: the %s backend has no tunable kernels (it does not run kernels/)",
                         what, be->ops->name);
-    return PV_OK;
+    return pv_kernel_bucket_parse(bucket, b);
 }
 
 pv_status pv_attention_bucket(const pv_attention_args *a, char *buf, size_t size)
@@ -299,10 +300,8 @@ pv_status pv_kernel_candidate(const pv_backend *be, const char *bucket, int inde
 
 pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *params)
 {
-    pv_status st = require_tunable(be, "pv_backend_kernel_set");
     pv_kernel_bucket b;
-    if (st == PV_OK)
-        st = pv_kernel_bucket_parse(bucket, &b);
+    pv_status st = tunable_bucket(be, "pv_backend_kernel_set", bucket, &b);
     if (st != PV_OK)
         return st;
     pv_kernel_tuning *t = be->tuning;
@@ -323,7 +322,7 @@ pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *
                         "work-group limit %d",
                         params, bucket, p.value[PV_KPARAM_WG], t->max_work_group);
     if (i < 0) {
-        if (t->n == PV_KERNEL_BUCKETS_MAX) /* cannot happen: there are no more buckets than that */
+        if (t->n == PV_KERNEL_BUCKETS_MAX) /* a guard: there are no more buckets than that */
             return pv_error(PV_ERR_INVALID_ARG, "kernel tuning: more than %d buckets", PV_KERNEL_BUCKETS_MAX);
         i = t->n++;
         t->bucket[i] = b;
@@ -334,10 +333,8 @@ pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *
 
 pv_status pv_backend_kernel_get(const pv_backend *be, const char *bucket, char *buf, size_t size)
 {
-    pv_status st = require_tunable(be, "pv_backend_kernel_get");
     pv_kernel_bucket b;
-    if (st == PV_OK)
-        st = pv_kernel_bucket_parse(bucket, &b);
+    pv_status st = tunable_bucket(be, "pv_backend_kernel_get", bucket, &b);
     if (st != PV_OK)
         return st;
     if (!buf || !size)

@@ -40,18 +40,6 @@ static double now(void)
 
 /* ---- the table -------------------------------------------------------------------- */
 
-static const char *family_text(pv_kernel_family f)
-{
-    switch (f) {
-    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
-    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
-    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
-    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
-    case PV_KERNEL_FAMILY_COUNT: break;
-    }
-    return "";
-}
-
 /* The value of "#ifndef NAME\n#define NAME <value>" in text; 0 if absent. */
 static int source_default(const char *text, const char *name, int *value)
 {
@@ -78,7 +66,7 @@ static void test_table(void)
             if (!listed) {
                 snprintf(why, sizeof why, "%s default %d is not among its values", name, ps->def);
                 good = 0;
-            } else if ((source_default(family_text((pv_kernel_family)f), name, &in_source) ||
+            } else if ((source_default(pv_kernel_family_source((pv_kernel_family)f), name, &in_source) ||
                         source_default(pv_kernel_source_dialect, name, &in_source)) &&
                        in_source != ps->def) {
                 snprintf(why, sizeof why, "%s: the table's default is %d, the kernel's %d", name, ps->def,

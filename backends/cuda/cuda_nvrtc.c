@@ -86,23 +86,11 @@ pv_status pv_cuda_target_for(int major, int minor, pv_cuda_target *out)
 
 /* ---- sources and options ------------------------------------------------------------ */
 
-static const char *family_text(pv_kernel_family family)
-{
-    switch (family) {
-    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
-    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
-    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
-    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
-    case PV_KERNEL_FAMILY_COUNT: break;
-    }
-    return NULL;
-}
-
 pv_status pv_cuda_family_source(pv_kernel_family family, char **out)
 {
     *out = NULL;
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
-    const char *text = family_text(family);
+    const char *text = pv_kernel_family_source(family);
     if (!spec || !text)
         return pv_error(PV_ERR_INVALID_ARG, "cuda: no kernel family %d", (int)family);
     /* The embedded family text keeps an empty line where it included the

@@ -16,18 +16,6 @@
 
 /* ---- program cache ----------------------------------------------------------- */
 
-static const char *family_source(pv_kernel_family family)
-{
-    switch (family) {
-    case PV_KERNEL_ATTENTION: return pv_kernel_source_attention;
-    case PV_KERNEL_GATHER: return pv_kernel_source_gather;
-    case PV_KERNEL_QMATMUL: return pv_kernel_source_qmatmul;
-    case PV_KERNEL_RECOMPUTE: return pv_kernel_source_recompute;
-    case PV_KERNEL_FAMILY_COUNT: break;
-    }
-    return NULL;
-}
-
 static const char *family_name(pv_kernel_family family)
 {
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
@@ -79,7 +67,7 @@ static pv_status program_build(pv_opencl *cl, pv_kernel_family family, const cha
     memset(p, 0, sizeof *p);
     p->family = family;
     snprintf(p->options, sizeof p->options, "%s", options);
-    const char *sources[2] = {pv_kernel_source_dialect, family_source(family)};
+    const char *sources[2] = {pv_kernel_source_dialect, pv_kernel_family_source(family)};
     cl_int err;
     p->program = clCreateProgramWithSource(cl->context, 2, sources, NULL, &err);
     if (err != CL_SUCCESS) {
