@@ -282,13 +282,6 @@ static pv_status need_extent(const pv_backend *be, pv_op op, const char *arg, co
     return PV_OK;
 }
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        pv_status st_ = (expr);                                                                    \
-        if (st_ != PV_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* The element count of argument `arg`: the product of its n factors (named
  * in `formula`, e.g. "n_tokens x n_heads x head_dim"), each >= 0. A product
  * past 64 bits is an error naming the factors: wrapped, it could pass the
@@ -350,13 +343,13 @@ static pv_status check_paging(pv_op op, int32_t n_tokens, const int32_t *token_s
                               int32_t max_chunks, int32_t chunk_tokens, int64_t n_slots,
                               int whole_context)
 {
-    TRY(need_positive(op, "n_seqs", n_seqs));
-    TRY(need_positive(op, "max_chunks", max_chunks));
-    TRY(need_positive(op, "chunk_tokens", chunk_tokens));
-    TRY(need_positive(op, "n_slots", n_slots));
-    TRY(need_host_array(op, "token_seq", token_seq));
-    TRY(need_host_array(op, "token_pos", token_pos));
-    TRY(need_host_array(op, "slot_table", slot_table));
+    PV_TRY(need_positive(op, "n_seqs", n_seqs));
+    PV_TRY(need_positive(op, "max_chunks", max_chunks));
+    PV_TRY(need_positive(op, "chunk_tokens", chunk_tokens));
+    PV_TRY(need_positive(op, "n_slots", n_slots));
+    PV_TRY(need_host_array(op, "token_seq", token_seq));
+    PV_TRY(need_host_array(op, "token_pos", token_pos));
+    PV_TRY(need_host_array(op, "slot_table", slot_table));
     int64_t max_pos = (int64_t)max_chunks * chunk_tokens; /* both positive int32: fits */
     for (int32_t i = 0; i < n_tokens; i++) {
         int32_t s = token_seq[i], p = token_pos[i];
@@ -492,7 +485,7 @@ pv_status pv_buffer_advise_streamed(pv_buffer *buf)
 
 pv_status pv_buffer_write(pv_buffer *dst, uint64_t dst_off, const void *src, uint64_t bytes)
 {
-    TRY(need_bytes("pv_buffer_write", "dst", dst, dst_off, bytes));
+    PV_TRY(need_bytes("pv_buffer_write", "dst", dst, dst_off, bytes));
     if (!src && bytes)
         return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_write: src is NULL");
     if (bytes == 0)
@@ -515,7 +508,7 @@ pv_status pv_weights_write(pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t
     if (__builtin_mul_overflow((uint64_t)n_rows, (uint64_t)n_cols / block_elems * block_bytes, &bytes))
         return pv_error(PV_ERR_INVALID_ARG, "pv_weights_write: a %s matrix of %" PRId64 " x %" PRId64
                         " has more than %" PRIu64 " bytes", pv_wtype_name(t), n_rows, n_cols, UINT64_MAX);
-    TRY(need_bytes("pv_weights_write", "dst", dst, dst_off, bytes));
+    PV_TRY(need_bytes("pv_weights_write", "dst", dst, dst_off, bytes));
     if (!src)
         return pv_error(PV_ERR_INVALID_ARG, "pv_weights_write: src is NULL");
     if (!dst->backend->ops->weights_write)
@@ -525,7 +518,7 @@ pv_status pv_weights_write(pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t
 
 pv_status pv_buffer_read(const pv_buffer *src, uint64_t src_off, void *dst, uint64_t bytes)
 {
-    TRY(need_bytes("pv_buffer_read", "src", src, src_off, bytes));
+    PV_TRY(need_bytes("pv_buffer_read", "src", src, src_off, bytes));
     if (!dst && bytes)
         return pv_error(PV_ERR_INVALID_ARG, "pv_buffer_read: dst is NULL");
     if (bytes == 0)
@@ -538,8 +531,8 @@ pv_status pv_copy_async(pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_b
 {
     if (done)
         *done = NULL;
-    TRY(need_bytes("pv_copy_async", "dst", dst, dst_off, bytes));
-    TRY(need_bytes("pv_copy_async", "src", src, src_off, bytes));
+    PV_TRY(need_bytes("pv_copy_async", "dst", dst, dst_off, bytes));
+    PV_TRY(need_bytes("pv_copy_async", "src", src, src_off, bytes));
     if (src->backend != dst->backend)
         return pv_error(PV_ERR_INVALID_ARG, "pv_copy_async: src and dst belong to different backends");
     if (q != PV_QUEUE_COMPUTE && q != PV_QUEUE_COPY)
@@ -612,7 +605,7 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
     const pv_op op = PV_OP_GEMM;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "gemm: args is NULL");
-    TRY(need_supported(be, op, a->dtype));
+    PV_TRY(need_supported(be, op, a->dtype));
     if (a->m < 0 || a->n < 0 || a->k < 0)
         return pv_error(PV_ERR_INVALID_ARG, "gemm: m, n, k = %" PRId64 ", %" PRId64 ", %" PRId64
                         " must be >= 0", a->m, a->n, a->k);
@@ -629,20 +622,20 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
         return pv_error(PV_ERR_INVALID_ARG, "gemm: ldc = %" PRId64 " < n = %" PRId64, a->ldc, a->n);
     /* cuBLAS and OpenBLAS (32-bit build) take int sizes. */
     static const char *const dim_names[6] = {"m", "n", "k", "lda", "ldb", "ldc"};
-    TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->m, a->n, a->k, a->lda, a->ldb, a->ldc}, 6));
+    PV_TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->m, a->n, a->k, a->lda, a->ldb, a->ldc}, 6));
     if (a->m == 0 || a->n == 0)
         return PV_OK;
     size_t es = pv_dtype_size(a->dtype);
     /* With k = 0 nothing of A or B is read, but they must still be real buffers. */
     uint64_t a_extent = 0, b_extent = 0, c_extent = 0;
     if (a->k > 0) {
-        TRY(need_span(op, "a", a_rows, a->lda, a_cols, &a_extent));
-        TRY(need_span(op, "b", b_rows, a->ldb, b_cols, &b_extent));
+        PV_TRY(need_span(op, "a", a_rows, a->lda, a_cols, &a_extent));
+        PV_TRY(need_span(op, "b", b_rows, a->ldb, b_cols, &b_extent));
     }
-    TRY(need_span(op, "c", a->m, a->ldc, a->n, &c_extent));
-    TRY(need_extent(be, op, "a", a->a, a->a_off, a_extent, es));
-    TRY(need_extent(be, op, "b", a->b, a->b_off, b_extent, es));
-    TRY(need_extent(be, op, "c", a->c, a->c_off, c_extent, es));
+    PV_TRY(need_span(op, "c", a->m, a->ldc, a->n, &c_extent));
+    PV_TRY(need_extent(be, op, "a", a->a, a->a_off, a_extent, es));
+    PV_TRY(need_extent(be, op, "b", a->b, a->b_off, b_extent, es));
+    PV_TRY(need_extent(be, op, "c", a->c, a->c_off, c_extent, es));
     return be->ops->gemm(be, a);
 }
 
@@ -651,11 +644,11 @@ pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
     const pv_op op = PV_OP_ATTENTION;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "attention: args is NULL");
-    TRY(need_supported(be, op, a->kv_dtype));
+    PV_TRY(need_supported(be, op, a->kv_dtype));
     if (a->n_tokens < 0)
         return pv_error(PV_ERR_INVALID_ARG, "attention: n_tokens = %d must be >= 0", a->n_tokens);
-    TRY(need_positive(op, "n_heads", a->n_heads));
-    TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
+    PV_TRY(need_positive(op, "n_heads", a->n_heads));
+    PV_TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
     if (a->n_heads % a->n_kv_heads != 0)
         return pv_error(PV_ERR_INVALID_ARG, "attention: n_heads = %d is not a multiple of n_kv_heads = %d",
                         a->n_heads, a->n_kv_heads);
@@ -667,15 +660,15 @@ pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
         return pv_error(PV_ERR_INVALID_ARG, "attention: scale = %g must be > 0", (double)a->scale);
     if (a->n_tokens == 0)
         return PV_OK;
-    TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
+    PV_TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                      a->max_chunks, a->chunk_tokens, a->n_slots, 1));
     uint64_t q_elems = 0, pool_elems = 0;
-    TRY(PRODUCT(op, "q", "n_tokens x n_heads x head_dim", &q_elems, a->n_tokens, a->n_heads, a->head_dim));
-    TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
+    PV_TRY(PRODUCT(op, "q", "n_tokens x n_heads x head_dim", &q_elems, a->n_tokens, a->n_heads, a->head_dim));
+    PV_TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
                 a->chunk_tokens, a->n_kv_heads, a->head_dim));
-    TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, q_elems, 4));
-    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
+    PV_TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
+    PV_TRY(need_extent(be, op, "out", a->out, a->out_off, q_elems, 4));
+    PV_TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
     return be->ops->attention(be, a);
 }
 
@@ -684,24 +677,24 @@ pv_status pv_kv_write(pv_backend *be, const pv_kv_write_args *a)
     const pv_op op = PV_OP_KV_WRITE;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "kv_write: args is NULL");
-    TRY(need_supported(be, op, a->kv_dtype));
+    PV_TRY(need_supported(be, op, a->kv_dtype));
     if (a->n_tokens < 0)
         return pv_error(PV_ERR_INVALID_ARG, "kv_write: n_tokens = %d must be >= 0", a->n_tokens);
-    TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
-    TRY(need_positive(op, "head_dim", a->head_dim));
+    PV_TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
+    PV_TRY(need_positive(op, "head_dim", a->head_dim));
     if (a->n_tokens == 0)
         return PV_OK;
-    TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
+    PV_TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                      a->max_chunks, a->chunk_tokens, a->n_slots, 0));
     uint64_t row_elems = 0, pool_elems = 0;
-    TRY(PRODUCT(op, "k and v", "n_tokens x n_kv_heads x head_dim", &row_elems, a->n_tokens, a->n_kv_heads,
+    PV_TRY(PRODUCT(op, "k and v", "n_tokens x n_kv_heads x head_dim", &row_elems, a->n_tokens, a->n_kv_heads,
                 a->head_dim));
-    TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
+    PV_TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
                 a->chunk_tokens, a->n_kv_heads, a->head_dim));
-    TRY(need_extent(be, op, "k", a->k, a->k_off, row_elems, 4));
-    TRY(need_extent(be, op, "v", a->v, a->v_off, row_elems, 4));
-    TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
-    TRY(need_unique_rows(a));
+    PV_TRY(need_extent(be, op, "k", a->k, a->k_off, row_elems, 4));
+    PV_TRY(need_extent(be, op, "v", a->v, a->v_off, row_elems, 4));
+    PV_TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
+    PV_TRY(need_unique_rows(a));
     return be->ops->kv_write(be, a);
 }
 
@@ -709,25 +702,25 @@ static pv_status check_slot_copy(pv_backend *be, pv_op op, const pv_slot_copy_ar
 {
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "%s: args is NULL", pv_op_name(op));
-    TRY(need_supported(be, op, a->dtype));
-    TRY(need_positive(op, "slot_elems", a->slot_elems));
-    TRY(need_positive(op, "n_slots", a->n_slots));
+    PV_TRY(need_supported(be, op, a->dtype));
+    PV_TRY(need_positive(op, "slot_elems", a->slot_elems));
+    PV_TRY(need_positive(op, "n_slots", a->n_slots));
     if (a->n_slots_moved < 0)
         return pv_error(PV_ERR_INVALID_ARG, "%s: n_slots_moved = %d must be >= 0", pv_op_name(op),
                         a->n_slots_moved);
     if (a->n_slots_moved == 0)
         return PV_OK;
-    TRY(need_host_array(op, "slots", a->slots));
+    PV_TRY(need_host_array(op, "slots", a->slots));
     for (int32_t i = 0; i < a->n_slots_moved; i++)
         if (a->slots[i] < 0 || a->slots[i] >= a->n_slots)
             return pv_error(PV_ERR_INVALID_ARG, "%s: slots[%d] = %d out of range [0, %" PRId64 ")",
                             pv_op_name(op), i, a->slots[i], a->n_slots);
     size_t es = pv_dtype_size(a->dtype);
     uint64_t pool_elems = 0, moved_elems = 0;
-    TRY(PRODUCT(op, "pool", "n_slots x slot_elems", &pool_elems, a->n_slots, a->slot_elems));
-    TRY(PRODUCT(op, "staging", "n_slots_moved x slot_elems", &moved_elems, a->n_slots_moved, a->slot_elems));
-    TRY(need_extent(be, op, "pool", a->pool, 0, pool_elems, es));
-    TRY(need_extent(be, op, "staging", a->staging, a->staging_off, moved_elems, es));
+    PV_TRY(PRODUCT(op, "pool", "n_slots x slot_elems", &pool_elems, a->n_slots, a->slot_elems));
+    PV_TRY(PRODUCT(op, "staging", "n_slots_moved x slot_elems", &moved_elems, a->n_slots_moved, a->slot_elems));
+    PV_TRY(need_extent(be, op, "pool", a->pool, 0, pool_elems, es));
+    PV_TRY(need_extent(be, op, "staging", a->staging, a->staging_off, moved_elems, es));
     if (a->pool == a->staging)
         return pv_error(PV_ERR_INVALID_ARG, "%s: pool and staging are the same buffer", pv_op_name(op));
     return PV_OK;
@@ -735,13 +728,13 @@ static pv_status check_slot_copy(pv_backend *be, pv_op op, const pv_slot_copy_ar
 
 pv_status pv_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
 {
-    TRY(check_slot_copy(be, PV_OP_SLOT_GATHER, a));
+    PV_TRY(check_slot_copy(be, PV_OP_SLOT_GATHER, a));
     return a->n_slots_moved ? be->ops->slot_gather(be, a) : PV_OK;
 }
 
 pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 {
-    TRY(check_slot_copy(be, PV_OP_SLOT_SCATTER, a));
+    PV_TRY(check_slot_copy(be, PV_OP_SLOT_SCATTER, a));
     if (a->n_slots_moved == 0)
         return PV_OK;
     /* Two staging rows into one slot would race: the result would depend on order. */
@@ -799,24 +792,24 @@ pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     const pv_op op = PV_OP_EMBED_GATHER;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "embed_gather: args is NULL");
-    TRY(need_weights(be, op, a->table_type));
-    TRY(need_positive(op, "n_rows", a->n_rows));
-    TRY(need_positive(op, "dim", a->dim));
-    TRY(need_whole_blocks(op, a->table_type, "dim", a->dim, "table_off", a->table_off));
+    PV_TRY(need_weights(be, op, a->table_type));
+    PV_TRY(need_positive(op, "n_rows", a->n_rows));
+    PV_TRY(need_positive(op, "dim", a->dim));
+    PV_TRY(need_whole_blocks(op, a->table_type, "dim", a->dim, "table_off", a->table_off));
     if (a->n_ids < 0)
         return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids = %d must be >= 0", a->n_ids);
     if (a->n_ids == 0)
         return PV_OK;
-    TRY(need_host_array(op, "ids", a->ids));
+    PV_TRY(need_host_array(op, "ids", a->ids));
     for (int32_t i = 0; i < a->n_ids; i++)
         if (a->ids[i] < 0 || a->ids[i] >= a->n_rows)
             return pv_error(PV_ERR_INVALID_ARG, "embed_gather: ids[%d] = %d out of range [0, %" PRId64 ")",
                             i, a->ids[i], a->n_rows);
     uint64_t table_elems = 0, out_elems = 0;
-    TRY(PRODUCT(op, "table", "n_rows x dim", &table_elems, a->n_rows, a->dim));
-    TRY(PRODUCT(op, "out", "n_ids x dim", &out_elems, a->n_ids, a->dim));
-    TRY(need_weight_extent(be, op, "table", a->table, a->table_type, a->table_off, table_elems));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, out_elems, 4));
+    PV_TRY(PRODUCT(op, "table", "n_rows x dim", &table_elems, a->n_rows, a->dim));
+    PV_TRY(PRODUCT(op, "out", "n_ids x dim", &out_elems, a->n_ids, a->dim));
+    PV_TRY(need_weight_extent(be, op, "table", a->table, a->table_type, a->table_off, table_elems));
+    PV_TRY(need_extent(be, op, "out", a->out, a->out_off, out_elems, 4));
     return be->ops->embed_gather(be, a);
 }
 
@@ -825,25 +818,25 @@ static pv_status check_qmatmul(pv_backend *be, const pv_qmatmul_args *a, int *em
 {
     const pv_op op = PV_OP_QMATMUL;
     *empty = 1;
-    TRY(need_weights(be, op, a->w_type));
+    PV_TRY(need_weights(be, op, a->w_type));
     if (a->n_tokens < 0)
         return pv_error(PV_ERR_INVALID_ARG, "qmatmul: n_tokens = %" PRId64 " must be >= 0", a->n_tokens);
-    TRY(need_positive(op, "n_in", a->n_in));
-    TRY(need_positive(op, "n_out", a->n_out));
-    TRY(need_whole_blocks(op, a->w_type, "n_in", a->n_in, "w_off", a->w_off));
+    PV_TRY(need_positive(op, "n_in", a->n_in));
+    PV_TRY(need_positive(op, "n_out", a->n_out));
+    PV_TRY(need_whole_blocks(op, a->w_type, "n_in", a->n_in, "w_off", a->w_off));
     /* Kernels index rows and columns with 32-bit ints, as the BLAS calls do. */
     static const char *const dim_names[3] = {"n_tokens", "n_in", "n_out"};
-    TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->n_tokens, a->n_in, a->n_out}, 3));
+    PV_TRY(need_int_sizes(op, dim_names, (const int64_t[]){a->n_tokens, a->n_in, a->n_out}, 3));
     if (a->n_tokens == 0)
         return PV_OK;
     *empty = 0;
     uint64_t w_elems = 0, x_elems = 0, y_elems = 0;
-    TRY(PRODUCT(op, "w", "n_out x n_in", &w_elems, a->n_out, a->n_in));
-    TRY(PRODUCT(op, "x", "n_tokens x n_in", &x_elems, a->n_tokens, a->n_in));
-    TRY(PRODUCT(op, "y", "n_tokens x n_out", &y_elems, a->n_tokens, a->n_out));
-    TRY(need_weight_extent(be, op, "w", a->w, a->w_type, a->w_off, w_elems));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, x_elems, 4));
-    TRY(need_extent(be, op, "y", a->y, a->y_off, y_elems, 4));
+    PV_TRY(PRODUCT(op, "w", "n_out x n_in", &w_elems, a->n_out, a->n_in));
+    PV_TRY(PRODUCT(op, "x", "n_tokens x n_in", &x_elems, a->n_tokens, a->n_in));
+    PV_TRY(PRODUCT(op, "y", "n_tokens x n_out", &y_elems, a->n_tokens, a->n_out));
+    PV_TRY(need_weight_extent(be, op, "w", a->w, a->w_type, a->w_off, w_elems));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, x_elems, 4));
+    PV_TRY(need_extent(be, op, "y", a->y, a->y_off, y_elems, 4));
     /* y is written while x (and w) are still read. */
     const pv_buffer *ins[2] = {a->x, a->w};
     const uint64_t in_begin[2] = {a->x_off * 4, 0}, in_end[2] = {(a->x_off + x_elems) * 4, a->w->bytes};
@@ -859,7 +852,7 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "qmatmul: args is NULL");
     int empty = 1;
-    TRY(check_qmatmul(be, a, &empty));
+    PV_TRY(check_qmatmul(be, a, &empty));
     return empty ? PV_OK : be->ops->qmatmul(be, a);
 }
 
@@ -901,7 +894,7 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
     if (be->ops->qmatmul_group)
         return be->ops->qmatmul_group(be, products, n);
     for (int i = 0; i < n; i++)
-        TRY(be->ops->qmatmul(be, &products[i]));
+        PV_TRY(be->ops->qmatmul(be, &products[i]));
     return PV_OK;
 }
 
@@ -910,16 +903,16 @@ pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
     const pv_op op = PV_OP_RMSNORM;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "rmsnorm: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    TRY(need_positive(op, "rows", a->rows));
-    TRY(need_positive(op, "dim", a->dim));
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", a->rows));
+    PV_TRY(need_positive(op, "dim", a->dim));
     if (!(a->eps >= 0.0f))
         return pv_error(PV_ERR_INVALID_ARG, "rmsnorm: eps = %g must be >= 0", (double)a->eps);
     uint64_t n = 0;
-    TRY(PRODUCT(op, "x and out", "rows x dim", &n, a->rows, a->dim));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
-    TRY(need_extent(be, op, "weight", a->weight, a->weight_off, (uint64_t)a->dim, 4));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
+    PV_TRY(PRODUCT(op, "x and out", "rows x dim", &n, a->rows, a->dim));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(need_extent(be, op, "weight", a->weight, a->weight_off, (uint64_t)a->dim, 4));
+    PV_TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
     return be->ops->rmsnorm(be, a);
 }
 
@@ -928,24 +921,24 @@ pv_status pv_rope(pv_backend *be, const pv_rope_args *a)
     const pv_op op = PV_OP_ROPE;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "rope: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_supported(be, op, PV_F32));
     if (a->n_tokens < 0)
         return pv_error(PV_ERR_INVALID_ARG, "rope: n_tokens = %d must be >= 0", a->n_tokens);
-    TRY(need_positive(op, "n_heads", a->n_heads));
-    TRY(need_positive(op, "head_dim", a->head_dim));
+    PV_TRY(need_positive(op, "n_heads", a->n_heads));
+    PV_TRY(need_positive(op, "head_dim", a->head_dim));
     if (a->head_dim % 2)
         return pv_error(PV_ERR_INVALID_ARG, "rope: head_dim = %d must be even", a->head_dim);
     if (!(a->base > 0.0f))
         return pv_error(PV_ERR_INVALID_ARG, "rope: base = %g must be > 0", (double)a->base);
     if (a->n_tokens == 0)
         return PV_OK;
-    TRY(need_host_array(op, "pos", a->pos));
+    PV_TRY(need_host_array(op, "pos", a->pos));
     for (int32_t i = 0; i < a->n_tokens; i++)
         if (a->pos[i] < 0)
             return pv_error(PV_ERR_INVALID_ARG, "rope: pos[%d] = %d must be >= 0", i, a->pos[i]);
     uint64_t n = 0;
-    TRY(PRODUCT(op, "x", "n_tokens x n_heads x head_dim", &n, a->n_tokens, a->n_heads, a->head_dim));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(PRODUCT(op, "x", "n_tokens x n_heads x head_dim", &n, a->n_tokens, a->n_heads, a->head_dim));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     return be->ops->rope(be, a);
 }
 
@@ -955,13 +948,13 @@ static pv_status check_binary(pv_backend *be, pv_op op, int64_t n, const char *x
                               const pv_buffer *y, uint64_t y_off, const pv_buffer *out,
                               uint64_t out_off)
 {
-    TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_supported(be, op, PV_F32));
     if (n < 0)
         return pv_error(PV_ERR_INVALID_ARG, "%s: n = %" PRId64 " must be >= 0", pv_op_name(op), n);
     if (n == 0)
         return PV_OK;
-    TRY(need_extent(be, op, x_name, x, x_off, (uint64_t)n, 4));
-    TRY(need_extent(be, op, y_name, y, y_off, (uint64_t)n, 4));
+    PV_TRY(need_extent(be, op, x_name, x, x_off, (uint64_t)n, 4));
+    PV_TRY(need_extent(be, op, y_name, y, y_off, (uint64_t)n, 4));
     return need_extent(be, op, "out", out, out_off, (uint64_t)n, 4);
 }
 
@@ -969,7 +962,7 @@ pv_status pv_swiglu(pv_backend *be, const pv_swiglu_args *a)
 {
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "swiglu: args is NULL");
-    TRY(check_binary(be, PV_OP_SWIGLU, a->n, "gate", a->gate, a->gate_off, "up", a->up, a->up_off,
+    PV_TRY(check_binary(be, PV_OP_SWIGLU, a->n, "gate", a->gate, a->gate_off, "up", a->up, a->up_off,
                      a->out, a->out_off));
     return a->n ? be->ops->swiglu(be, a) : PV_OK;
 }
@@ -978,7 +971,7 @@ pv_status pv_add(pv_backend *be, const pv_add_args *a)
 {
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "add: args is NULL");
-    TRY(check_binary(be, PV_OP_ADD, a->n, "a", a->a, a->a_off, "b", a->b, a->b_off, a->out,
+    PV_TRY(check_binary(be, PV_OP_ADD, a->n, "a", a->a, a->a_off, "b", a->b, a->b_off, a->out,
                      a->out_off));
     return a->n ? be->ops->add(be, a) : PV_OK;
 }
@@ -988,13 +981,13 @@ pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)
     const pv_op op = PV_OP_SOFTMAX;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "softmax: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    TRY(need_positive(op, "rows", a->rows));
-    TRY(need_positive(op, "cols", a->cols));
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", a->rows));
+    PV_TRY(need_positive(op, "cols", a->cols));
     uint64_t n = 0;
-    TRY(PRODUCT(op, "x and out", "rows x cols", &n, a->rows, a->cols));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
-    TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
+    PV_TRY(PRODUCT(op, "x and out", "rows x cols", &n, a->rows, a->cols));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
     return be->ops->softmax(be, a);
 }
 
@@ -1003,15 +996,15 @@ pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a)
     const pv_op op = PV_OP_ARGMAX;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "argmax: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    TRY(need_positive(op, "rows", a->rows));
-    TRY(need_positive(op, "cols", a->cols));
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", a->rows));
+    PV_TRY(need_positive(op, "cols", a->cols));
     if (a->cols > INT32_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "argmax: cols = %" PRId64 " exceeds %d", a->cols, INT32_MAX);
-    TRY(need_host_array(op, "out", a->out));
+    PV_TRY(need_host_array(op, "out", a->out));
     uint64_t n = 0;
-    TRY(PRODUCT(op, "x", "rows x cols", &n, a->rows, a->cols));
-    TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(PRODUCT(op, "x", "rows x cols", &n, a->rows, a->cols));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
     return be->ops->argmax(be, a);
 }
 
@@ -1020,9 +1013,9 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     const pv_op op = PV_OP_SAMPLE_TOP_P;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: args is NULL");
-    TRY(need_supported(be, op, PV_F32));
-    TRY(need_positive(op, "rows", a->rows));
-    TRY(need_positive(op, "cols", a->cols));
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", a->rows));
+    PV_TRY(need_positive(op, "cols", a->cols));
     if (a->cols > INT32_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: cols = %" PRId64 " exceeds %d", a->cols,
                         INT32_MAX);
@@ -1032,14 +1025,14 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     if (!(a->top_p > 0.0f && a->top_p <= 1.0f))
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: top_p = %g must be in (0, 1]",
                         (double)a->top_p);
-    TRY(need_host_array(op, "u", a->u));
-    TRY(need_host_array(op, "out", a->out));
+    PV_TRY(need_host_array(op, "u", a->u));
+    PV_TRY(need_host_array(op, "out", a->out));
     for (int64_t r = 0; r < a->rows; r++)
         if (!(a->u[r] >= 0.0f && a->u[r] < 1.0f))
             return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: u[%" PRId64 "] = %g must be in [0, 1)",
                             r, (double)a->u[r]);
     uint64_t n = 0;
-    TRY(PRODUCT(op, "logits", "rows x cols", &n, a->rows, a->cols));
-    TRY(need_extent(be, op, "logits", a->logits, a->logits_off, n, 4));
+    PV_TRY(PRODUCT(op, "logits", "rows x cols", &n, a->rows, a->cols));
+    PV_TRY(need_extent(be, op, "logits", a->logits, a->logits_off, n, 4));
     return be->ops->sample_top_p(be, a);
 }

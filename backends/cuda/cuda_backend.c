@@ -389,7 +389,7 @@ static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
 static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     reap_host_releases(cu, 0);
     if (kind == PV_MEM_HOST) {
         /* Pinned so copies are truly asynchronous; mapped so kernels may
@@ -496,7 +496,7 @@ static pv_status cuda_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_
                                    uint64_t bytes)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), src, bytes, cudaMemcpyDefault, s),
              "dst offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, bytes);
@@ -508,7 +508,7 @@ static pv_status cuda_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t
                                   uint64_t bytes)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     CUDA_TRY(cudaMemcpyAsync(dst, dev_ptr(src, src_off, 1), bytes, cudaMemcpyDefault, s),
              "src offset %" PRIu64 ", %" PRIu64 " bytes", src_off, bytes);
@@ -546,9 +546,9 @@ static void cuda_event_free(pv_backend *be, pv_event *ev)
 static pv_status cuda_event_record(pv_backend *be, pv_queue q, pv_event **out)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     pv_event *ev = NULL;
-    TRY(event_new(be, &ev));
+    PV_TRY(event_new(be, &ev));
     cudaError_t err = cudaEventRecord((cudaEvent_t)ev->handle, cu->stream[q]);
     if (err != cudaSuccess) {
         cuda_event_free(be, ev);
@@ -561,7 +561,7 @@ static pv_status cuda_event_record(pv_backend *be, pv_queue q, pv_event **out)
 static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, 0), "%s stream",
              q == PV_QUEUE_COPY ? "copy" : "compute");
     return PV_OK;
@@ -569,14 +569,14 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
 
 static pv_status cuda_event_wait(pv_backend *be, pv_event *ev)
 {
-    TRY(enter(impl_of(be)));
+    PV_TRY(enter(impl_of(be)));
     CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev->handle), "%s", "event");
     return PV_OK;
 }
 
 static pv_status cuda_event_query(pv_backend *be, pv_event *ev, int *done)
 {
-    TRY(enter(impl_of(be)));
+    PV_TRY(enter(impl_of(be)));
     CUDA_TRY(event_done((cudaEvent_t)ev->handle, done), "%s", "event");
     return PV_OK;
 }
@@ -586,7 +586,7 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
                                  pv_event *wait, pv_event **done)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[q];
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
@@ -596,14 +596,14 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
              "dst offset %" PRIu64 ", src offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, src_off,
              bytes);
     if (done)
-        TRY(cuda_event_record(be, q, done));
+        PV_TRY(cuda_event_record(be, q, done));
     return PV_OK;
 }
 
 static pv_status cuda_finish(pv_backend *be)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]), "%s", "compute stream");
     reap_host_releases(cu, 0);
@@ -647,7 +647,7 @@ static pv_status staging_acquire(cuda_impl *cu, size_t bytes, const char *op, si
                         op, bytes, STAGING_BYTES);
     int retired = 1;
     while (cu->count > 0 && retired)
-        TRY(retire_oldest(cu, 0, &retired));
+        PV_TRY(retire_oldest(cu, 0, &retired));
     for (;;) {
         if (cu->count == 0) {
             *at = 0;
@@ -670,7 +670,7 @@ static pv_status staging_acquire(cuda_impl *cu, size_t bytes, const char *op, si
                 return PV_OK;
             }
         }
-        TRY(retire_oldest(cu, 1, &retired));
+        PV_TRY(retire_oldest(cu, 1, &retired));
     }
 }
 
@@ -689,7 +689,7 @@ static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, in
     if (total == 0)
         total = STAGING_ALIGN; /* every region has a size, so the ring's spans stay unambiguous */
     size_t at = 0;
-    TRY(staging_acquire(cu, total, op, &at));
+    PV_TRY(staging_acquire(cu, total, op, &at));
     size_t off = at;
     for (int i = 0; i < n_parts; i++) {
         memcpy(cu->ring_host + off, parts[i].src, parts[i].bytes);
@@ -772,7 +772,7 @@ static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_
 static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     if (a->m > INT32_MAX || a->n > INT32_MAX || a->k > INT32_MAX || a->lda > INT32_MAX ||
         a->ldb > INT32_MAX || a->ldc > INT32_MAX)
         return pv_error(PV_ERR_UNSUPPORTED,
@@ -806,7 +806,7 @@ static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
 static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[3] = {
         {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
@@ -819,10 +819,10 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         pv_attention_splits(cu->attention_splits, tuned_splits, be->info.compute_units, cu->attention_group, a);
     void *part = NULL;
     if (splits > 1)
-        TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
+        PV_TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
                             (size_t)pv_attention_split_floats(splits, a) * sizeof(float), &part));
     staged region;
-    TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
+    PV_TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_attention(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                             (const float *)dev_ptr(a->q, a->q_off, 4), dev_ptr(a->kv_pool, 0, 1),
                                             up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits,
@@ -833,14 +833,14 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
 static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[3] = {
         {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
         {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
     };
     staged region;
-    TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
+    PV_TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                            (const float *)dev_ptr(a->k, a->k_off, 4),
                                            (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1),
@@ -851,10 +851,10 @@ static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
 static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatter)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[1] = {{a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), NULL}};
     staged region;
-    TRY(staging_upload(cu, scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(cu, scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
     size_t es = pv_dtype_size(a->dtype);
     pv_status st = pv_cuda_launch_slot_copy(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, scatter,
                                             dev_ptr(a->pool, 0, es), dev_ptr(a->staging, a->staging_off, es),
@@ -883,10 +883,10 @@ static void *weight_ptr(const pv_buffer *buf, pv_wtype t, uint64_t off)
 static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
     staged region;
-    TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
     pv_status st = pv_cuda_launch_embed_gather(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
                                                (float *)dev_ptr(a->out, a->out_off, 4));
@@ -896,7 +896,7 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
 static pv_status cuda_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     return pv_cuda_launch_rmsnorm(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                   (const float *)dev_ptr(a->x, a->x_off, 4),
                                   (const float *)dev_ptr(a->weight, a->weight_off, 4),
@@ -906,10 +906,10 @@ static pv_status cuda_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[1] = {{a->pos, (size_t)a->n_tokens * sizeof(int32_t), NULL}};
     staged region;
-    TRY(staging_upload(cu, "rope", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(cu, "rope", up, 1, 0, &region, NULL));
     pv_status st = pv_cuda_launch_rope(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                        (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
     return staging_done(cu, &region, st);
@@ -918,7 +918,7 @@ static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
 static pv_status cuda_swiglu(pv_backend *be, const pv_swiglu_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     return pv_cuda_launch_swiglu(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                  (const float *)dev_ptr(a->gate, a->gate_off, 4),
                                  (const float *)dev_ptr(a->up, a->up_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
@@ -927,7 +927,7 @@ static pv_status cuda_swiglu(pv_backend *be, const pv_swiglu_args *a)
 static pv_status cuda_add(pv_backend *be, const pv_add_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     return pv_cuda_launch_add(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, (const float *)dev_ptr(a->a, a->a_off, 4),
                               (const float *)dev_ptr(a->b, a->b_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
 }
@@ -935,7 +935,7 @@ static pv_status cuda_add(pv_backend *be, const pv_add_args *a)
 static pv_status cuda_softmax(pv_backend *be, const pv_softmax_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     return pv_cuda_launch_softmax(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                   (const float *)dev_ptr(a->x, a->x_off, 4), (float *)dev_ptr(a->out, a->out_off, 4));
 }
@@ -952,7 +952,7 @@ static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op,
     if (launched == PV_OK)
         err = cudaMemcpyAsync(cu->ring_host + result_off, cu->ring_dev + result_off, bytes, cudaMemcpyDeviceToHost,
                               stream);
-    TRY(staging_done(cu, region, launched));
+    PV_TRY(staging_done(cu, region, launched));
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaMemcpyAsync", "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
     CUDA_TRY(cudaStreamSynchronize(stream), "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
@@ -963,10 +963,10 @@ static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op,
 static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     staged region;
     size_t result_off = 0;
-    TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
+    PV_TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     pv_status st = pv_cuda_launch_argmax(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                          (const float *)dev_ptr(a->x, a->x_off, 4),
                                          (int32_t *)(cu->ring_dev + result_off));
@@ -976,11 +976,11 @@ static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
 static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     upload up[1] = {{a->u, (size_t)a->rows * sizeof(float), NULL}};
     staged region;
     size_t result_off = 0;
-    TRY(staging_upload(cu, "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
+    PV_TRY(staging_upload(cu, "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     pv_status st = pv_cuda_launch_sample_top_p(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                (const float *)dev_ptr(a->logits, a->logits_off, 4), up[0].dev,
                                                (int32_t *)(cu->ring_dev + result_off));
@@ -1012,7 +1012,7 @@ static pv_status qmatmul_sgemm(cuda_impl *cu, const pv_qmatmul_args *a, int64_t 
 static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 {
     cuda_impl *cu = impl_of(be);
-    TRY(enter(cu));
+    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const void *w = weight_ptr(a->w, a->w_type, a->w_off);
     if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
@@ -1025,12 +1025,12 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
     tile_rows = tile_rows > QMATMUL_TILE_ROWS_MAX ? QMATMUL_TILE_ROWS_MAX : tile_rows;
     void *tile = NULL;
-    TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * sizeof(float),
+    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * sizeof(float),
                         &tile));
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
-        TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, (float *)tile));
-        TRY(qmatmul_sgemm(cu, a, r0, n_rows, (const float *)tile));
+        PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, (float *)tile));
+        PV_TRY(qmatmul_sgemm(cu, a, r0, n_rows, (const float *)tile));
     }
     return PV_OK;
 }

@@ -32,14 +32,6 @@ pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
 /* Kernels looked up in one program at most (the gather family's six). */
 #define PV_CUDA_PROGRAM_KERNELS 8
 
-/* Returns a failed status at once (the backend's host code and launchers). */
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        pv_status st_ = (expr);                                                                    \
-        if (st_ != PV_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* One loaded program: a family under one parameter set. */
 typedef struct pv_cuda_program {
     pv_kernel_params params;

@@ -32,7 +32,7 @@
 pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning)
 {
     memset(k, 0, sizeof *k);
-    TRY(pv_cuda_target_for(major, minor, &k->target));
+    PV_TRY(pv_cuda_target_for(major, minor, &k->target));
     if (!pv_cuda_cache_dir(k->cache_dir, sizeof k->cache_dir))
         k->cache_dir[0] = '\0';
     k->tuning = tuning;
@@ -68,7 +68,7 @@ static pv_status program_load(pv_cuda_kernels *k, const pv_kernel_params *p, pv_
 {
     memset(prog, 0, sizeof *prog);
     prog->params = *p;
-    TRY(pv_cuda_program_image(k->cache_dir[0] ? k->cache_dir : NULL, p, k->target, &prog->image));
+    PV_TRY(pv_cuda_program_image(k->cache_dir[0] ? k->cache_dir : NULL, p, k->target, &prog->image));
     cudaError_t err = cudaLibraryLoadData(&prog->library, prog->image.data, NULL, NULL, 0, NULL, NULL, 0);
     if (err != cudaSuccess) {
         pv_cuda_image_free(&prog->image);
@@ -96,7 +96,7 @@ static pv_status program_get(pv_cuda_kernels *k, const pv_kernel_params *p, pv_c
         k->programs = grown;
         k->cap_programs = cap;
     }
-    TRY(program_load(k, p, &k->programs[k->n_programs]));
+    PV_TRY(program_load(k, p, &k->programs[k->n_programs]));
     *out = &k->programs[k->n_programs++];
     return PV_OK;
 }
@@ -105,7 +105,7 @@ static pv_status program_get(pv_cuda_kernels *k, const pv_kernel_params *p, pv_c
 static pv_status kernel_get(pv_cuda_kernels *k, const pv_kernel_params *p, const char *name, cudaKernel_t *out)
 {
     pv_cuda_program *prog = NULL;
-    TRY(program_get(k, p, &prog));
+    PV_TRY(program_get(k, p, &prog));
     for (int i = 0; i < prog->n_kernels; i++)
         if (strcmp(prog->names[i], name) == 0) {
             *out = prog->kernels[i];
@@ -187,9 +187,9 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
     p.value[PV_KPARAM_ATT_MAX_GROUP] = group_class;
     const int f16 = a->kv_dtype == PV_F16, wg = p.value[PV_KPARAM_WG];
     cudaKernel_t attention, combine = NULL;
-    TRY(kernel_get_stored(k, &p, "pv_attention", f16, &attention));
+    PV_TRY(kernel_get_stored(k, &p, "pv_attention", f16, &attention));
     if (splits > 1)
-        TRY(kernel_get_stored(k, &p, "pv_attention_combine", f16, &combine));
+        PV_TRY(kernel_get_stored(k, &p, "pv_attention_combine", f16, &combine));
 
     int max_chunks = a->max_chunks, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, head_dim = a->head_dim;
     int chunk_tokens = a->chunk_tokens, n_splits = splits;
@@ -207,11 +207,11 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
                         &slot_table, &max_chunks, &n_heads,      &n_kv_heads,  &head_dim,
                         &chunk_tokens, &scale,    &heads_per_block, &n_splits, &out,
                         &off,       &part,       &part_off,     &ml_off};
-        TRY(launch(stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
+        PV_TRY(launch(stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
                    args));
         if (splits > 1) {
             void *combine_args[] = {&part, &part_off, &ml_off, &n_splits, &n_heads, &head_dim, &out, &off};
-            TRY(launch(stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
+            PV_TRY(launch(stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
         }
     }
     return PV_OK;
@@ -227,7 +227,7 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
     pv_kernel_params p = family_params(k, PV_KERNEL_GATHER);
     p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
     cudaKernel_t kernel;
-    TRY(kernel_get_stored(k, &p, "pv_kv_write", a->kv_dtype == PV_F16, &kernel));
+    PV_TRY(kernel_get_stored(k, &p, "pv_kv_write", a->kv_dtype == PV_F16, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     int max_chunks = a->max_chunks, chunk_tokens = a->chunk_tokens;
     long long row_elems = (long long)a->n_kv_heads * a->head_dim;
@@ -236,7 +236,7 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
         const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
         void *args[] = {&kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks, &chunk_tokens,
                         &row_elems};
-        TRY(launch(stream, "kv_write", kernel, groups_of(row_elems, wg),
+        PV_TRY(launch(stream, "kv_write", kernel, groups_of(row_elems, wg),
                    (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
     }
     return PV_OK;
@@ -251,7 +251,7 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
     p.value[PV_KPARAM_STORE_F16] = a->dtype == PV_F16;
     const char *what = scatter ? "slot_scatter" : "slot_gather";
     cudaKernel_t kernel;
-    TRY(kernel_get_stored(k, &p, scatter ? "pv_slot_scatter" : "pv_slot_gather", a->dtype == PV_F16, &kernel));
+    PV_TRY(kernel_get_stored(k, &p, scatter ? "pv_slot_scatter" : "pv_slot_gather", a->dtype == PV_F16, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     const long long per_group = (long long)wg * p.value[PV_KPARAM_ITEM_ELEMS];
     long long slot_elems = a->slot_elems;
@@ -259,7 +259,7 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
         long long off = i0 * slot_elems;
         const int32_t *ids = slots + i0;
         void *args[] = {&pool, &staging, &off, &ids, &slot_elems};
-        TRY(launch(stream, what, kernel, groups_of(slot_elems, per_group),
+        PV_TRY(launch(stream, what, kernel, groups_of(slot_elems, per_group),
                    (unsigned int)rows_in_launch(a->n_slots_moved, i0), wg, args));
     }
     return PV_OK;
@@ -280,14 +280,14 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
 {
     const pv_kernel_params p = weight_params(k, a->table_type);
     cudaKernel_t kernel;
-    TRY(kernel_get(k, &p, "pv_embed_gather", &kernel));
+    PV_TRY(kernel_get(k, &p, "pv_embed_gather", &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     long long table_off = 0, dim = a->dim;
     for (long long i0 = 0; i0 < a->n_ids; i0 += MAX_GRID_ROWS) {
         long long out_off = i0 * a->dim;
         const int32_t *first = ids + i0;
         void *args[] = {&table, &table_off, &first, &dim, &out, &out_off};
-        TRY(launch(stream, "embed_gather", kernel, groups_of(a->dim, wg),
+        PV_TRY(launch(stream, "embed_gather", kernel, groups_of(a->dim, wg),
                    (unsigned int)rows_in_launch(a->n_ids, i0), wg, args));
     }
     return PV_OK;
@@ -304,7 +304,7 @@ pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, 
                        : a->n_tokens <= 4 ? "pv_qmatmul_fused_4"
                                           : "pv_qmatmul_fused_16";
     cudaKernel_t kernel;
-    TRY(kernel_get(k, &p, name, &kernel));
+    PV_TRY(kernel_get(k, &p, name, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     uint32_t block_elems = 1;
     pv_wtype_block(a->w_type, &block_elems, NULL);
@@ -325,7 +325,7 @@ pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, 
 {
     const pv_kernel_params p = weight_params(k, a->w_type);
     cudaKernel_t kernel;
-    TRY(kernel_get(k, &p, "pv_qmatmul_widen", &kernel));
+    PV_TRY(kernel_get(k, &p, "pv_qmatmul_widen", &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     long long w_off = 0, first_row = row0;
     int n_in = (int)a->n_in;
@@ -351,13 +351,13 @@ pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const 
 {
     cudaKernel_t kernel;
     int wg;
-    TRY(recompute_kernel(k, "pv_rmsnorm", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, "pv_rmsnorm", &kernel, &wg, NULL));
     long long weight_off = 0, dim = a->dim;
     float eps = a->eps;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->dim;
         void *args[] = {&x, &off, &weight, &weight_off, &out, &off, &dim, &eps};
-        TRY(launch(stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -368,7 +368,7 @@ pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_
 {
     cudaKernel_t kernel;
     int wg;
-    TRY(recompute_kernel(k, "pv_rope", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, "pv_rope", &kernel, &wg, NULL));
     int n_heads = a->n_heads, head_dim = a->head_dim, neox = a->neox ? 1 : 0;
     float base = a->base;
     const long long token_elems = (long long)a->n_heads * a->head_dim;
@@ -376,7 +376,7 @@ pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_
         long long off = i0 * token_elems;
         const int32_t *first = pos + i0;
         void *args[] = {&x, &off, &first, &n_heads, &head_dim, &base, &neox};
-        TRY(launch(stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
+        PV_TRY(launch(stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
                    wg, args));
     }
     return PV_OK;
@@ -389,7 +389,7 @@ static pv_status elementwise(pv_cuda_kernels *k, cudaStream_t stream, const char
 {
     cudaKernel_t kernel;
     int wg, item_elems;
-    TRY(recompute_kernel(k, name, &kernel, &wg, &item_elems));
+    PV_TRY(recompute_kernel(k, name, &kernel, &wg, &item_elems));
     const long long per_group = (long long)wg * item_elems, per_launch = MAX_GRID_X * per_group;
     long long zero = 0;
     for (long long e0 = 0; e0 < total; e0 += per_launch) {
@@ -397,7 +397,7 @@ static pv_status elementwise(pv_cuda_kernels *k, cudaStream_t stream, const char
         const float *xe = x + e0, *ye = y + e0;
         float *oute = out + e0;
         void *args[] = {&xe, &zero, &ye, &zero, &oute, &zero, &n};
-        TRY(launch(stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
+        PV_TRY(launch(stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
     }
     return PV_OK;
 }
@@ -420,13 +420,13 @@ pv_status pv_cuda_launch_softmax(pv_cuda_kernels *k, cudaStream_t stream, const 
 {
     cudaKernel_t kernel;
     int wg;
-    TRY(recompute_kernel(k, "pv_softmax", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, "pv_softmax", &kernel, &wg, NULL));
     long long cols = a->cols;
     float scale = a->scale;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
         void *args[] = {&x, &off, &out, &off, &cols, &scale};
-        TRY(launch(stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -437,13 +437,13 @@ pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const p
 {
     cudaKernel_t kernel;
     int wg;
-    TRY(recompute_kernel(k, "pv_argmax", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, "pv_argmax", &kernel, &wg, NULL));
     long long cols = a->cols;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
         int32_t *rows_out = out + r0;
         void *args[] = {&x, &off, &cols, &rows_out};
-        TRY(launch(stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -454,7 +454,7 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
 {
     cudaKernel_t kernel;
     int wg;
-    TRY(recompute_kernel(k, "pv_sample_top_p", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, "pv_sample_top_p", &kernel, &wg, NULL));
     long long cols = a->cols;
     float temperature = a->temperature, top_p = a->top_p;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
@@ -462,7 +462,7 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
         const float *rows_u = u + r0;
         int32_t *rows_out = out + r0;
         void *args[] = {&logits, &off, &cols, &temperature, &top_p, &rows_u, &rows_out};
-        TRY(launch(stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }

@@ -38,6 +38,14 @@ pv_status pv_error(pv_status status, const char *fmt, ...)
 /* Forget the last error message of this thread. */
 void pv_clear_error(void);
 
+/* Returns a failed status at once; its message stays in pv_last_error(). */
+#define PV_TRY(expr)                                                                               \
+    do {                                                                                           \
+        pv_status pv_try_status_ = (expr);                                                         \
+        if (pv_try_status_ != PV_OK)                                                               \
+            return pv_try_status_;                                                                 \
+    } while (0)
+
 #ifdef __cplusplus
 }
 #endif

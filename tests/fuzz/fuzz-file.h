@@ -25,6 +25,17 @@ static inline void fuzz_file_open(const char *target)
     snprintf(fuzz_file_path, sizeof fuzz_file_path, "/proc/self/fd/%d", fuzz_file_fd);
 }
 
+/* The target's LLVMFuzzerInitialize: opens the memfd, once. */
+#define FUZZ_FILE_INITIALIZE(target)                                                                \
+    int LLVMFuzzerInitialize(int *argc, char ***argv);                                             \
+    int LLVMFuzzerInitialize(int *argc, char ***argv)                                              \
+    {                                                                                              \
+        (void)argc;                                                                                \
+        (void)argv;                                                                                \
+        fuzz_file_open(target);                                                                    \
+        return 0;                                                                                  \
+    }
+
 /* The file's contents become data; returns its path. */
 static inline const char *fuzz_file_write(const uint8_t *data, size_t size)
 {

@@ -15,7 +15,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Slots per pool of the cache started from a loaded config: enough for
@@ -23,13 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * not the allocator (huge pools are item 4 of issue 8). */
 #define MAX_SLOTS 1024u
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    fuzz_file_open("fuzz-ini");
-    return 0;
-}
+FUZZ_FILE_INITIALIZE("fuzz-ini")
 
 static int same_config(const pv_cache_config *a, const pv_cache_config *b)
 {

@@ -16,16 +16,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    fuzz_file_open("fuzz-workload");
-    return 0;
-}
+FUZZ_FILE_INITIALIZE("fuzz-workload")
 
 /* Words, as a tokenizer would count them roughly: the callback's result
  * reaches the lengths. */
