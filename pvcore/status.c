@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
@@ -31,10 +32,14 @@ const char *pv_last_error(void)
 
 pv_status pv_error(pv_status status, const char *fmt, ...)
 {
+    /* Formatted apart first: callers wrap the message before theirs with
+     * pv_error(st, "...: %s", pv_last_error()), which reads last_error. */
+    char message[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(last_error, message, sizeof last_error);
     return status;
 }
 

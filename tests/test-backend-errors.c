@@ -430,6 +430,12 @@ int main(int argc, char **argv)
         }
     }
 
+    /* A message that wraps the one before it reads the buffer it replaces. */
+    pv_error(PV_ERR_IO, "inner %d", 7);
+    pv_error(PV_ERR_IO, "outer: %s; again: %s", pv_last_error(), pv_last_error());
+    ok(strcmp(pv_last_error(), "outer: inner 7; again: inner 7") == 0, "pv_error wraps pv_last_error(): '%s'",
+       pv_last_error());
+
     pv_backend *none = NULL;
     expect("front end", "unknown backend 'tpu'", pv_backend_init(&none, "tpu", 0), PV_ERR_NOT_FOUND,
            NAMES("tpu", "cpu"), NULL);

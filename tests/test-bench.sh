@@ -66,6 +66,123 @@ check $? "pensieve mode swaps through the host tier, gpu-only drops and recomput
 "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 >"$tmp/table" 2>&1 &&
     grep -q "^pensieve " "$tmp/table"
 check $? "the table names the mode ($(head -n 2 "$tmp/table" | tail -n 1))"
+# A sweep: each mode runs at rising rates until one misses the target; the
+# best rates, the throughput ratios and the policies' runs follow from the
+# runs listed.
+"$bench" --synthetic --conversations 4 --rates 20,40,80 --think 0.1 --length-scale 0.25 --seed 5 --target 100 \
+    --policies pensieve,lru --json >"$tmp/sweep.json" 2>"$tmp/err"
+check $? "a sweep over three rates ($(tail -n 1 "$tmp/err"))"
+cat >"$tmp/sweep.py" <<'PY'
+import json, math, sys
+p = json.load(open(sys.argv[1]))
+target = p["sweep"]["target_norm_latency"]
+by_mode = {}
+for r in p["runs"]:
+    by_mode.setdefault(r["mode"], []).append(r)
+assert sorted(by_mode) == ["gpu-only", "pensieve", "stateless"], sorted(by_mode)
+for mode, runs in by_mode.items():
+    rates = [r["rate"] for r in runs]
+    assert rates == sorted(rates) and rates[0] == 20, rates
+    # a run meets the target when every turn was answered within it
+    for r in runs:
+        assert r["meets_target"] == (r["failed"] == 0 and r["requests"] == r["workload_requests"]
+                                     and r["norm_latency_mean"] <= target), r
+    # the sweep stops at a mode's first miss
+    assert all(r["meets_target"] for r in runs[:-1]), rates
+    assert len(runs) == 3 or not runs[-1]["meets_target"], rates
+    met = [r for r in runs if r["meets_target"]]
+    best = p["sweep"]["best"][mode]
+    if met:
+        assert best["rate"] == met[-1]["rate"] and best["requests_per_s"] == met[-1]["requests_per_s"], (best, met)
+    else:
+        assert best is None, best
+    if met:
+        # offered requests/s where the latency crosses the target: between
+        # the last rate met and the miss after it, linear in latency
+        b = met[-1]
+        nxt = runs[len(met)] if len(met) < len(runs) else None
+        want = b["offered_requests_per_s"]
+        if nxt and nxt["failed"] == 0 and nxt["norm_latency_mean"] > b["norm_latency_mean"]:
+            f = (target - b["norm_latency_mean"]) / (nxt["norm_latency_mean"] - b["norm_latency_mean"])
+            want += f * (nxt["offered_requests_per_s"] - b["offered_requests_per_s"])
+        assert math.isclose(best["requests_per_s_at_target"], want, rel_tol=1e-5), (best, want)
+        assert best["lower_bound"] == (nxt is None), best
+        for r in runs:  # the workload's rate: conversations/s (time-scaled) x turns a conversation
+            assert math.isclose(r["offered_requests_per_s"],
+                                r["rate"] * r["workload_requests"] / r["workload_conversations"], rel_tol=1e-5), r
+def ratio(other):
+    b, o = p["sweep"]["best"]["pensieve"], p["sweep"]["best"][other]
+    return b["requests_per_s_at_target"] / o["requests_per_s_at_target"] if b and o else None
+for key, other in (("throughput_ratio_vs_stateless", "stateless"), ("throughput_ratio_vs_gpu_only", "gpu-only")):
+    want = ratio(other)
+    assert (p[key] is None) == (want is None) and (want is None or math.isclose(p[key], want, rel_tol=1e-5)), (key, p[key], want)
+# the policies: pensieve mode, at its best rate, on one workload
+pol = p["policies"]
+assert [r["policy"] for r in pol] == ["pensieve", "lru"], pol
+best = p["sweep"]["best"]["pensieve"]
+assert p["policy_rate"] == (best["rate"] if best else 20), (p["policy_rate"], best)
+for r in pol:
+    assert r["mode"] == "pensieve" and r["rate"] == p["policy_rate"] and r["failed"] == 0, r
+    assert r["history_tokens"] == pol[0]["history_tokens"] and r["requests"] == r["workload_requests"], r
+print("# best rates: %s; ratios %s, %s" % ({m: b and b["rate"] for m, b in p["sweep"]["best"].items()},
+      p["throughput_ratio_vs_stateless"], p["throughput_ratio_vs_gpu_only"]))
+PY
+python3 "$tmp/sweep.py" "$tmp/sweep.json" >"$tmp/why" 2>&1
+check $? "the sweep stops each mode at its first miss; best rates, ratios and policies follow from its runs ($(tail -n 1 "$tmp/why"))"
+
+# A target no run meets: one run per mode, no ratio, the policies at the
+# lowest rate.
+"$bench" --synthetic --conversations 2 --rates 20,40 --think 0 --length-scale 0.1 --target 1e-6 --policies lru \
+    --json >"$tmp/miss.json" 2>"$tmp/err"
+python3 - "$tmp/miss.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert [r["rate"] for r in p["runs"]] == [20, 20, 20], [r["rate"] for r in p["runs"]]
+assert not any(r["meets_target"] for r in p["runs"]), p["runs"]
+assert p["throughput_ratio_vs_stateless"] is None and p["throughput_ratio_vs_gpu_only"] is None, p
+assert p["policy_rate"] == 20 and [r["policy"] for r in p["policies"]] == ["lru"], p
+PY
+check $? "a target no rate meets: one run a mode and no ratios ($(tail -n 1 "$tmp/why"))"
+
+# --duration: a fixed arrival window, so the offered load grows with the
+# rate (rate / time scale * duration conversations, at least 2).
+"$bench" --synthetic --rates 20,40,100 --duration 0.1 --time-scale 0.5 --think 0 --length-scale 0.1 --target 100 \
+    --modes pensieve --policies none --json >"$tmp/dur.json" 2>"$tmp/err"
+python3 - "$tmp/dur.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+got = [r["workload_conversations"] for r in runs]
+assert got == [4, 8, 20], got
+print("# %s conversations" % got)
+PY
+check $? "--duration: the conversations grow with the rate ($(tail -n 1 "$tmp/why"))"
+
+if command -v gnuplot >/dev/null 2>&1; then
+    "$bench" --synthetic --conversations 2 --rates 20,40 --think 0 --length-scale 0.1 --target 100 \
+        --policies none --plot "$tmp/sweep.png" >"$tmp/table" 2>"$tmp/err" &&
+        [ "$(head -c 4 "$tmp/sweep.png" | tail -c 3)" = PNG ] && grep -q "highest rate meeting it" "$tmp/table"
+    check $? "--plot draws the sweep into a PNG ($(tail -n 1 "$tmp/err"))"
+else
+    skip "--plot draws the sweep into a PNG" "gnuplot is not installed"
+fi
+if command -v script >/dev/null 2>&1; then
+    script -qec "$bench --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1" \
+        /dev/null >"$tmp/tty" 2>&1 </dev/null
+    grep -q "pensieve pensieve at 50/s .*/.* requests" "$tmp/tty" && tr '\r' '\n' <"$tmp/tty" | grep -q "^pensieve pensieve at 50/s"
+    check $? "a progress line on a terminal ($(tr '\r' '\n' <"$tmp/tty" | grep -m 1 requests))"
+    "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 >"$tmp/table" 2>&1
+    ! grep -q "requests *[0-9]*s" "$tmp/table"
+    check $? "no progress line when stderr is not a terminal"
+else
+    skip "a progress line on a terminal" "script (util-linux) is not installed"
+    skip "no progress line when stderr is not a terminal" "script (util-linux) is not installed"
+fi
+"$bench" --synthetic --rates 2,1 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "rates '2,1'" "$tmp/err"
+check $? "falling rates are refused ($(cat "$tmp/err"))"
+"$bench" --http http://127.0.0.1:9 --modes pensieve >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "server's own" "$tmp/err"
+check $? "--http with the stack's options is refused ($(cat "$tmp/err"))"
 "$bench" --synthetic --modes pensieve,fast >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] && grep -q "modes 'pensieve,fast'" "$tmp/err"
 check $? "an unknown mode is refused ($(cat "$tmp/err"))"

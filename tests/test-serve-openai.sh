@@ -30,22 +30,7 @@ fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-serve-openai.XXXXXX") || exit 99
 pid=
 
-# stop_server: SIGTERM, then SIGKILL if it is still up after 15 s; sets rc
-# to its exit status.
-stop_server() {
-    rc=0
-    [ -n "$pid" ] || return 0
-    kill -TERM "$pid" 2>/dev/null
-    i=0
-    while kill -0 "$pid" 2>/dev/null && [ $i -lt 150 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid"
-    rc=$?
-    pid=
-}
+. "$(dirname "$0")/serve-start.sh"
 trap 'stop_server; rm -rf "$tmp"' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
@@ -68,27 +53,6 @@ diag() { sed 's/^/# /' "$@"; }
 # shared cores only slow the test down.
 export OMP_NUM_THREADS=1
 
-# start_server ARGS...: waits up to 20 s for the port file (a whole line,
-# written once the server listens); sets port.
-start_server() {
-    rm -f "$tmp/port"
-    "$serve" --synthetic --port 0 --port-file "$tmp/port" "$@" >"$tmp/server.log" 2>&1 &
-    pid=$!
-    port=
-    i=0
-    while [ $i -lt 200 ]; do
-        if [ -s "$tmp/port" ] && [ "$(wc -l <"$tmp/port")" -ge 1 ]; then
-            port=$(head -n 1 "$tmp/port")
-            break
-        fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-        i=$((i + 1))
-    done
-    case $port in
-    '' | *[!0-9]*) return 1 ;;
-    esac
-}
 
 # run LABEL [API-KEY]: the server and the client once.
 run() {

@@ -1,0 +1,216 @@
+#include "config.h"
+
+#include "bench/bench-inproc.h"
+#include "bench/bench-util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct conv_state {
+    int32_t next;        /* index of the next turn to send */
+    int in_flight;
+    int ended;           /* its last turn ended and its session was closed */
+    double due_s;        /* when the next turn may be sent */
+    char session[32];
+    int32_t *prompt_ids; /* generated turns: the ids of the current request */
+} conv_state;
+
+typedef struct run_state {
+    const wl_workload *w;
+    pv_engine *engine;
+    uint32_t n_vocab;
+    const char *label;
+    double t0;
+    conv_state *convs;
+    br_run *out;
+    int64_t total, n_done;
+    uint64_t rng;
+} run_state;
+
+typedef struct request_ctx {
+    run_state *run;
+    int32_t conv;
+    int64_t record;
+} request_ctx;
+
+static double since(const run_state *r)
+{
+    return bench_now_s() - r->t0;
+}
+
+static void on_token(void *user, int32_t token, const char *text, size_t len)
+{
+    (void)token, (void)text, (void)len;
+    request_ctx *c = user;
+    br_record *rec = &c->run->out->records[c->record];
+    if (rec->first_s < 0)
+        rec->first_s = since(c->run);
+}
+
+static void on_done(void *user, pv_status status, const pv_turn_result *result)
+{
+    request_ctx *c = user;
+    run_state *r = c->run;
+    br_record *rec = &r->out->records[c->record];
+    rec->end_s = since(r);
+    rec->failed = status != PV_OK || !result || result->finish == PV_FINISH_ERROR;
+    if (rec->failed && !r->out->first_error[0])
+        snprintf(r->out->first_error, sizeof r->out->first_error, "conversation %d: %s", c->conv,
+                 pv_last_error());
+    if (result) {
+        rec->generated = (int32_t)result->generated;
+        rec->history_tokens = result->context_tokens;
+        rec->reused_device = result->reused_device;
+        rec->reused_host = result->reused_host;
+        rec->recomputed = result->recomputed;
+        rec->cached_tokens = (uint64_t)result->reused_device + result->reused_host;
+        rec->prompt_tokens = (uint64_t)result->context_tokens + result->new_tokens;
+    }
+    conv_state *cs = &r->convs[c->conv];
+    cs->in_flight = 0;
+    const wl_conversation *wc = &r->w->conv[c->conv];
+    if (cs->next < wc->n_turns)
+        cs->due_s = rec->end_s + wc->turns[cs->next].think_s;
+    r->n_done++;
+    br_progress(r->label, r->n_done, r->total, rec->end_s);
+    free(c);
+}
+
+static uint64_t next_random(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Sends conversation i's next turn. */
+static pv_status submit_turn(run_state *r, int32_t i)
+{
+    conv_state *cs = &r->convs[i];
+    const wl_turn *t = &r->w->conv[i].turns[cs->next];
+    request_ctx *ctx = malloc(sizeof *ctx);
+    if (!ctx)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: no memory for a request");
+    *ctx = (request_ctx){r, i, r->out->n_records};
+    br_record *rec = &r->out->records[r->out->n_records];
+    *rec = (br_record){.submit_s = since(r), .first_s = -1, .input_tokens = t->input_tokens,
+                       .target_tokens = t->output_tokens};
+    pv_turn turn;
+    memset(&turn, 0, sizeof turn);
+    pv_sampling_defaults(&turn.sampling);
+    turn.sampling.max_tokens = t->output_tokens;
+    turn.sampling.ignore_eos = 1;
+    pv_chat_message msg = {"user", t->text};
+    if (t->text) {
+        turn.messages = &msg;
+        turn.n_messages = 1;
+    } else {
+        int32_t *ids = realloc(cs->prompt_ids, (size_t)t->input_tokens * sizeof *ids);
+        if (!ids) {
+            free(ctx);
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %d prompt tokens", t->input_tokens);
+        }
+        cs->prompt_ids = ids;
+        /* the vocabulary's middle half: no end or control tokens */
+        for (int32_t k = 0; k < t->input_tokens; k++)
+            ids[k] = (int32_t)(r->n_vocab / 4 + next_random(&r->rng) % (r->n_vocab / 2));
+        turn.tokens = ids;
+        turn.n_tokens = (size_t)t->input_tokens;
+    }
+    const pv_turn_callbacks cb = {on_token, on_done, ctx};
+    pv_status st = pv_engine_submit(r->engine, cs->session, &turn, &cb, NULL);
+    if (st != PV_OK) {
+        free(ctx);
+        return pv_error(st, "pensieve-bench: conversation %d turn %d: %s", i, cs->next, pv_last_error());
+    }
+    r->out->n_records++;
+    cs->next++;
+    cs->in_flight = 1;
+    return PV_OK;
+}
+
+static void sleep_s(double s)
+{
+    if (s <= 0)
+        return;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* The workload, in real time, until every turn has ended. */
+static pv_status run_workload(run_state *r)
+{
+    const wl_workload *w = r->w;
+    for (int32_t i = 0; i < w->n; i++) {
+        r->convs[i].due_s = w->conv[i].arrival_s;
+        snprintf(r->convs[i].session, sizeof r->convs[i].session, "conv-%d", i);
+    }
+    r->t0 = bench_now_s();
+    pv_status st = PV_OK;
+    while (st == PV_OK && r->n_done < r->total) {
+        const double now = since(r);
+        double next_due = INFINITY;
+        for (int32_t i = 0; st == PV_OK && i < w->n; i++) {
+            conv_state *cs = &r->convs[i];
+            if (cs->in_flight || cs->next >= w->conv[i].n_turns)
+                continue;
+            if (cs->due_s <= now)
+                st = submit_turn(r, i);
+            else
+                next_due = fmin(next_due, cs->due_s);
+        }
+        if (st != PV_OK)
+            break;
+        if (pv_engine_pending(r->engine) > 0)
+            st = pv_engine_step(r->engine, NULL);
+        else if (isfinite(next_due))
+            sleep_s(next_due - since(r));
+        /* a conversation whose last turn ended frees its cache */
+        for (int32_t i = 0; st == PV_OK && i < w->n; i++) {
+            conv_state *cs = &r->convs[i];
+            if (cs->ended || cs->in_flight || cs->next < w->conv[i].n_turns)
+                continue;
+            const pv_status end = pv_engine_end_session(r->engine, cs->session);
+            if (end != PV_OK && end != PV_ERR_NOT_FOUND) /* stateless mode keeps no session */
+                st = end;
+            cs->ended = 1;
+        }
+    }
+    return st;
+}
+
+pv_status bi_run(pv_engine *engine, uint32_t n_vocab, const wl_workload *w, uint64_t seed, const char *label,
+                 br_run *out)
+{
+    memset(out, 0, sizeof *out);
+    run_state r = {.w = w, .engine = engine, .n_vocab = n_vocab, .label = label, .out = out, .rng = seed};
+    for (int32_t i = 0; i < w->n; i++)
+        r.total += w->conv[i].n_turns;
+    r.convs = calloc(w->n > 0 ? (size_t)w->n : 1, sizeof *r.convs);
+    out->records = calloc((size_t)(r.total ? r.total : 1), sizeof *out->records);
+    pv_status st = PV_OK;
+    if (!r.convs || !out->records)
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %lld requests", (long long)r.total);
+    if (st == PV_OK)
+        st = run_workload(&r);
+    pv_engine_stats es;
+    if (st == PV_OK && (st = pv_engine_stats_get(engine, &es)) == PV_OK)
+        out->counters = (br_counters){.known = 1,
+                                      .turns_done = es.turns_done,
+                                      .turns_failed = es.turns_failed,
+                                      .prefill_tokens = es.prefill_tokens,
+                                      .recomputed_tokens = es.recomputed_tokens,
+                                      .decode_tokens = es.decode_tokens,
+                                      .swap_in_chunks = es.swap_in_chunks,
+                                      .swap_out_chunks = es.swap_out_chunks,
+                                      .dropped_chunks = es.dropped_chunks,
+                                      .suspensions = es.suspensions};
+    for (int32_t i = 0; r.convs && i < w->n; i++)
+        free(r.convs[i].prompt_ids);
+    free(r.convs);
+    return st;
+}
