@@ -93,29 +93,17 @@ static void text_free(bh_text *t)
 
 /* ---- generated messages -------------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    return mix64(*s += 0x9e3779b97f4a7c15ull);
-}
-
 pv_status bh_words(uint64_t seed, int32_t conv, int32_t turn, int32_t n, bh_text *t)
 {
-    /* A stream per (conversation, turn): mix64 is a bijection, so distinct
-     * keys start distinct states. */
-    uint64_t s = mix64(seed) ^ mix64(((uint64_t)(uint32_t)conv << 32) | (uint32_t)turn);
+    /* A stream per (conversation, turn): wl_mix64 is a bijection, so
+     * distinct keys start distinct states. */
+    uint64_t s = wl_mix64(seed) ^ wl_mix64(((uint64_t)(uint32_t)conv << 32) | (uint32_t)turn);
     uint64_t draw = 0;
     text_clear(t);
     PV_TRY(text_add(t, "", 0, MAX_TEXT, "a message"));
     for (int32_t i = 0; i < n; i++) {
         if (i % 8 == 0) /* a draw picks eight words, a byte each */
-            draw = splitmix64(&s);
+            draw = wl_splitmix64(&s);
         const char *word = words[draw & 255];
         draw >>= 8;
         if (i)
@@ -345,6 +333,7 @@ struct run {
     int in_flight;   /* transfers in the multi handle */
     double t0;
     double next_due; /* the earliest turn due; INFINITY for none */
+    int32_t lo, hi;  /* conversations in arrival order: [lo, hi) have arrived and not all ended */
     int warned;      /* a DELETE's failure was reported */
 };
 
@@ -625,12 +614,17 @@ static pv_status conv_end(run *r, int32_t i)
     return r->o->sessions ? start_delete(r, i) : PV_OK;
 }
 
-/* Sends every turn that is due and finds when the next one is. */
+/* Sends every turn that is due and finds when the next one is; only the
+ * conversations that have arrived and not ended are looked at. */
 static pv_status start_due(run *r)
 {
     const double now = since(r);
-    r->next_due = INFINITY;
-    for (int32_t i = 0; i < r->w->n; i++) {
+    while (r->hi < r->w->n && r->w->conv[r->hi].arrival_s <= now)
+        r->hi++;
+    while (r->lo < r->hi && r->convs[r->lo].ended)
+        r->lo++;
+    r->next_due = r->hi < r->w->n ? r->w->conv[r->hi].arrival_s : INFINITY;
+    for (int32_t i = r->lo; i < r->hi; i++) {
         conv_state *cs = &r->convs[i];
         if (cs->ended || cs->req)
             continue;

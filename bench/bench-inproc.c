@@ -79,14 +79,6 @@ static void on_done(void *user, pv_status status, const pv_turn_result *result)
     free(c);
 }
 
-static uint64_t next_random(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* Sends conversation i's next turn. */
 static pv_status submit_turn(run_state *r, int32_t i)
 {
@@ -117,7 +109,7 @@ static pv_status submit_turn(run_state *r, int32_t i)
         cs->prompt_ids = ids;
         /* the vocabulary's middle half: no end or control tokens */
         for (int32_t k = 0; k < t->input_tokens; k++)
-            ids[k] = (int32_t)(r->n_vocab / 4 + next_random(&r->rng) % (r->n_vocab / 2));
+            ids[k] = (int32_t)(r->n_vocab / 4 + wl_splitmix64(&r->rng) % (r->n_vocab / 2));
         turn.tokens = ids;
         turn.n_tokens = (size_t)t->input_tokens;
     }
@@ -141,7 +133,9 @@ static void sleep_s(double s)
     nanosleep(&ts, NULL);
 }
 
-/* The workload, in real time, until every turn has ended. */
+/* The workload, in real time, until every turn has ended. Conversations
+ * come in arrival order: only those in [lo, hi) (arrived, not ended) are
+ * looked at, so a step costs what is live, not the whole workload. */
 static pv_status run_workload(run_state *r)
 {
     const wl_workload *w = r->w;
@@ -151,10 +145,13 @@ static pv_status run_workload(run_state *r)
     }
     r->t0 = bench_now_s();
     pv_status st = PV_OK;
+    int32_t lo = 0, hi = 0;
     while (st == PV_OK && r->n_done < r->total) {
         const double now = since(r);
-        double next_due = INFINITY;
-        for (int32_t i = 0; st == PV_OK && i < w->n; i++) {
+        while (hi < w->n && w->conv[hi].arrival_s <= now)
+            hi++;
+        double next_due = hi < w->n ? w->conv[hi].arrival_s : INFINITY;
+        for (int32_t i = lo; st == PV_OK && i < hi; i++) {
             conv_state *cs = &r->convs[i];
             if (cs->in_flight || cs->next >= w->conv[i].n_turns)
                 continue;
@@ -170,7 +167,7 @@ static pv_status run_workload(run_state *r)
         else if (isfinite(next_due))
             sleep_s(next_due - since(r));
         /* a conversation whose last turn ended frees its cache */
-        for (int32_t i = 0; st == PV_OK && i < w->n; i++) {
+        for (int32_t i = lo; st == PV_OK && i < hi; i++) {
             conv_state *cs = &r->convs[i];
             if (cs->ended || cs->in_flight || cs->next < w->conv[i].n_turns)
                 continue;
@@ -179,6 +176,8 @@ static pv_status run_workload(run_state *r)
                 st = end;
             cs->ended = 1;
         }
+        while (lo < hi && r->convs[lo].ended)
+            lo++;
     }
     return st;
 }

@@ -28,9 +28,10 @@ tests_test_bench_sweep_LDADD = -lm
 check_PROGRAMS += tests/test-bench-sse tests/test-bench-http-fake
 TESTS += tests/test-bench-sse tests/test-bench-http-fake tests/test-bench-http.sh
 EXTRA_DIST += tests/test-bench-http.sh tests/serve-start.sh
-tests_test_bench_sse_SOURCES = tests/test-bench-sse.c bench/bench-http.c bench/bench-run.c
+tests_test_bench_sse_SOURCES = tests/test-bench-sse.c bench/bench-http.c bench/bench-run.c bench/workload.c
 tests_test_bench_sse_CPPFLAGS = $(PV_TEST_INCLUDES) $(JANSSON_CFLAGS) $(LIBCURL_CFLAGS)
 tests_test_bench_sse_LDADD = $(PV_LINK) $(JANSSON_LIBS) $(LIBCURL_LIBS)
-tests_test_bench_http_fake_SOURCES = tests/test-bench-http-fake.c bench/bench-http.c bench/bench-run.c
+tests_test_bench_http_fake_SOURCES = tests/test-bench-http-fake.c bench/bench-http.c bench/bench-run.c \
+    bench/workload.c
 tests_test_bench_http_fake_CPPFLAGS = $(PV_TEST_INCLUDES) $(JANSSON_CFLAGS) $(LIBCURL_CFLAGS)
 tests_test_bench_http_fake_LDADD = $(PV_LINK) $(JANSSON_LIBS) $(LIBCURL_LIBS) $(PTHREAD_LIBS)

@@ -88,29 +88,32 @@ typedef struct wl_rng {
     uint64_t s;
 } wl_rng;
 
-#define WL_GAMMA UINT64_C(0x9E3779B97F4A7C15)
-
-static uint64_t wl_mix(uint64_t z)
+uint64_t wl_mix64(uint64_t z)
 {
     z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
     z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
     return z ^ (z >> 31);
 }
 
+uint64_t wl_splitmix64(uint64_t *state)
+{
+    *state += WL_GAMMA;
+    return wl_mix64(*state);
+}
+
 static uint64_t wl_next(wl_rng *r)
 {
-    r->s += WL_GAMMA;
-    return wl_mix(r->s);
+    return wl_splitmix64(&r->s);
 }
 
 enum { WL_STREAM_ARRIVALS, WL_STREAM_LENGTHS, WL_STREAM_THINK, WL_STREAMS };
 
 /* The stream `tag` of conversation i: distinct (i, tag) give distinct
- * starting states, since WL_GAMMA is odd and wl_mix is a bijection. */
+ * starting states, since WL_GAMMA is odd and wl_mix64 is a bijection. */
 static wl_rng wl_stream(uint64_t seed, int64_t i, int tag)
 {
     uint64_t k = (uint64_t)i * WL_STREAMS + (uint64_t)tag + 1;
-    return (wl_rng){wl_mix(seed + WL_GAMMA * k)};
+    return (wl_rng){wl_mix64(seed + WL_GAMMA * k)};
 }
 
 /* Uniform in (0, 1): never 0, so log() stays finite. */

@@ -125,6 +125,13 @@ pv_status wl_load_jsonl(const char *path, const wl_options *o,
                         int32_t (*count)(void *ctx, const char *text), void *ctx,
                         wl_workload *out);
 
+/* splitmix64, the bench's random numbers (seeded; no rand()): wl_mix64 is
+ * a bijection of 64-bit values (distinct keys give distinct states);
+ * wl_splitmix64 steps *state and returns its next draw. */
+#define WL_GAMMA UINT64_C(0x9E3779B97F4A7C15)
+uint64_t wl_mix64(uint64_t z);
+uint64_t wl_splitmix64(uint64_t *state);
+
 /* Frees the turns, texts and conversations and zeroes *w; a no-op on a
  * zeroed workload or NULL. */
 void wl_free(wl_workload *w);

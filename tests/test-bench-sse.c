@@ -152,7 +152,7 @@ static void test_sse(void)
             st = bh_sse_feed(&sse, block, mib, collect, &s);
         refused_line = st == PV_ERR_FORMAT && s.count == 0;
         bh_sse_free(&sse);
-        for (size_t k = 0; k + 1 < mib; k += 1024) /* lines of 1 KiB: "data: xxx...\n" */
+        for (size_t k = 0; k + 1 < mib; k += 1024) /* 1 KiB lines of "data: " and filler */
             block[k + 1023] = '\n', memcpy(block + k, "data: ", 6);
         st = PV_OK;
         for (int k = 0; k < 20 && st == PV_OK; k++)
