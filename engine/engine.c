@@ -700,5 +700,28 @@ pv_status pv_engine_check(pv_engine *e)
             }
     }
     free(owner);
+    /* A running request's table covers its chunks in every layer. */
+    for (size_t i = 0; i < e->n_running && st == PV_OK; i++) {
+        const pv_request *r = e->running[i];
+        for (uint32_t c = 0; c < r->n_chunks && st == PV_OK; c++)
+            for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++)
+                if (r->slots[(size_t)l * r->cap_chunks + c] < 0)
+                    st = pv_error(PV_ERR_STATE, "engine: request %" PRIu64 " has no slot for chunk %u layer %u of its %u",
+                                  r->id, c, l, r->n_chunks);
+    }
+    /* Outside a running turn, the cache holds no chunk past the history. */
+    for (size_t b = 0; b < e->n_buckets && st == PV_OK; b++)
+        for (const pv_esession *s = e->buckets[b]; s && st == PV_OK; s = s->next_in_bucket) {
+            if (!s->opened || (s->request && s->request->state == PV_REQ_RUNNING))
+                continue;
+            pv_session_view view;
+            if ((st = pv_cache_session_restore(e->cache, s->id, &view)) != PV_OK)
+                break;
+            uint64_t chunks = (s->history.n + e->chunk_tokens - 1) / e->chunk_tokens;
+            if (view.n_chunks > chunks)
+                st = pv_error(PV_ERR_STATE,
+                              "engine: session \"%.64s\" has %u chunks in the cache, past its %zu-token history",
+                              s->id, view.n_chunks, s->history.n);
+        }
     return st;
 }

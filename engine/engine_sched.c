@@ -163,12 +163,14 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
         R = H;
     const uint32_t L = e->n_layers, Rc = div_up(R, e->chunk_tokens), Hc = div_up(H, e->chunk_tokens);
     const uint32_t end_chunks = div_up(H + (r->feed.n - r->fed), e->chunk_tokens);
-    /* New DEVICE slots: recomputed chunks, host chunks to swap in (those
-     * with a device shadow are read there), chunks of the new tokens. */
-    uint64_t need = (uint64_t)Rc * L + (view.records[PV_TIER_HOST] - view.shadows) +
-                    (uint64_t)(end_chunks > Hc ? end_chunks - Hc : 0) * L;
-    pv_cache_admission adm;
-    if ((st = pv_cache_admit(e->cache, need, &adm)) != PV_OK) {
+    /* New DEVICE slots: every (chunk, layer) of the context through this
+     * turn's tokens, less those on DEVICE already (records and the shadows
+     * of host records). A recomputed chunk's layers kept on HOST or DEVICE
+     * are replaced, not added to (the cache holds nothing past the
+     * history: pv_cache_session_trim). */
+    const uint64_t on_device = (uint64_t)view.records[PV_TIER_DEVICE] + view.shadows;
+    const uint64_t need = (uint64_t)(end_chunks > Hc ? end_chunks : Hc) * L - on_device;
+    if (need > (uint64_t)e->n_device_slots) {
         pv_cache_unpin(e->cache, id);
         /* Never admissible: the turn fails alone. */
         *admitted = 1;
@@ -177,6 +179,10 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
                                            " new device slots; the device pool has %" PRId64,
                                            id, need, e->n_device_slots));
     }
+    /* Past the pool less the admission reserve, a turn runs only alone. */
+    pv_cache_admission adm = {0, 0};
+    if (pv_cache_admit(e->cache, need, &adm) != PV_OK)
+        adm.admit = 0;
     /* With nothing running, waiting frees nothing: the reserve kept for
      * other admissions gives way, and the turn runs if its context fits. */
     uint64_t room = adm.admit ? adm.free_bytes / e->slot_bytes : e->n_running == 0 ? need : 0;
@@ -342,6 +348,11 @@ static pv_status release_session(pv_engine *e, pv_request *r, int save)
         st = pv_cache_session_save(e->cache, s->id, (uint32_t)s->history.n);
     if (s->opened) {
         pv_status st2 = pv_cache_unpin(e->cache, s->id);
+        /* A batch given up for room may have stored the next chunk of a
+         * turn that now leaves without running it: no KV, no token; a later
+         * admission would take it for history. */
+        if (st2 == PV_OK)
+            st2 = pv_cache_session_trim(e->cache, s->id);
         if (st == PV_OK)
             st = st2;
     }

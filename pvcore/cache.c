@@ -451,23 +451,17 @@ static void index_trim(pv_session *s)
     s->n_blocks = n_blocks;
 }
 
-pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_tokens)
+/* Frees session s's chunks from `keep` on, for a cut at token n_tokens (fn
+ * names the caller in messages). PV_ERR_BUSY, changing nothing, while the
+ * session is pinned or one of those chunks is under copy. */
+static pv_status cut_chunks(pv_cache *cache, pv_session *s, uint32_t keep, uint32_t n_tokens, const char *fn)
 {
-    uint32_t h;
-    pv_status st = find_session(cache, id, "pv_cache_session_truncate", &h);
-    if (st != PV_OK)
-        return st;
-    pv_session *s = &cache->sessions[h];
-    if (n_tokens >= s->n_tokens)
-        return PV_OK;
+    const char *id = s->id;
     if (s->pins)
         return pv_error(PV_ERR_BUSY,
-                        "pv_cache_session_truncate: session \"%.64s\" is pinned %u times; cutting its "
-                        "history to %u of %zu tokens waits for the unpin",
-                        id, s->pins, n_tokens, s->n_tokens);
-    uint32_t ct = cache->cfg.chunk_tokens;
-    /* Chunks from `keep` on hold no kept token. */
-    uint32_t keep = n_tokens / ct + (n_tokens % ct != 0);
+                        "%s: session \"%.64s\" is pinned %u times; freeing its chunks from %u on (a "
+                        "cut at token %u of %zu) waits for the unpin",
+                        fn, id, s->pins, keep, n_tokens, s->n_tokens);
     uint32_t old_end = s->n_chunks;
     if (keep > old_end)
         keep = old_end;
@@ -478,10 +472,9 @@ pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
                 if (pv_rec(cache, s, c, l)->copying)
                     return pv_error(PV_ERR_BUSY,
-                                    "pv_cache_session_truncate: chunk %u layer %u of \"%.64s\" is "
-                                    "under copy, past the cut at token %u (chunks from %u go); "
-                                    "complete or abort the copy first",
-                                    c, l, id, n_tokens, keep);
+                                    "%s: chunk %u layer %u of \"%.64s\" is under copy, past the cut "
+                                    "at token %u (chunks from %u go); complete or abort the copy first",
+                                    fn, c, l, id, n_tokens, keep);
     /* Leads are found below n_chunks: lowered first, a freed lead finds no
      * successor in the chunks being freed (O(1) instead of a scan). */
     s->n_chunks = keep;
@@ -497,6 +490,37 @@ pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_
     /* The weighted policy's costs follow n_chunks: frontiers are redone. */
     pv_session_refresh(cache, s);
     return PV_OK;
+}
+
+static uint32_t chunks_for(const pv_cache *cache, uint64_t n_tokens)
+{
+    return (uint32_t)((n_tokens + cache->cfg.chunk_tokens - 1) / cache->cfg.chunk_tokens);
+}
+
+pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_tokens)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_truncate", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    if (n_tokens >= s->n_tokens)
+        return PV_OK;
+    /* Chunks from chunks_for(n_tokens) on hold no kept token. */
+    return cut_chunks(cache, s, chunks_for(cache, n_tokens), n_tokens, "pv_cache_session_truncate");
+}
+
+pv_status pv_cache_session_trim(pv_cache *cache, const char *id)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_trim", &h);
+    if (st != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    const uint32_t keep = chunks_for(cache, s->n_tokens);
+    if (keep >= s->n_chunks)
+        return PV_OK;
+    return cut_chunks(cache, s, keep, (uint32_t)s->n_tokens, "pv_cache_session_trim");
 }
 
 pv_status pv_cache_append_tokens(pv_cache *cache, const char *id, const int32_t *tokens,

@@ -298,6 +298,8 @@ static void null_arguments(void)
     NULL_CASE(pv_cache_session_save(cache, NULL, 0));
     NULL_CASE(pv_cache_session_truncate(NULL, "s", 0));
     NULL_CASE(pv_cache_session_truncate(cache, NULL, 0));
+    NULL_CASE(pv_cache_session_trim(NULL, "s"));
+    NULL_CASE(pv_cache_session_trim(cache, NULL));
     NULL_CASE(pv_cache_session_restore(NULL, "s", &view));
     NULL_CASE(pv_cache_session_restore(cache, NULL, &view));
     NULL_CASE(pv_cache_session_restore(cache, "s", NULL));

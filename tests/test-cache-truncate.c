@@ -302,6 +302,52 @@ static void layers_and_weights(void)
     pv_cache_free(cache);
 }
 
+/* pv_cache_session_trim: chunks stored ahead of the history (for tokens
+ * that never ran) go; the history's own chunks, its last partial one
+ * included, stay. */
+static void trim_ahead(void)
+{
+    test_clock clk = {0};
+    pv_cache *cache = trunc_cache(PV_POLICY_PENSIEVE, 2, 8, 8, &clk);
+    pv_cache_session_open(cache, "a");
+    pv_cache_append_tokens(cache, "a", history, 40); /* chunks 0 and 1 (tokens 32-39) */
+    for (uint32_t c = 0; c < 2; c++)
+        for (uint32_t l = 0; l < 2; l++)
+            pv_cache_store_chunk(cache, "a", c, l, PV_TIER_DEVICE, NULL);
+    pv_session_view before, after;
+    pv_cache_session_restore(cache, "a", &before);
+    ok(pv_cache_session_trim(cache, "a") == PV_OK, "trim with nothing ahead of the history");
+    pv_cache_session_restore(cache, "a", &after);
+    ok(same_view(&before, &after), "changes nothing");
+    /* Chunk 2 on DEVICE and chunk 3 on HOST, ahead of the 40 tokens. */
+    pv_cache_store_chunk(cache, "a", 2, 0, PV_TIER_DEVICE, NULL);
+    pv_cache_store_chunk(cache, "a", 2, 1, PV_TIER_DEVICE, NULL);
+    pv_cache_store_chunk(cache, "a", 3, 1, PV_TIER_HOST, NULL);
+    pv_cache_pin(cache, "a");
+    ok(pv_cache_session_trim(cache, "a") == PV_ERR_BUSY && strstr(pv_last_error(), "pv_cache_session_trim") &&
+           strstr(pv_last_error(), "pinned 1 times"),
+       "pinned: busy (%s)", pv_last_error());
+    pv_cache_unpin(cache, "a");
+    ok(pv_cache_session_trim(cache, "a") == PV_OK, "trim with chunks 2 and 3 ahead of a 40-token history");
+    expect e = {40, 0, 2, {4, 0, 0}, 0, 0, 4, 0};
+    view_is(cache, "a", &e, "chunks 0 and 1 left, every slot of 2 and 3 free");
+    ok(tiers_are(cache, "a", 1, PV_TIER_DEVICE, PV_TIER_DEVICE) && tiers_are(cache, "a", 2, PV_TIER_NONE, PV_TIER_NONE) &&
+           tiers_are(cache, "a", 3, PV_TIER_NONE, PV_TIER_NONE),
+       "the partial chunk 1 stays; chunks 2 and 3 are gone");
+    check_ok(cache, "after the trim");
+    /* An empty history: every chunk is ahead of it. */
+    pv_cache_session_open(cache, "empty");
+    pv_cache_store_chunk(cache, "empty", 0, 0, PV_TIER_DEVICE, NULL);
+    uint64_t dev = 1;
+    ok(pv_cache_session_trim(cache, "empty") == PV_OK && pv_cache_held_bytes(cache, "empty", &dev, NULL) == PV_OK &&
+           dev == 0,
+       "a session with no history keeps no chunk");
+    ok(pv_cache_session_trim(cache, "ghost") == PV_ERR_NOT_FOUND && strstr(pv_last_error(), "\"ghost\""),
+       "an unknown session: %s", pv_last_error());
+    check_ok(cache, "after trimming the empty session");
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
     for (int i = 0; i < 400; i++)
@@ -309,5 +355,6 @@ int main(void)
     cut_through_every_tier();
     busy();
     layers_and_weights();
+    trim_ahead();
     return tap_done();
 }

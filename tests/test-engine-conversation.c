@@ -748,6 +748,67 @@ static void cancel_mid_recovery(void)
     pv_engine_free(e);
 }
 
+/* A returning session whose history is partly dropped, partly on HOST,
+ * partly in the same chunks (a dropped layer beside kept ones): its turn
+ * needs a DEVICE slot per (chunk, layer) of its context, no more. 21
+ * device slots (7 chunks of 3 layers), 5 host slots. */
+static void recovery_needs_its_context(void)
+{
+    pv_engine *e = new_engine(PV_MODE_PENSIEVE, 21, 5, 16, 2);
+    if (!e)
+        return;
+    conv a = {.n = 0}, b = {.n = 0};
+    eu_result ra, rb;
+    conv_add_random(&a, 58);
+    answer_check(e, "old", &a, 0, "partly dropped: the first turn", &ra);
+    conv_add_random(&b, 60);
+    answer_check(e, "other", &b, 0, "partly dropped: another session fills the device", &rb);
+    /* The first session's records: chunks through the last one with a
+     * dropped layer are recomputed; their layers kept elsewhere are
+     * replaced there, not added. */
+    pv_cache *cache = pv_engine_cache(e);
+    uint32_t recompute_chunks = 0, kept_below = 0, on_device = 0, per_tier[3] = {0, 0, 0};
+    for (uint32_t c = 0; c < 7; c++)
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            pv_tier t = PV_TIER_NONE;
+            uint32_t shadow = UINT32_MAX;
+            if (pv_cache_peek(cache, "old", c, l, &t, NULL, &shadow) == PV_OK && t != PV_TIER_NONE) {
+                per_tier[t]++;
+                on_device += t == PV_TIER_DEVICE || shadow != UINT32_MAX;
+                if (t == PV_TIER_DROPPED)
+                    recompute_chunks = c + 1;
+            }
+        }
+    for (uint32_t c = 0; c < recompute_chunks; c++)
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            pv_tier t = PV_TIER_NONE;
+            kept_below += pv_cache_peek(cache, "old", c, l, &t, NULL, NULL) == PV_OK &&
+                          (t == PV_TIER_DEVICE || t == PV_TIER_HOST);
+        }
+    /* The next turn's context is 7 chunks through its answer, the whole
+     * pool: it needs the slots not on DEVICE already, which the pool can
+     * give with nothing else running; counting the kept layers of the
+     * recomputed chunks again would ask for more. */
+    const uint32_t need = 7 * LAYERS - on_device;
+    ok(per_tier[PV_TIER_HOST] > 0 && kept_below > 0 && need + kept_below > 7 * LAYERS - on_device,
+       "partly dropped: %u records on device, %u on host (%u with a device shadow), %u dropped; %u kept inside "
+       "the %u chunks to recompute: %u new slots needed",
+       per_tier[PV_TIER_DEVICE], per_tier[PV_TIER_HOST], on_device - per_tier[PV_TIER_DEVICE],
+       per_tier[PV_TIER_DROPPED], kept_below, recompute_chunks, need);
+    conv c = a;
+    conv_answered(&c, &ra);
+    conv_add_random(&c, 112 - 7 - c.n);
+    eu_result rc;
+    answer_check(e, "old", &c, (int)(a.n + ra.n - 1), "partly dropped: the next turn, 7 chunks of context", &rc);
+    /* 7 chunks, the whole pool: past it less the reserve, so it runs
+     * alone, nothing else running. */
+    conv d = {.n = 0};
+    conv_add_random(&d, 112 - 7);
+    answer_check(e, "whole", &d, 0, "a first turn whose context is the whole device pool", &rc);
+    report_checks("partly dropped");
+    pv_engine_free(e);
+}
+
 static void cancel_unknown_and_all(void)
 {
     pv_engine *e = new_engine(PV_MODE_PENSIEVE, 256, 32, 48, 2);
@@ -1305,8 +1366,21 @@ int main(int argc, char **argv)
         property(PV_MODE_PENSIEVE);
         property(PV_MODE_GPU_ONLY);
         property(PV_MODE_STATELESS);
+        if (!exploring) {
+            /* A seed whose rounds suspend a turn right after a batch given
+             * up for room stored its next chunk (that chunk must not
+             * outlive the turn); the rest keep the default seed's draws. */
+            uint64_t saved = rng_state;
+            rng_state = 5;
+            exploring = 1;
+            tap_diag("pensieve mode again, conversations from seed 5");
+            property(PV_MODE_PENSIEVE);
+            exploring = 0;
+            rng_state = saved;
+        }
         cancel_queued_and_running();
         cancel_mid_recovery();
+        recovery_needs_its_context();
         cancel_unknown_and_all();
         null_session();
         loop_threads();

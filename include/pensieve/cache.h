@@ -151,6 +151,12 @@ pv_status pv_cache_session_save(pv_cache *cache, const char *id, uint32_t commit
  * and the session's page table, not the cache. */
 pv_status pv_cache_session_truncate(pv_cache *cache, const char *id, uint32_t n_tokens);
 
+/* Frees the chunks stored past the history's last chunk: slots taken for
+ * tokens that never ran (a turn that left the running set with its next
+ * chunk stored but not run). Nothing else changes; PV_OK when there are
+ * none. PV_ERR_NOT_FOUND and PV_ERR_BUSY as for pv_cache_session_truncate. */
+pv_status pv_cache_session_trim(pv_cache *cache, const char *id);
+
 typedef struct pv_session_view {
     const int32_t *tokens;      /* the history; valid until this session changes */
     size_t n_tokens;

@@ -238,9 +238,11 @@ pv_status pv_engine_stats_get(const pv_engine *e, pv_engine_stats *stats);
  * pv_cache_lookup for a picture of the tiers). */
 pv_cache *pv_engine_cache(pv_engine *e);
 
-/* Checks the cache's invariants and the engine's own (every running
- * request's slots are DEVICE slots of its session). PV_ERR_STATE naming the
- * first violation. */
+/* Checks the cache's invariants and the engine's own: every running
+ * request's table has a DEVICE slot for each layer of each of its chunks,
+ * no slot is in two tables, and outside a running turn the cache holds no
+ * chunk past the session's history. PV_ERR_STATE naming the first
+ * violation. */
 pv_status pv_engine_check(pv_engine *e);
 
 /* Session names, for listings: calls fn for each session the engine knows. */
