@@ -706,7 +706,8 @@ pv_status pv_engine_check(pv_engine *e)
         for (uint32_t c = 0; c < r->n_chunks && st == PV_OK; c++)
             for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++)
                 if (r->slots[(size_t)l * r->cap_chunks + c] < 0)
-                    st = pv_error(PV_ERR_STATE, "engine: request %" PRIu64 " has no slot for chunk %u layer %u of its %u",
+                    st = pv_error(PV_ERR_STATE,
+                                  "engine: request %" PRIu64 " has no slot for chunk %u layer %u of its %u",
                                   r->id, c, l, r->n_chunks);
     }
     /* Outside a running turn, the cache holds no chunk past the history. */

@@ -169,7 +169,15 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
      * are replaced, not added to (the cache holds nothing past the
      * history: pv_cache_session_trim). */
     const uint64_t on_device = (uint64_t)view.records[PV_TIER_DEVICE] + view.shadows;
-    const uint64_t need = (uint64_t)(end_chunks > Hc ? end_chunks : Hc) * L - on_device;
+    const uint64_t context = (uint64_t)(end_chunks > Hc ? end_chunks : Hc) * L;
+    if (on_device > context) {
+        st = pv_error(PV_ERR_STATE,
+                      "engine: session \"%.64s\" has %" PRIu64 " chunk records on device, more than the %" PRIu64
+                      " of its context",
+                      id, on_device, context);
+        goto unpin;
+    }
+    const uint64_t need = context - on_device;
     if (need > (uint64_t)e->n_device_slots) {
         pv_cache_unpin(e->cache, id);
         /* Never admissible: the turn fails alone. */
