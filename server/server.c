@@ -574,8 +574,11 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
         free_server(s);
         return st;
     }
+    /* MHD_USE_ITC: MHD_quiesce_daemon (pv_server_stop) needs it with internal
+     * threads; without it the threads race over the listen socket and MHD
+     * aborts ("Failed to remove listen FD from epoll set"). */
     s->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
-                                  MHD_USE_ERROR_LOG,
+                                  MHD_USE_ITC | MHD_USE_ERROR_LOG,
                               0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)cfg->threads,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
