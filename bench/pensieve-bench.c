@@ -801,9 +801,11 @@ static int parse_options(int argc, char **argv, bench_options *o)
                 "server's own\n", prog);
         return -1;
     }
-    if (o->sweep && o->n_rates == 0) { /* --sweep: the preset, where not given */
-        o->n_rates = (int)(sizeof sweep_rates / sizeof *sweep_rates);
-        memcpy(o->rates, sweep_rates, sizeof sweep_rates);
+    if (given[OPT_SWEEP - OPT_DATASET]) { /* --sweep: the preset, where not given (--rates alone: none) */
+        if (o->n_rates == 0) {
+            o->n_rates = (int)(sizeof sweep_rates / sizeof *sweep_rates);
+            memcpy(o->rates, sweep_rates, sizeof sweep_rates);
+        }
         if (!given[OPT_CONVS - OPT_DATASET] && !given[OPT_DURATION - OPT_DATASET])
             o->duration_s = SWEEP_DURATION_S;
         if (!given[OPT_TIME_SCALE - OPT_DATASET])

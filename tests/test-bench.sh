@@ -161,6 +161,20 @@ print("# %s conversations" % got)
 PY
 check $? "--duration: the conversations grow with the rate ($(tail -n 1 "$tmp/why"))"
 
+# --sweep with --rates: the given rates, the rest of the preset (its time
+# and length scales) still applies.
+"$bench" --synthetic --sweep --rates 50 --conversations 2 --think 0.1 --modes pensieve --policies none --json \
+    >"$tmp/preset.json" 2>"$tmp/err"
+python3 - "$tmp/preset.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+w = p["workload"]
+assert [r["rate"] for r in p["runs"]] == [50], p["runs"]
+assert (w["time_scale"], w["length_scale"], w["conversations"]) == (0.05, 0.25, 2), w
+print("# time scale %g, length scale %g" % (w["time_scale"], w["length_scale"]))
+PY
+check $? "--sweep --rates keeps the rest of the preset ($(tail -n 1 "$tmp/why"))"
+
 if command -v gnuplot >/dev/null 2>&1; then
     "$bench" --synthetic --conversations 2 --rates 20,40 --think 0 --length-scale 0.1 --target 100 \
         --policies none --plot "$tmp/sweep.png" >"$tmp/table" 2>"$tmp/err" &&
