@@ -598,6 +598,11 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
         goto fail;
     }
     pv_ivec_free(&conv);
+    /* The user is back: the history counts as active from now, not from
+     * its last answer, or a turn queued past the knee looks the idlest
+     * session and loses its history to eviction while it waits. */
+    if (s->opened && (st = pv_cache_touch(e->cache, s->id)) != PV_OK)
+        goto fail;
     if (cb)
         r->cb = *cb;
     r->id = e->next_request_id++;

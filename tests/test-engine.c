@@ -351,6 +351,25 @@ static void sampling_and_stops(void)
            es.sessions_timed_out == 1 && cs.sessions == 0 && cs.used_bytes[PV_TIER_DEVICE] == 0,
        "a session idle past the timeout is ended, its KV freed (kept at 5 s: %d)", kept);
     pv_engine_free(e);
+
+    /* A turn that arrives makes its history active from then, not from the
+     * last answer: eviction must not take a waiting turn for the idlest. */
+    ec.idle_timeout_s = 0;
+    fake_now = 100;
+    e = NULL;
+    if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) == PV_OK)
+        st = one_turn(e, "back", turns[0].prompt, 5, &s, &full);
+    pv_session_view before = {0}, queued = {0};
+    if (st == PV_OK)
+        st = pv_cache_session_restore(pv_engine_cache(e), "back", &before);
+    fake_now = 160;
+    pv_turn again = {.tokens = turns[0].prompt, .n_tokens = 3, .sampling = s};
+    if (st == PV_OK && (st = pv_engine_submit(e, "back", &again, NULL, NULL)) == PV_OK)
+        st = pv_cache_session_restore(pv_engine_cache(e), "back", &queued);
+    ok(st == PV_OK && before.last_active == 100 && queued.last_active == 160 && pv_engine_run(e) == PV_OK,
+       "a queued turn's history is active from its arrival (last active %g, then %g)", before.last_active,
+       queued.last_active);
+    pv_engine_free(e);
     eu_model_free(&m);
 }
 
