@@ -12,6 +12,7 @@
 #include "bench/bench-util.h"
 
 #include <curl/curl.h>
+#include <inttypes.h>
 #include <jansson.h>
 
 #include <math.h>
@@ -500,6 +501,15 @@ pv_status bh_chat_body(const bh_options *o, const wl_conversation *c, int32_t co
     /* json_object_set_new takes the value, also when it fails */
     int bad = json_object_set_new(body, "messages", messages) ||
               (o->ignore_eos && json_object_set_new(body, "ignore_eos", json_true()));
+    if (!bad && o->n_ban_tokens > 0) {
+        json_t *bias = json_object();
+        bad = json_object_set_new(body, "logit_bias", bias);
+        for (int k = 0; !bad && k < o->n_ban_tokens; k++) {
+            char id[16];
+            snprintf(id, sizeof id, "%" PRId32, o->ban_tokens[k]);
+            bad = json_object_set_new(bias, id, json_integer(-100));
+        }
+    }
     bh_text drawn = {0};
     pv_status st = PV_OK;
     for (int32_t k = 0; !bad && st == PV_OK && k <= turn; k++) {

@@ -41,6 +41,8 @@ typedef struct bh_options {
                           without sessions) */
     const char *session_prefix; /* distinct per run so runs against one server never share sessions */
     int ignore_eos;             /* send "ignore_eos": true so answers have the drawn length */
+    const int32_t *ban_tokens;  /* sent as "logit_bias": {"id": -100}: the same, for servers */
+    int n_ban_tokens;           /* without ignore_eos (ban their end-of-turn tokens) */
     double request_timeout_s;   /* per request; 0 none */
     uint64_t seed;              /* the generated texts' words */
     const char *label;          /* for br_progress */

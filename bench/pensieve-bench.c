@@ -24,6 +24,7 @@
 #include "bench/bench-util.h"
 #include "bench/workload.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
@@ -37,6 +38,7 @@ static const char *prog = "pensieve-bench";
 #define MAX_MODES 3
 #define MAX_POLICIES 3
 #define MAX_RATES 16
+#define MAX_BAN_TOKENS 64
 
 /* --sweep without --rates: a sweep sized for SmolLM2-135M on a small CPU
  * (2 cores; docs/PERFORMANCE.md), in under 15 minutes. The options given
@@ -67,6 +69,8 @@ typedef struct bench_options {
     const char *server_model; /* the requests' "model" */
     const char *label;        /* the server's name in reports */
     int no_sessions;
+    int32_t ban_tokens[MAX_BAN_TOKENS]; /* logit_bias -100: for servers without ignore_eos */
+    int n_ban_tokens;
     int json;
 } bench_options;
 
@@ -262,6 +266,8 @@ static pv_status run_http(const bench_options *o, double rate, int run_index, ru
                            .sessions = !o->no_sessions,
                            .session_prefix = prefix,
                            .ignore_eos = 1,
+                           .ban_tokens = o->ban_tokens,
+                           .n_ban_tokens = o->n_ban_tokens,
                            .request_timeout_s = 0,
                            .seed = o->workload.seed,
                            .label = label};
@@ -616,6 +622,8 @@ static void usage(FILE *f)
             "  --server-model NAME  the requests' model field (default pensieve)\n"
             "  --label NAME         the server's name in reports (default http)\n"
             "  --no-sessions        send no X-Session-Id (a server that keeps state per session)\n"
+            "  --ban-tokens LIST    token ids sent as logit_bias -100 (comma list), so a server without\n"
+            "                       ignore_eos still answers at the drawn length: its end-of-turn tokens\n"
             "  --json               print JSON instead of the table\n");
 }
 
@@ -657,6 +665,17 @@ static int parse_rate_item(const char *s, void *out, int i)
     return 0;
 }
 
+static int parse_token_item(const char *s, void *out, int i)
+{
+    char *end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 0 || v > INT32_MAX)
+        return -1;
+    ((int32_t *)out)[i] = (int32_t)v;
+    return 0;
+}
+
 static int parse_double(const char *opt, const char *s, double lo, double hi, double *out)
 {
     char *end;
@@ -672,7 +691,7 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
 enum {
     OPT_DATASET = 256, OPT_REPLAY, OPT_CONVS, OPT_RATE, OPT_THINK, OPT_TIME_SCALE, OPT_LENGTH_SCALE, OPT_CAP,
     OPT_SEED, OPT_MODES, OPT_JSON, OPT_RATES, OPT_SWEEP, OPT_TARGET, OPT_POLICIES, OPT_PLOT, OPT_HTTP,
-    OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION,
+    OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION, OPT_BAN_TOKENS,
     OPT_STACK /* the stack's options (app_stack_option) */
 };
 
@@ -690,6 +709,7 @@ static int parse_options(int argc, char **argv, bench_options *o)
         {"plot", required_argument, 0, OPT_PLOT},         {"http", required_argument, 0, OPT_HTTP},
         {"server-model", required_argument, 0, OPT_SERVER_MODEL}, {"label", required_argument, 0, OPT_LABEL},
         {"no-sessions", no_argument, 0, OPT_NO_SESSIONS}, {"duration", required_argument, 0, OPT_DURATION},
+        {"ban-tokens", required_argument, 0, OPT_BAN_TOKENS},
         {"policy", required_argument, 0, OPT_STACK},      {"model", required_argument, 0, OPT_STACK},
         {"synthetic", no_argument, 0, OPT_STACK},         {"backend", required_argument, 0, OPT_STACK},
         {"device-mem", required_argument, 0, OPT_STACK},  {"host-mem", required_argument, 0, OPT_STACK},
@@ -787,6 +807,13 @@ static int parse_options(int argc, char **argv, bench_options *o)
         case OPT_SERVER_MODEL: o->server_model = optarg; break;
         case OPT_LABEL: o->label = optarg; break;
         case OPT_NO_SESSIONS: o->no_sessions = 1; break;
+        case OPT_BAN_TOKENS:
+            if (parse_list(optarg, MAX_BAN_TOKENS, parse_token_item, o->ban_tokens, &o->n_ban_tokens)) {
+                fprintf(stderr, "%s: --ban-tokens '%s': want at most %d token ids (comma list)\n", prog, optarg,
+                        MAX_BAN_TOKENS);
+                return -1;
+            }
+            break;
         case OPT_JSON: o->json = 1; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -799,6 +826,10 @@ static int parse_options(int argc, char **argv, bench_options *o)
     if (o->http && (given[OPT_MODES - OPT_DATASET] || given[OPT_POLICIES - OPT_DATASET] || have_stack)) {
         fprintf(stderr, "%s: --http runs against a server: --modes, --policies and the stack's options are the "
                 "server's own\n", prog);
+        return -1;
+    }
+    if (!o->http && o->n_ban_tokens) {
+        fprintf(stderr, "%s: --ban-tokens is for --http (in process every answer has its drawn length)\n", prog);
         return -1;
     }
     if (given[OPT_SWEEP - OPT_DATASET]) { /* --sweep: the preset, where not given (--rates alone: none) */

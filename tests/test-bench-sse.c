@@ -255,8 +255,20 @@ static void test_body(void)
     o.ignore_eos = 0;
     st = bh_chat_body(&o, &c, 4, 0, NULL, &body);
     j = st == PV_OK ? json_loads(body, 0, NULL) : NULL;
-    ok(json_array_size(json_object_get(j, "messages")) == 1 && !json_object_get(j, "ignore_eos"),
-       "a first turn has one message; no ignore_eos unless asked");
+    ok(json_array_size(json_object_get(j, "messages")) == 1 && !json_object_get(j, "ignore_eos") &&
+           !json_object_get(j, "logit_bias"),
+       "a first turn has one message; no ignore_eos or logit_bias unless asked");
+    json_decref(j);
+    free(body);
+    const int32_t ban[2] = {0, 2};
+    o.ban_tokens = ban;
+    o.n_ban_tokens = 2;
+    st = bh_chat_body(&o, &c, 4, 0, NULL, &body);
+    j = st == PV_OK ? json_loads(body, 0, NULL) : NULL;
+    json_t *bias = json_object_get(j, "logit_bias");
+    ok(json_object_size(bias) == 2 && json_integer_value(json_object_get(bias, "0")) == -100 &&
+           json_integer_value(json_object_get(bias, "2")) == -100,
+       "banned tokens go as logit_bias -100 by id (%.200s)", body ? body : "(none)");
     json_decref(j);
     free(body);
     free(w0.p);
