@@ -229,6 +229,8 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
     pv_engine_config_defaults(&ec);
     ec.mode = o->mode;
     ec.idle_timeout_s = o->idle_timeout_s;
+    ec.clock = o->clock;
+    ec.clock_ctx = o->clock_ctx;
     if ((s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, &cc, &ec)) != PV_OK)
         return stack_error(prog, "engine", s);
     return 0;

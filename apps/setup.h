@@ -33,6 +33,8 @@ typedef struct app_stack_options {
     pv_dtype kv_dtype;
     pv_llama_weights weights;
     double idle_timeout_s;
+    pv_clock_fn clock;                 /* the engine's clock (NULL: monotonic), e.g. a virtual one */
+    void *clock_ctx;
 } app_stack_options;
 
 /* The stack's own options, shared by the programs that build one: --model,

@@ -18,9 +18,12 @@ typedef struct conv_state {
     int32_t *prompt_ids; /* generated turns: the ids of the current request */
 } conv_state;
 
+typedef struct request_ctx request_ctx;
+
 typedef struct run_state {
     const wl_workload *w;
     pv_engine *engine;
+    bi_clock *clock; /* NULL: real time */
     uint32_t n_vocab;
     const char *label;
     double t0;
@@ -28,26 +31,60 @@ typedef struct run_state {
     br_run *out;
     int64_t total, n_done;
     uint64_t rng;
+    /* virtual time: what the engine had forwarded, and the first tokens and
+     * answers of the iteration under way, stamped once its cost is known */
+    uint64_t iterations, forwarded;
+    int64_t *first_pending, n_first_pending;
+    request_ctx **done_pending;
+    int64_t n_done_pending;
 } run_state;
 
-typedef struct request_ctx {
+struct request_ctx {
     run_state *run;
     int32_t conv;
     int64_t record;
-} request_ctx;
+};
 
 static double since(const run_state *r)
 {
-    return bench_now_s() - r->t0;
+    return (r->clock ? r->clock->now : bench_now_s()) - r->t0;
+}
+
+double bi_clock_read(void *clock)
+{
+    return ((const bi_clock *)clock)->now;
 }
 
 static void on_token(void *user, int32_t token, const char *text, size_t len)
 {
     (void)token, (void)text, (void)len;
     request_ctx *c = user;
-    br_record *rec = &c->run->out->records[c->record];
-    if (rec->first_s < 0)
-        rec->first_s = since(c->run);
+    run_state *r = c->run;
+    br_record *rec = &r->out->records[c->record];
+    if (rec->first_s != -1) /* -1: no token yet; -2: one, stamped at the iteration's end */
+        return;
+    if (r->clock) {
+        rec->first_s = -2;
+        r->first_pending[r->n_first_pending++] = c->record;
+    } else {
+        rec->first_s = since(r);
+    }
+}
+
+/* A turn's end at end_s: its conversation's next turn is due after the
+ * think time. */
+static void settle(run_state *r, request_ctx *c, double end_s)
+{
+    br_record *rec = &r->out->records[c->record];
+    rec->end_s = end_s;
+    conv_state *cs = &r->convs[c->conv];
+    cs->in_flight = 0;
+    const wl_conversation *wc = &r->w->conv[c->conv];
+    if (cs->next < wc->n_turns)
+        cs->due_s = rec->end_s + wc->turns[cs->next].think_s;
+    r->n_done++;
+    br_progress(r->label, r->n_done, r->total, rec->end_s);
+    free(c);
 }
 
 static void on_done(void *user, pv_status status, const pv_turn_result *result)
@@ -55,7 +92,6 @@ static void on_done(void *user, pv_status status, const pv_turn_result *result)
     request_ctx *c = user;
     run_state *r = c->run;
     br_record *rec = &r->out->records[c->record];
-    rec->end_s = since(r);
     rec->failed = status != PV_OK || !result || result->finish == PV_FINISH_ERROR;
     if (rec->failed && !r->out->first_error[0])
         snprintf(r->out->first_error, sizeof r->out->first_error, "conversation %d: %s", c->conv,
@@ -69,14 +105,33 @@ static void on_done(void *user, pv_status status, const pv_turn_result *result)
         rec->cached_tokens = (uint64_t)result->reused_device + result->reused_host;
         rec->prompt_tokens = (uint64_t)result->context_tokens + result->new_tokens;
     }
-    conv_state *cs = &r->convs[c->conv];
-    cs->in_flight = 0;
-    const wl_conversation *wc = &r->w->conv[c->conv];
-    if (cs->next < wc->n_turns)
-        cs->due_s = rec->end_s + wc->turns[cs->next].think_s;
-    r->n_done++;
-    br_progress(r->label, r->n_done, r->total, rec->end_s);
-    free(c);
+    if (r->clock)
+        r->done_pending[r->n_done_pending++] = c;
+    else
+        settle(r, c, since(r));
+}
+
+/* Virtual time after an iteration: the clock moves by its cost, then the
+ * first tokens and answers it produced are stamped. */
+static pv_status advance_clock(run_state *r)
+{
+    pv_engine_stats es;
+    pv_status st = pv_engine_stats_get(r->engine, &es);
+    if (st != PV_OK)
+        return st;
+    const uint64_t forwarded = es.prefill_tokens + es.decode_tokens;
+    r->clock->now += r->clock->step_s * (double)(es.iterations - r->iterations) +
+                     r->clock->token_s * (double)(forwarded - r->forwarded);
+    r->iterations = es.iterations;
+    r->forwarded = forwarded;
+    const double now = since(r);
+    for (int64_t k = 0; k < r->n_first_pending; k++)
+        r->out->records[r->first_pending[k]].first_s = now;
+    r->n_first_pending = 0;
+    for (int64_t k = 0; k < r->n_done_pending; k++)
+        settle(r, r->done_pending[k], now);
+    r->n_done_pending = 0;
+    return PV_OK;
 }
 
 /* Sends conversation i's next turn. */
@@ -125,8 +180,14 @@ static pv_status submit_turn(run_state *r, int32_t i)
     return PV_OK;
 }
 
-static void sleep_s(double s)
+/* Until t (s since the start): a sleep, or in virtual time a jump. */
+static void wait_until(run_state *r, double t)
 {
+    if (r->clock) {
+        r->clock->now = fmax(r->clock->now, r->t0 + t);
+        return;
+    }
+    const double s = t - since(r);
     if (s <= 0)
         return;
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
@@ -143,7 +204,7 @@ static pv_status run_workload(run_state *r)
         r->convs[i].due_s = w->conv[i].arrival_s;
         snprintf(r->convs[i].session, sizeof r->convs[i].session, "conv-%d", i);
     }
-    r->t0 = bench_now_s();
+    r->t0 = r->clock ? r->clock->now : bench_now_s();
     pv_status st = PV_OK;
     int32_t lo = 0, hi = 0;
     while (st == PV_OK && r->n_done < r->total) {
@@ -162,10 +223,13 @@ static pv_status run_workload(run_state *r)
         }
         if (st != PV_OK)
             break;
-        if (pv_engine_pending(r->engine) > 0)
+        if (pv_engine_pending(r->engine) > 0) {
             st = pv_engine_step(r->engine, NULL);
-        else if (isfinite(next_due))
-            sleep_s(next_due - since(r));
+            if (st == PV_OK && r->clock)
+                st = advance_clock(r);
+        } else if (isfinite(next_due)) {
+            wait_until(r, next_due);
+        }
         /* a conversation whose last turn ended frees its cache */
         for (int32_t i = lo; st == PV_OK && i < hi; i++) {
             conv_state *cs = &r->convs[i];
@@ -182,16 +246,24 @@ static pv_status run_workload(run_state *r)
     return st;
 }
 
-pv_status bi_run(pv_engine *engine, uint32_t n_vocab, const wl_workload *w, uint64_t seed, const char *label,
-                 br_run *out)
+pv_status bi_run(pv_engine *engine, bi_clock *clock, uint32_t n_vocab, const wl_workload *w, uint64_t seed,
+                 const char *label, br_run *out)
 {
     memset(out, 0, sizeof *out);
-    run_state r = {.w = w, .engine = engine, .n_vocab = n_vocab, .label = label, .out = out, .rng = seed};
+    run_state r = {.w = w, .engine = engine, .clock = clock, .n_vocab = n_vocab, .label = label, .out = out,
+                   .rng = seed};
     for (int32_t i = 0; i < w->n; i++)
         r.total += w->conv[i].n_turns;
+    const size_t n_records = (size_t)(r.total ? r.total : 1);
     r.convs = calloc(w->n > 0 ? (size_t)w->n : 1, sizeof *r.convs);
-    out->records = calloc((size_t)(r.total ? r.total : 1), sizeof *out->records);
+    out->records = calloc(n_records, sizeof *out->records);
     pv_status st = PV_OK;
+    if (clock) { /* at most one pending first token and answer per turn */
+        r.first_pending = malloc(n_records * sizeof *r.first_pending);
+        r.done_pending = malloc(n_records * sizeof *r.done_pending);
+        if (!r.first_pending || !r.done_pending)
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %lld requests", (long long)r.total);
+    }
     if (!r.convs || !out->records)
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %lld requests", (long long)r.total);
     if (st == PV_OK)
@@ -211,5 +283,9 @@ pv_status bi_run(pv_engine *engine, uint32_t n_vocab, const wl_workload *w, uint
     for (int32_t i = 0; r.convs && i < w->n; i++)
         free(r.convs[i].prompt_ids);
     free(r.convs);
+    for (int64_t k = 0; k < r.n_done_pending; k++) /* a failed run's last iteration */
+        free(r.done_pending[k]);
+    free(r.first_pending);
+    free(r.done_pending);
     return st;
 }

@@ -2,7 +2,10 @@
  * real time on the calling thread. Between iterations (pv_engine_step) it
  * submits every turn that is due, and sleeps until the next one when
  * nothing is running; a conversation's session is ended after its last
- * turn. Generated turns are token ids (random ids of the vocabulary's
+ * turn. In virtual time (bi_clock) nothing sleeps: the clock jumps to the
+ * next turn due, and each iteration moves it by a cost model of the tokens
+ * it forwarded, so a run is a function of the workload and the engine's
+ * decisions alone, the same on any machine and under any load. Generated turns are token ids (random ids of the vocabulary's
  * middle, never an end token), answered with ignore_eos so every answer has
  * the length the workload drew; replayed turns are chat messages. */
 #ifndef PV_BENCH_INPROC_H
@@ -13,12 +16,23 @@
 
 #include <pensieve/engine.h>
 
+/* Virtual time: an iteration takes step_s plus token_s per token forwarded
+ * (prompt, recomputed history and decode alike). The engine built for the
+ * run reads it through bi_clock_read (app_stack_options.clock). */
+typedef struct bi_clock {
+    double now;
+    double step_s, token_s;
+} bi_clock;
+
+double bi_clock_read(void *clock);
+
 /* Runs w through engine (fresh: its statistics become out->counters);
+ * clock NULL: real time, else the engine's virtual clock;
  * n_vocab bounds the generated ids, seed draws them, label names the
  * progress line. *out is filled (br_run_free releases it) also when a turn
  * fails; the status is not PV_OK only when the run itself could not go on
  * (out of memory, the engine refusing a submit or failing a step). */
-pv_status bi_run(pv_engine *engine, uint32_t n_vocab, const wl_workload *w, uint64_t seed, const char *label,
-                 br_run *out);
+pv_status bi_run(pv_engine *engine, bi_clock *clock, uint32_t n_vocab, const wl_workload *w, uint64_t seed,
+                 const char *label, br_run *out);
 
 #endif

@@ -69,6 +69,7 @@ typedef struct bench_options {
     const char *server_model; /* the requests' "model" */
     const char *label;        /* the server's name in reports */
     int no_sessions;
+    double virtual_step_s, virtual_token_s; /* --virtual-time; step 0: real time */
     int32_t ban_tokens[MAX_BAN_TOKENS]; /* logit_bias -100: for servers without ignore_eos */
     int n_ban_tokens;
     int json;
@@ -202,6 +203,11 @@ static pv_status run_engine(const bench_options *o, pv_engine_mode mode, int pol
     rep->rate = rate;
     app_stack_options so = o->stack;
     so.mode = mode;
+    bi_clock clock = {.now = 0, .step_s = o->virtual_step_s, .token_s = o->virtual_token_s};
+    if (o->virtual_step_s > 0) {
+        so.clock = bi_clock_read;
+        so.clock_ctx = &clock;
+    }
     if (policy >= 0) {
         so.policy = (pv_policy)policy;
         so.have_policy = 1;
@@ -240,7 +246,7 @@ static pv_status run_engine(const bench_options *o, pv_engine_mode mode, int pol
     char label[96];
     snprintf(label, sizeof label, "%s %s at %.3g/s", rep->label, rep->policy, rate);
     if (s == PV_OK)
-        s = bi_run(st.engine, hp->n_vocab, &w, o->workload.seed, label, &run);
+        s = bi_run(st.engine, o->virtual_step_s > 0 ? &clock : NULL, hp->n_vocab, &w, o->workload.seed, label, &run);
     if (s == PV_OK)
         s = summarise(&run, o->target, rep);
     br_run_free(&run);
@@ -417,6 +423,9 @@ static void print_table(const bench_options *o, const bench_results *res)
     printf("pensieve-bench: %s, %s conversations %s, think %.3g s, time scale %.3g, length scale %.3g, seed %llu\n",
            o->replay ? o->replay : wl_dataset_stats_of(w->dataset)->name, o->replay ? "replayed" : "generated", count,
            w->think_mean_s, w->time_scale, w->length_scale, (unsigned long long)w->seed);
+    if (o->virtual_step_s > 0)
+        printf("in virtual time: an engine iteration takes %.3g ms + %.3g ms a token it forwards\n",
+               o->virtual_step_s * 1e3, o->virtual_token_s * 1e3);
     print_rows(res->runs, res->n_runs);
     printf("rate: --rate, conversations/s before --time-scale; offered: requests/s the workload sends; norm: end-to-end latency / output tokens (s); ttft in s at the client;\n"
            "cached: prompt tokens not prefilled again; device, host, recomp: shares of the history the turns found,\n"
@@ -515,6 +524,10 @@ static void print_json(const bench_options *o, const bench_results *res)
                                   w->context_cap));
     for (int i = 0; i < res->n_runs; i++)
         json_array_append_new(runs, report_json(&res->runs[i]));
+    json_object_set_new(root, "virtual_time", o->virtual_step_s > 0 ? json_pack("{s:f,s:f}", "step_s",
+                                                                                  o->virtual_step_s, "token_s",
+                                                                                  o->virtual_token_s)
+                                                                    : json_null());
     json_object_set_new(root, "runs", runs);
     if (o->sweep) {
         json_t *sweep = json_object(), *best = json_object();
@@ -617,6 +630,9 @@ static void usage(FILE *f)
             "  --host-mem SIZE      host tier budget\n"
             "  --config FILE        cache settings (INI)\n"
             "  --profile FILE       device profile from pensieve-tune\n"
+            "  --virtual-time STEP_MS,TOKEN_MS   no sleeping, no wall clock: an engine iteration takes\n"
+            "                       STEP_MS + TOKEN_MS per token it forwards; a run depends on the workload\n"
+            "                       and the engine's decisions only (repeatable, e.g. to compare policies)\n"
             "over HTTP:\n"
             "  --http URL           an OpenAI-compatible server (e.g. http://127.0.0.1:8080), streaming\n"
             "  --server-model NAME  the requests' model field (default pensieve)\n"
@@ -691,7 +707,7 @@ static int parse_double(const char *opt, const char *s, double lo, double hi, do
 enum {
     OPT_DATASET = 256, OPT_REPLAY, OPT_CONVS, OPT_RATE, OPT_THINK, OPT_TIME_SCALE, OPT_LENGTH_SCALE, OPT_CAP,
     OPT_SEED, OPT_MODES, OPT_JSON, OPT_RATES, OPT_SWEEP, OPT_TARGET, OPT_POLICIES, OPT_PLOT, OPT_HTTP,
-    OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION, OPT_BAN_TOKENS,
+    OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION, OPT_BAN_TOKENS, OPT_VIRTUAL_TIME,
     OPT_STACK /* the stack's options (app_stack_option) */
 };
 
@@ -710,6 +726,7 @@ static int parse_options(int argc, char **argv, bench_options *o)
         {"server-model", required_argument, 0, OPT_SERVER_MODEL}, {"label", required_argument, 0, OPT_LABEL},
         {"no-sessions", no_argument, 0, OPT_NO_SESSIONS}, {"duration", required_argument, 0, OPT_DURATION},
         {"ban-tokens", required_argument, 0, OPT_BAN_TOKENS},
+        {"virtual-time", required_argument, 0, OPT_VIRTUAL_TIME},
         {"policy", required_argument, 0, OPT_STACK},      {"model", required_argument, 0, OPT_STACK},
         {"synthetic", no_argument, 0, OPT_STACK},         {"backend", required_argument, 0, OPT_STACK},
         {"device-mem", required_argument, 0, OPT_STACK},  {"host-mem", required_argument, 0, OPT_STACK},
@@ -807,6 +824,19 @@ static int parse_options(int argc, char **argv, bench_options *o)
         case OPT_SERVER_MODEL: o->server_model = optarg; break;
         case OPT_LABEL: o->label = optarg; break;
         case OPT_NO_SESSIONS: o->no_sessions = 1; break;
+        case OPT_VIRTUAL_TIME: {
+            char *end;
+            o->virtual_step_s = strtod(optarg, &end) / 1e3;
+            const int step_ok = end != optarg && *end == ',' && o->virtual_step_s > 0 && o->virtual_step_s <= 60;
+            const char *token = step_ok ? end + 1 : optarg;
+            o->virtual_token_s = strtod(token, &end) / 1e3;
+            if (!step_ok || end == token || *end || !(o->virtual_token_s >= 0 && o->virtual_token_s <= 60)) {
+                fprintf(stderr, "%s: --virtual-time '%s': want STEP_MS,TOKEN_MS (step in (0, 60000], token in "
+                        "[0, 60000])\n", prog, optarg);
+                return -1;
+            }
+            break;
+        }
         case OPT_BAN_TOKENS:
             if (parse_list(optarg, MAX_BAN_TOKENS, parse_token_item, o->ban_tokens, &o->n_ban_tokens)) {
                 fprintf(stderr, "%s: --ban-tokens '%s': want at most %d token ids (comma list)\n", prog, optarg,
@@ -826,6 +856,10 @@ static int parse_options(int argc, char **argv, bench_options *o)
     if (o->http && (given[OPT_MODES - OPT_DATASET] || given[OPT_POLICIES - OPT_DATASET] || have_stack)) {
         fprintf(stderr, "%s: --http runs against a server: --modes, --policies and the stack's options are the "
                 "server's own\n", prog);
+        return -1;
+    }
+    if (o->http && o->virtual_step_s > 0) {
+        fprintf(stderr, "%s: --virtual-time is in process only (a server keeps its own time)\n", prog);
         return -1;
     }
     if (!o->http && o->n_ban_tokens) {

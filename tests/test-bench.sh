@@ -161,6 +161,26 @@ print("# %s conversations" % got)
 PY
 check $? "--duration: the conversations grow with the rate ($(tail -n 1 "$tmp/why"))"
 
+# --virtual-time: the clock moves only by the cost model, so two runs of one
+# workload give the same figures to the last digit, drops and all, and every
+# output token costs at least one iteration (10 ms).
+for k in 1 2; do
+    "$bench" --synthetic --conversations 8 --rate 20 --think 0.5 --length-scale 0.25 --seed 7 --modes pensieve \
+        --device-mem 128K --host-mem 64K --virtual-time 10,0.5 --json >"$tmp/virtual$k.json" 2>"$tmp/err" || break
+done
+python3 - "$tmp/virtual1.json" "$tmp/virtual2.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert a["virtual_time"] == {"step_s": 0.01, "token_s": 0.0005}, a["virtual_time"]
+ra, rb = a["runs"][0], b["runs"][0]
+assert ra == rb, [(k, ra[k], rb[k]) for k in ra if ra[k] != rb[k]]
+assert ra["engine"]["dropped_chunks"] > 0 and ra["recomputed"] > 0 and ra["failed"] == 0, ra
+assert ra["norm_latency_mean"] >= 0.01, ra["norm_latency_mean"]
+print("# %d recomputed, %d chunks dropped, norm latency %.4g s/token, twice" % (
+    ra["recomputed"], ra["engine"]["dropped_chunks"], ra["norm_latency_mean"]))
+PY
+check $? "--virtual-time: a run repeats to the last digit ($(tail -n 1 "$tmp/why"))"
+
 # --sweep with --rates: the given rates, the rest of the preset (its time
 # and length scales) still applies.
 "$bench" --synthetic --sweep --rates 50 --conversations 2 --think 0.1 --modes pensieve --policies none --json \
@@ -213,4 +233,10 @@ check $? "a token list with a non-number is refused ($(cat "$tmp/err"))"
 "$bench" --synthetic --ban-tokens 2 >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] && grep -q "is for --http" "$tmp/err"
 check $? "--ban-tokens in process is refused ($(cat "$tmp/err"))"
+"$bench" --synthetic --virtual-time 10 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "STEP_MS,TOKEN_MS" "$tmp/err"
+check $? "--virtual-time without the token cost is refused ($(cat "$tmp/err"))"
+"$bench" --http http://127.0.0.1:9 --virtual-time 10,1 >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] && grep -q "in process only" "$tmp/err"
+check $? "--virtual-time over HTTP is refused ($(cat "$tmp/err"))"
 tap_done
