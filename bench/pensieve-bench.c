@@ -246,7 +246,8 @@ static pv_status run_engine(const bench_options *o, pv_engine_mode mode, int pol
     char label[96];
     snprintf(label, sizeof label, "%s %s at %.3g/s", rep->label, rep->policy, rate);
     if (s == PV_OK)
-        s = bi_run(st.engine, o->virtual_step_s > 0 ? &clock : NULL, hp->n_vocab, &w, o->workload.seed, label, &run);
+        s = bi_run(st.engine, o->virtual_step_s > 0 ? &clock : NULL, hp->n_vocab, &w, o->workload.seed, label,
+                   &run);
     if (s == PV_OK)
         s = summarise(&run, o->target, rep);
     br_run_free(&run);
@@ -638,8 +639,8 @@ static void usage(FILE *f)
             "  --server-model NAME  the requests' model field (default pensieve)\n"
             "  --label NAME         the server's name in reports (default http)\n"
             "  --no-sessions        send no X-Session-Id (a server that keeps state per session)\n"
-            "  --ban-tokens LIST    token ids sent as logit_bias -100 (comma list), so a server without\n"
-            "                       ignore_eos still answers at the drawn length: its end-of-turn tokens\n"
+            "  --ban-tokens LIST    token ids sent as logit_bias -100 (comma list): given a server's end\n"
+            "                       tokens, one without ignore_eos answers at the drawn lengths too\n"
             "  --json               print JSON instead of the table\n");
 }
 
