@@ -3,7 +3,10 @@
 #include "apps/setup.h"
 #include "server/server.h"
 
+#include <pensieve/state.h>
+
 #include <errno.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,12 +42,20 @@ static void usage(FILE *f)
             "  --max-body SIZE           largest request body (default 8M)\n"
             "  --threads N               HTTP threads (default 4)\n"
             "  --model-id NAME           the model's id in /v1/models (default: the file name)\n"
+            "  --state-dir DIR           keep sessions across restarts: restore them from DIR at start,\n"
+            "                            save them there at shutdown and when idle\n"
+            "  --state-save-idle S       save sessions idle for S seconds in the background\n"
+            "                            (default 30; 0 = only at shutdown)\n"
+            "  --state-max-size SIZE     size limit of DIR; the lowest retention values go first\n"
+            "                            (default 0 = none)\n"
             "  -h, --help                this text\n");
 }
 
 typedef struct serve_options {
     app_stack_options stack;
-    const char *host, *port_file, *keys_file, *model_id;
+    const char *host, *port_file, *keys_file, *model_id, *state_dir;
+    double state_save_idle_s;
+    uint64_t state_max_bytes;
     long port, threads, max_sessions;
     uint64_t max_body;
     char **keys;
@@ -108,7 +119,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
            OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
-           OPT_THREADS, OPT_MODELID };
+           OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"synthetic", no_argument, 0, OPT_SYNTH},
@@ -131,6 +142,9 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"max-body", required_argument, 0, OPT_BODY},
         {"threads", required_argument, 0, OPT_THREADS},
         {"model-id", required_argument, 0, OPT_MODELID},
+        {"state-dir", required_argument, 0, OPT_STATEDIR},
+        {"state-save-idle", required_argument, 0, OPT_STATEIDLE},
+        {"state-max-size", required_argument, 0, OPT_STATEMAX},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -142,6 +156,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
     o->port = 8080;
     o->threads = 4;
     o->max_body = 8u << 20;
+    o->state_save_idle_s = 30;
     int c;
     float idle;
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -212,6 +227,14 @@ static int parse_args(int argc, char **argv, serve_options *o)
             if (app_opt_long(prog, "--threads", optarg, 1, 1024, &o->threads)) return -1;
             break;
         case OPT_MODELID: o->model_id = optarg; break;
+        case OPT_STATEDIR: o->state_dir = optarg; break;
+        case OPT_STATEIDLE:
+            if (app_opt_float(prog, "--state-save-idle", optarg, 0, 1e9, &idle)) return -1;
+            o->state_save_idle_s = idle;
+            break;
+        case OPT_STATEMAX:
+            if (app_opt_size(prog, "--state-max-size", optarg, &o->state_max_bytes)) return -1;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -248,6 +271,28 @@ static int write_port(const char *path, unsigned port)
         fprintf(stderr, "%s: --port-file '%s': %s\n", prog, path, strerror(errno));
         return -1;
     }
+    return 0;
+}
+
+/* Opens --state-dir and restores its sessions into the engine before the
+ * server listens, so no request can create a session being restored. */
+static int open_state(const serve_options *o, app_stack *st, pv_state_dir **out)
+{
+    pv_state_dir_config dc = {
+        .path = o->state_dir, .save_idle_s = o->state_save_idle_s, .max_bytes = o->state_max_bytes,
+    };
+    pv_state_restore_report rep;
+    if (pv_state_dir_open(out, &dc, st->engine, NULL) != PV_OK || pv_state_dir_restore(*out, &rep) != PV_OK) {
+        fprintf(stderr, "%s: --state-dir '%s': %s\n", prog, o->state_dir, pv_last_error());
+        pv_state_dir_free(*out);
+        *out = NULL;
+        return -1;
+    }
+    fprintf(stderr,
+            "%s: state: restored %u sessions from %s (%.1f MB in %.2f s; %" PRIu64 " chunk records on host, %" PRIu64
+            " dropped; %u files skipped)\n",
+            prog, rep.sessions, o->state_dir, rep.bytes_read / 1e6, rep.seconds, rep.records_kept,
+            rep.records_dropped, rep.skipped);
     return 0;
 }
 
@@ -292,8 +337,15 @@ int main(int argc, char **argv)
         free_options(&o);
         return 1;
     }
+    pv_state_dir *state = NULL;
+    if (o.state_dir && open_state(&o, &st, &state)) {
+        app_stack_free(&st);
+        free_options(&o);
+        return 1;
+    }
     pv_server_config sc;
     pv_server_config_defaults(&sc);
+    sc.state_dir = state;
     sc.host = o.host;
     sc.port = (uint16_t)o.port;
     sc.threads = (unsigned)o.threads;
@@ -309,6 +361,7 @@ int main(int argc, char **argv)
     pv_status s = pv_server_start(&srv, st.engine, &st.tok, &sc);
     if (s != PV_OK) {
         fprintf(stderr, "%s: %s: %s\n", prog, pv_status_str(s), pv_last_error());
+        pv_state_dir_free(state);
         app_stack_free(&st);
         free_options(&o);
         return 1;
@@ -326,6 +379,7 @@ int main(int argc, char **argv)
     if (sig)
         fprintf(stderr, "%s: %s: stopping\n", prog, sig == SIGINT ? "SIGINT" : "SIGTERM");
     pv_server_stop(srv, 5.0);
+    pv_state_dir_free(state);
     app_stack_free(&st);
     free_options(&o);
     return rc;

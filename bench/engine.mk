@@ -4,3 +4,10 @@ noinst_PROGRAMS += bench/bench-engine
 bench_bench_engine_SOURCES = bench/bench-engine.c bench/bench-util.h
 bench_bench_engine_CFLAGS = $(AM_CFLAGS)
 bench_bench_engine_LDADD = $(PV_LINK)
+
+# Saving and restoring sessions (--state-dir) against a plain sequential
+# write and read of the same bytes.
+noinst_PROGRAMS += bench/bench-state
+bench_bench_state_SOURCES = bench/bench-state.c bench/bench-util.h
+bench_bench_state_CFLAGS = $(AM_CFLAGS)
+bench_bench_state_LDADD = $(PV_LINK)

@@ -157,7 +157,7 @@ static pv_status grow_buckets(pv_engine *e)
     return PV_OK;
 }
 
-static pv_status session_get(pv_engine *e, const char *id, pv_esession **out)
+pv_status pv_engine_session_get(pv_engine *e, const char *id, pv_esession **out)
 {
     pv_esession *s = pv_engine_find_session(e, id);
     if (s) {
@@ -538,7 +538,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
 
     pv_esession *s = NULL;
     pv_ivec conv = {0};
-    if ((st = session_get(e, session, &s)) != PV_OK)
+    if ((st = pv_engine_session_get(e, session, &s)) != PV_OK)
         return st;
     s->anonymous = session == anonymous_id;
     pv_request *r = calloc(1, sizeof *r);

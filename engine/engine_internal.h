@@ -170,6 +170,8 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted);
 void pv_engine_request_free(pv_request *r);
 
 pv_esession *pv_engine_find_session(const pv_engine *e, const char *id);
+/* The session of that id, created (unopened, empty) if new. */
+pv_status pv_engine_session_get(pv_engine *e, const char *id, pv_esession **out);
 /* Frees a session's KV in every tier and forgets it (no turn may be queued
  * or running). */
 pv_status pv_engine_forget_session(pv_engine *e, pv_esession *s);

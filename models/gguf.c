@@ -508,6 +508,38 @@ pv_status pv_gguf_init(pv_gguf *g, const char *path)
     return st;
 }
 
+/* FNV-1a, 64 bits: fast enough for the metadata and samples it covers. */
+static uint64_t fnv1a(uint64_t h, const void *data, uint64_t n)
+{
+    const uint8_t *p = data;
+    for (uint64_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+#define PV_IDENTITY_SAMPLE 4096
+
+pv_status pv_gguf_identity(const pv_gguf *g, uint64_t *out)
+{
+    if (!g || !out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_gguf_identity: NULL %s", g ? "out" : "file");
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = fnv1a(h, &g->n_tensors, sizeof g->n_tensors);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const pv_gguf_tensor *t = &g->tensors[i];
+        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        h = fnv1a(h, &t->n_dims, sizeof t->n_dims);
+        h = fnv1a(h, t->ne, sizeof t->ne);
+        h = fnv1a(h, &t->type, sizeof t->type);
+        h = fnv1a(h, &t->offset, sizeof t->offset);
+        /* The first bytes of every tensor: a fine-tune of the same shapes
+         * changes them, and its KV is not this model's. */
+        h = fnv1a(h, t->data, t->n_bytes < PV_IDENTITY_SAMPLE ? t->n_bytes : PV_IDENTITY_SAMPLE);
+    }
+    *out = h;
+    return PV_OK;
+}
+
 void pv_gguf_free(pv_gguf *g)
 {
     if (!g)

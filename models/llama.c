@@ -43,6 +43,7 @@ struct pv_llama {
     int n_segments;
     pv_llama_weight_bytes weight_bytes;
     int qmatmul_f32;                 /* f32 matrices go through qmatmul, not gemm */
+    uint64_t identity;               /* pv_gguf_identity of the file */
     /* run state, sized for max_batch_tokens rows */
     pv_buffer *x;                    /* residual stream [T][dim] */
     pv_buffer *h;                    /* normed input [T][dim] */
@@ -63,6 +64,11 @@ void pv_llama_options_default(pv_llama_options *o)
     o->max_batch_tokens = 512;
     o->max_logit_rows = 64;
     o->max_weight_buffer_bytes = (uint64_t)256 << 20;
+}
+
+uint64_t pv_llama_identity(const pv_llama *m)
+{
+    return m->identity;
 }
 
 const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m)
@@ -344,6 +350,8 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
     else
         pv_llama_options_default(&m->opt);
     pv_status st = pv_llama_hparams_read(g, &m->hp);
+    if (st == PV_OK)
+        st = pv_gguf_identity(g, &m->identity);
     if (st != PV_OK)
         goto fail;
     if (m->opt.weights != PV_LLAMA_WEIGHTS_NATIVE && m->opt.weights != PV_LLAMA_WEIGHTS_F32) {

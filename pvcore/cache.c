@@ -565,6 +565,22 @@ pv_status pv_cache_touch(pv_cache *cache, const char *id)
     return PV_OK;
 }
 
+pv_status pv_cache_session_set_active(pv_cache *cache, const char *id, double last_active)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_session_set_active", &h);
+    if (st != PV_OK)
+        return st;
+    double now = pv_cache_now(cache);
+    if (!(last_active <= now) || !isfinite(last_active))
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_cache_session_set_active: last_active %g is not a time up to now (%g)",
+                        last_active, now);
+    cache->sessions[h].last_active = last_active;
+    pv_session_refresh(cache, &cache->sessions[h]);
+    return PV_OK;
+}
+
 pv_status pv_cache_pin(pv_cache *cache, const char *id)
 {
     uint32_t h;
@@ -808,6 +824,32 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
     pv_session_refresh(cache, s);
     if (slot)
         *slot = got;
+    return PV_OK;
+}
+
+pv_status pv_cache_mark_dropped(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_mark_dropped", &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, "pv_cache_mark_dropped", chunk, layer)) != PV_OK)
+        return st;
+    pv_session *s = &cache->sessions[h];
+    const pv_chunk_rec *old_rec = pv_rec(cache, s, chunk, layer);
+    if (old_rec && old_rec->copying)
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_mark_dropped: chunk %u layer %u of \"%.64s\" is under copy", chunk,
+                        layer, id);
+    if (old_rec && old_rec->tier == PV_TIER_DROPPED)
+        return PV_OK;
+    if ((st = pv_index_ensure(cache, s, chunk)) != PV_OK)
+        return st;
+    pv_rec_exit(cache, s, chunk, layer);
+    if (chunk >= s->n_chunks)
+        s->n_chunks = chunk + 1;
+    pv_rec_enter(cache, s, chunk, layer, PV_TIER_DROPPED, PV_NONE32);
+    pv_session_refresh(cache, s);
     return PV_OK;
 }
 

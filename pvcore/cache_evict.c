@@ -45,9 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk, uint32_t layer)
+double pv_cache_policy_cost(const pv_cache_config *cfg, uint32_t chunk, uint32_t layer,
+                            uint32_t session_chunks)
 {
-    const pv_cache_config *cfg = &cache->cfg;
     double context = (double)chunk * cfg->chunk_tokens;
     double base = cfg->alpha * context + cfg->beta + cfg->c;
     switch (cfg->policy) {
@@ -57,13 +57,18 @@ double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk,
         /* Seed 003: later layers overlap earlier ones under the pipelined
          * swap-in, and leading chunks are cheap to recompute. */
         double layer_weight = (double)(cfg->n_layers - layer) / cfg->n_layers;
-        double position_weight = (double)(chunk + 1) / (s->n_chunks ? s->n_chunks : 1);
+        double position_weight = (double)(chunk + 1) / (session_chunks ? session_chunks : 1);
         return layer_weight * position_weight * base;
     }
     case PV_POLICY_LRU:
         return 1.0;
     }
     return base;
+}
+
+double pv_chunk_cost(const pv_cache *cache, const pv_session *s, uint32_t chunk, uint32_t layer)
+{
+    return pv_cache_policy_cost(&cache->cfg, chunk, layer, s->n_chunks);
 }
 
 /* ---- leads and frontiers ------------------------------------------------------ */

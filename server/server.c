@@ -7,6 +7,8 @@
 
 #include "server/server_internal.h"
 
+#include <pensieve/state.h>
+
 #include <jansson.h>
 
 #include <arpa/inet.h>
@@ -293,6 +295,18 @@ static enum MHD_Result serve_models(srv_req *r)
 
 /* ---- /v1/sessions/{id} ------------------------------------------------------------------ */
 
+/* A line of the server's own in the request log. */
+__attribute__((format(printf, 2, 3))) static void srv_log_line(pv_server *s, const char *fmt, ...)
+{
+    if (!s->cfg.log)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(s->cfg.log, fmt, ap);
+    va_end(ap);
+    fputc('\n', s->cfg.log);
+}
+
 typedef struct session_call {
     const char *engine_id;
     int remove;
@@ -335,13 +349,14 @@ static pv_status session_op(pv_engine *e, void *arg)
 
 /* The engine's name for a client's session: namespaced by API key, so one
  * key's ids never reach another's KV. */
-static char *engine_session_id(unsigned key_index, const char *id)
+char *srv_engine_session_id(const pv_server *s, unsigned key_index, const char *id)
 {
-    size_t n = strlen(id) + 16;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%u:%s", key_index, id);
-    return s;
+    const char *ns = s->key_ns ? s->key_ns[key_index] : "0";
+    size_t n = strlen(ns) + strlen(id) + 2;
+    char *e = malloc(n);
+    if (e)
+        snprintf(e, n, "%s:%s", ns, id);
+    return e;
 }
 
 static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
@@ -356,13 +371,16 @@ static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
     memset(&c, 0, sizeof c);
     c.remove = remove;
     c.n_layers = r->srv->cfg.n_layers;
-    char *engine_id = engine_session_id(r->key_index, id);
+    char *engine_id = srv_engine_session_id(r->srv, r->key_index, id);
     if (!engine_id) {
         pv_api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
         return srv_respond_error(r, &err);
     }
     c.engine_id = engine_id;
     pv_status st = pv_engine_loop_call(r->srv->loop, session_op, &c);
+    /* A deleted conversation must not come back after a restart. */
+    if (st == PV_OK && remove && r->srv->cfg.state_dir && pv_state_dir_forget(r->srv->cfg.state_dir, engine_id) != PV_OK)
+        srv_log_line(r->srv, "state: %s", pv_last_error());
     free(engine_id);
     if (st == PV_ERR_NOT_FOUND) {
         json_decref(c.chunks);
@@ -518,6 +536,7 @@ static void free_server(pv_server *s)
         for (size_t i = 0; i < s->cfg.n_api_keys; i++)
             free(s->keys[i]);
     free(s->keys);
+    free(s->key_ns);
     free(s->host);
     free(s->model_id);
     pv_metrics_free(s->metrics);
@@ -560,9 +579,15 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
     s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
     s->model_id = strdup(cfg->model_id ? cfg->model_id : "pensieve");
     s->keys = cfg->n_api_keys ? calloc(cfg->n_api_keys, sizeof *s->keys) : NULL;
-    int oom = !s->host || !s->model_id || (cfg->n_api_keys && !s->keys);
-    for (size_t i = 0; i < cfg->n_api_keys && !oom; i++)
+    s->key_ns = cfg->n_api_keys ? calloc(cfg->n_api_keys, sizeof *s->key_ns) : NULL;
+    int oom = !s->host || !s->model_id || (cfg->n_api_keys && (!s->keys || !s->key_ns));
+    for (size_t i = 0; i < cfg->n_api_keys && !oom; i++) {
         oom = !(s->keys[i] = strdup(cfg->api_keys[i]));
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (const char *k = cfg->api_keys[i]; *k; k++)
+            h = (h ^ (unsigned char)*k) * 0x100000001b3ull;
+        snprintf(s->key_ns[i], sizeof s->key_ns[i], "%016" PRIx64, h);
+    }
     if (oom) {
         free_server(s);
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: configuration copies");
@@ -596,6 +621,16 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: cannot start the hang-up watcher thread");
     }
     s->watcher_running = 1;
+    if (cfg->state_dir) {
+        pv_state_dir_use_loop(cfg->state_dir, s->loop);
+        if (pv_state_dir_saves_idle(cfg->state_dir) && (st = pv_state_dir_start(cfg->state_dir)) != PV_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", pv_last_error());
+            s->cfg.state_dir = NULL; /* nothing to save: nothing ran */
+            pv_server_stop(s, 0);
+            return pv_error(st, "%s", msg);
+        }
+    }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : cfg->port;
     *out = s;
@@ -653,6 +688,17 @@ void pv_server_stop(pv_server *s, double grace_s)
     if (s->watcher_running)
         pthread_join(s->watcher, NULL);
     MHD_stop_daemon(s->mhd);
+    if (s->cfg.state_dir) {
+        /* Every turn has ended: the sessions are saved whole, device tier too. */
+        pv_state_dir_stop(s->cfg.state_dir);
+        pv_state_save_report rep;
+        if (pv_state_dir_save_all(s->cfg.state_dir, &rep) != PV_OK)
+            srv_log_line(s, "state: saving at shutdown: %s", pv_last_error());
+        else
+            srv_log_line(s, "state: saved %u sessions (%u current, %u failed), %.1f MB in %.2f s", rep.sessions,
+                         rep.current, rep.failed, rep.bytes_written / 1e6, rep.seconds);
+        pv_state_dir_use_loop(s->cfg.state_dir, NULL);
+    }
     pv_engine_loop_stop(s->loop);
     free_server(s);
 }

@@ -29,6 +29,11 @@ typedef struct pv_server_config {
     uint32_t n_ctx;            /* the model's context, for max_tokens checks */
     uint32_t n_layers;         /* the model's layers, for session views */
     FILE *log;                 /* one line per request; NULL = none */
+    /* Sessions saved across restarts (include/pensieve/state.h), borrowed:
+     * the server runs its background saver on the engine's loop, removes a
+     * DELETEd session's file, and saves every session when it stops.
+     * Restore it before starting the server. NULL: none. */
+    struct pv_state_dir *state_dir;
 } pv_server_config;
 
 void pv_server_config_defaults(pv_server_config *cfg);
@@ -47,8 +52,9 @@ pv_status pv_server_engine_call(pv_server *s, pv_status (*fn)(pv_engine *e, void
 
 /* Graceful stop: refuses new connections, cancels the turns in flight
  * (a waiting client gets 503; a stream ends with an error event), waits up
- * to grace_s for open responses to be sent, then stops the threads and
- * frees the server. The engine is the caller's again. NULL: no-op. */
+ * to grace_s for open responses to be sent, saves every session to the
+ * state directory if there is one, then stops the threads and frees the
+ * server. The engine is the caller's again. NULL: no-op. */
 void pv_server_stop(pv_server *s, double grace_s);
 
 #endif

@@ -16,6 +16,7 @@ struct pv_server {
     pv_server_config cfg;
     char *host, *model_id;
     char **keys;
+    char (*key_ns)[17];        /* per key: the namespace of its sessions in the engine */
     pv_engine *engine;
     const pv_tokenizer *tok;
     pv_engine_loop *loop;
@@ -35,6 +36,12 @@ struct pv_server {
     int stopping;
 };
 
+
+/* The engine's id of a client's session: "<namespace>:<id>", the
+ * namespace a hash of the request's API key (so a key's sessions stay its
+ * own across restarts, whatever the order of the keys). malloc'd; NULL
+ * when out of memory. */
+char *srv_engine_session_id(const pv_server *s, unsigned key_index, const char *id);
 
 /* Bytes as valid UTF-8 (what JSON strings need): invalid bytes become
  * U+FFFD. With `partial`, an incomplete character at the end is left out

@@ -471,12 +471,10 @@ enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind)
     }
     r->public_session = hdr ? hdr : r->api.session_id ? r->api.session_id : r->api.prompt_cache_key;
     if (r->public_session) {
-        size_t n = strlen(r->public_session) + 16;
-        if (!(r->session = malloc(n))) {
+        if (!(r->session = srv_engine_session_id(r->srv, r->key_index, r->public_session))) {
             pv_api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
             return srv_respond_error(r, &err);
         }
-        snprintf(r->session, n, "%u:%s", r->key_index, r->public_session);
     }
     if (tokenize(r, &err) != 0 || check_context(r, &err) != 0)
         return srv_respond_error(r, &err);

@@ -20,3 +20,11 @@ TESTS += tests/test-engine-conversation
 tests_test_engine_conversation_SOURCES = tests/test-engine-conversation.c tests/engine-util.h
 tests_test_engine_conversation_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_engine_conversation_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
+
+# Sessions that outlive the engine: restart equivalence, refused files,
+# kill -9 during saves, the size limit, the background saver.
+check_PROGRAMS += tests/test-engine-state
+TESTS += tests/test-engine-state
+tests_test_engine_state_SOURCES = tests/test-engine-state.c tests/engine-util.h
+tests_test_engine_state_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_state_LDADD = $(PV_LINK) $(PTHREAD_LIBS)

@@ -5,3 +5,8 @@ TESTS += tests/test-serve
 tests_test_serve_SOURCES = tests/test-serve.c
 tests_test_serve_CPPFLAGS = $(PV_TEST_INCLUDES) $(LIBCURL_CFLAGS) $(JANSSON_CFLAGS) $(MHD_CFLAGS)
 tests_test_serve_LDADD = $(PV_SERVER_LINK) $(LIBCURL_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+
+# --state-dir end to end: restart, DELETE, background saves and kill -9,
+# a corrupt file.
+TESTS += tests/test-serve-state.sh
+EXTRA_DIST += tests/test-serve-state.sh

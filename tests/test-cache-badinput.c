@@ -300,6 +300,10 @@ static void null_arguments(void)
     NULL_CASE(pv_cache_session_truncate(cache, NULL, 0));
     NULL_CASE(pv_cache_session_trim(NULL, "s"));
     NULL_CASE(pv_cache_session_trim(cache, NULL));
+    NULL_CASE(pv_cache_mark_dropped(NULL, "s", 0, 0));
+    NULL_CASE(pv_cache_mark_dropped(cache, NULL, 0, 0));
+    NULL_CASE(pv_cache_session_set_active(NULL, "s", 0));
+    NULL_CASE(pv_cache_session_set_active(cache, NULL, 0));
     NULL_CASE(pv_cache_session_restore(NULL, "s", &view));
     NULL_CASE(pv_cache_session_restore(cache, NULL, &view));
     NULL_CASE(pv_cache_session_restore(cache, "s", NULL));

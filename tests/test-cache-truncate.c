@@ -4,6 +4,9 @@
  * kept token stays; the view, the stats and every invariant follow. */
 #include "test-cache-util.h"
 
+#include <inttypes.h>
+#include <math.h>
+
 #define CT 32u /* tokens per chunk (the default) */
 
 /* device_slots + host_slots slots; a high-water mark so low that any
@@ -348,6 +351,53 @@ static void trim_ahead(void)
     pv_cache_free(cache);
 }
 
+/* A restored session: chunks whose bytes were not kept are marked DROPPED
+ * (recomputed through them on the next turn), its idle time carries over
+ * and ranks its chunks in eviction. */
+static void restore_marks(void)
+{
+    test_clock clk = {100};
+    pv_cache *cache = trunc_cache(PV_POLICY_PENSIEVE, 2, 8, 8, &clk);
+    pv_cache_session_open(cache, "a");
+    pv_cache_append_tokens(cache, "a", history, 70); /* chunks 0, 1, 2 */
+    pv_cache_store_chunk(cache, "a", 0, 0, PV_TIER_HOST, NULL);
+    pv_cache_store_chunk(cache, "a", 2, 0, PV_TIER_HOST, NULL);
+    pv_cache_store_chunk(cache, "a", 2, 1, PV_TIER_HOST, NULL);
+    ok(pv_cache_mark_dropped(cache, "a", 0, 0) == PV_OK && pv_cache_mark_dropped(cache, "a", 0, 1) == PV_OK &&
+           pv_cache_mark_dropped(cache, "a", 1, 0) == PV_OK && pv_cache_mark_dropped(cache, "a", 1, 1) == PV_OK,
+       "mark_dropped: chunk 0 (one layer on HOST) and chunk 1 (never stored)");
+    expect e = {70, 0, 3, {0, 2, 4}, 0, 64, 0, 2};
+    view_is(cache, "a", &e, "chunk 0's HOST slot is free; 64 tokens to recompute, chunk 2 kept");
+    ok(pv_cache_mark_dropped(cache, "a", 1, 1) == PV_OK, "marking a dropped chunk again is a no-op");
+    view_is(cache, "a", &e, "the same view after it");
+    check_ok(cache, "after the marks");
+    pv_cache_stats st;
+    pv_cache_stats_get(cache, &st);
+    ok(st.dropped_chunks == 0, "marks are not counted as evictions (%" PRIu64 ")", st.dropped_chunks);
+    ok(pv_cache_mark_dropped(cache, "a", 0, 2) == PV_ERR_INVALID_ARG && pv_cache_mark_dropped(cache, "b", 0, 0) ==
+                                                                             PV_ERR_NOT_FOUND,
+       "a layer out of range, an unknown session");
+    /* Two sessions' HOST chunks, same costs: the one idle longer goes first. */
+    pv_cache_session_open(cache, "b");
+    pv_cache_append_tokens(cache, "b", history, 70);
+    pv_cache_store_chunk(cache, "b", 2, 0, PV_TIER_HOST, NULL);
+    pv_cache_store_chunk(cache, "b", 2, 1, PV_TIER_HOST, NULL);
+    clk.now = 200;
+    ok(pv_cache_session_set_active(cache, "b", 150) == PV_OK && pv_cache_session_set_active(cache, "a", 50) == PV_OK,
+       "set_active: b last active at 150, a at 50");
+    ok(pv_cache_session_set_active(cache, "a", 201) == PV_ERR_INVALID_ARG &&
+           pv_cache_session_set_active(cache, "a", NAN) == PV_ERR_INVALID_ARG,
+       "set_active: a time after now, NaN refused");
+    pv_cache_plan plan;
+    pv_cache_plan_init(&plan);
+    ok(pv_cache_evict_to_free(cache, PV_TIER_HOST, 5 * TEST_SLOT_BYTES, &plan) == PV_OK && plan.n_moves == 1 &&
+           strcmp(pv_cache_session_name(cache, plan.moves[0].session), "a") == 0,
+       "evicting one HOST slot takes the longer-idle session's chunk");
+    check_ok(cache, "after set_active and the eviction");
+    pv_cache_plan_free(&plan);
+    pv_cache_free(cache);
+}
+
 int main(void)
 {
     for (int i = 0; i < 400; i++)
@@ -356,5 +406,6 @@ int main(void)
     busy();
     layers_and_weights();
     trim_ahead();
+    restore_marks();
     return tap_done();
 }

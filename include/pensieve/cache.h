@@ -126,6 +126,11 @@ pv_status pv_cache_append_tokens(pv_cache *cache, const char *id,
 /* Marks the session active now (idle time restarts). */
 pv_status pv_cache_touch(pv_cache *cache, const char *id);
 
+/* Sets when the session was last active (on the cache's clock; at most
+ * now): a session restored from disk keeps the idle time it had, so
+ * eviction ranks it as it would have. */
+pv_status pv_cache_session_set_active(pv_cache *cache, const char *id, double last_active);
+
 /* A running request pins its session: no chunk of it is evicted until the
  * matching unpin. Pins nest. Both mark the session active. */
 pv_status pv_cache_pin(pv_cache *cache, const char *id);
@@ -195,6 +200,12 @@ pv_status pv_cache_held_bytes(const pv_cache *cache, const char *id,
 pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk,
                                uint32_t layer, pv_tier tier, uint32_t *slot);
 
+/* Records the chunk as DROPPED: its tokens are in the history, its KV is
+ * held nowhere (a restored session's chunk whose bytes were not kept), so
+ * the next turn recomputes it. A copy in DEVICE or HOST is freed first.
+ * Not counted as an eviction. PV_ERR_BUSY if the chunk is under copy. */
+pv_status pv_cache_mark_dropped(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer);
+
 /* Where a chunk is: *tier is PV_TIER_NONE for a chunk never stored; *slot
  * (may be NULL) is its slot in DEVICE or HOST. A HOST chunk whose DEVICE
  * shadow is still held is a DEVICE hit at the shadow slot (the engine reads
@@ -214,6 +225,12 @@ pv_status pv_cache_peek(const pv_cache *cache, const char *id, uint32_t chunk, u
 /* The chunk's retention value now (INFINITY when idle time is zero). */
 pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chunk,
                                    uint32_t layer, double *value);
+
+/* The policy's cost of (chunk, layer) in a session of session_chunks chunks
+ * (the numerator of its retention value), for ranking chunks held outside
+ * a cache the same way (saved session state). */
+double pv_cache_policy_cost(const pv_cache_config *cfg, uint32_t chunk, uint32_t layer,
+                            uint32_t session_chunks);
 
 /* ---- plans: the engine carries out what the core decides --------------------- */
 

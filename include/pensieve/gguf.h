@@ -162,6 +162,11 @@ pv_status pv_gguf_init_memory(pv_gguf *g, const void *data, uint64_t size);
 
 void pv_gguf_free(pv_gguf *g);
 
+/* A 64-bit identity of the model the file holds: a hash of every tensor's
+ * name, type, shape and offset and of its first 4 KiB of data. KV computed
+ * with one model is valid only for a file of the same identity. */
+pv_status pv_gguf_identity(const pv_gguf *g, uint64_t *out);
+
 /* Lookup by key: NULL when absent (no error recorded). */
 const pv_gguf_kv *pv_gguf_find(const pv_gguf *g, const char *key);
 

@@ -47,6 +47,8 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g,
 void pv_llama_free(pv_llama *m);
 
 const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m);
+/* pv_gguf_identity of the file the model was loaded from. */
+uint64_t pv_llama_identity(const pv_llama *m);
 
 /* Bytes of weights the model holds on its backend, and what the same
  * tensors take in the GGUF file (a tied output matrix counts once). */

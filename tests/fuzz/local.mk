@@ -5,7 +5,7 @@
 # docs/fuzzing.md says how to run them longer and reproduce a crash. The
 # seed corpora under tests/fuzz/corpus/ are written by make-corpus.
 FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache \
-	tests/fuzz/fuzz-request tests/fuzz/fuzz-profile tests/fuzz/fuzz-workload
+	tests/fuzz/fuzz-request tests/fuzz/fuzz-profile tests/fuzz/fuzz-workload tests/fuzz/fuzz-state
 EXTRA_DIST += tests/fuzz/run-fuzz tests/fuzz/corpus tests/fuzz/fuzz-file.h
 
 if ENABLE_FUZZ
@@ -33,6 +33,9 @@ tests_fuzz_fuzz_workload_SOURCES = tests/fuzz/fuzz-workload.c bench/workload.c
 tests_fuzz_fuzz_workload_CPPFLAGS = $(AM_CPPFLAGS) $(JANSSON_CFLAGS)
 tests_fuzz_fuzz_workload_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
 tests_fuzz_fuzz_workload_LDADD = $(PV_LINK) $(JANSSON_LIBS)
+tests_fuzz_fuzz_state_SOURCES = tests/fuzz/fuzz-state.c
+tests_fuzz_fuzz_state_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
+tests_fuzz_fuzz_state_LDADD = $(PV_LINK)
 tests_fuzz_make_corpus_SOURCES = tests/fuzz/make-corpus.c
 tests_fuzz_make_corpus_LDADD = $(PV_LINK)
 
