@@ -13,3 +13,4 @@ include tests/serve-metrics.mk
 include tests/serve-request.mk
 include tests/serve-openai.mk
 include tests/serve.mk
+include tests/deploy.mk
