@@ -24,6 +24,8 @@ trap 'stop_server; rm -rf "$tmp"' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# Piped into a reader that quits (head): the EXIT trap still stops the server.
+trap 'exit 141' PIPE
 
 # One thread: the synthetic model is tiny, and OpenMP threads spinning on
 # shared cores only slow the test down. The runs go straight to the

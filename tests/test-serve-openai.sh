@@ -35,6 +35,8 @@ trap 'stop_server; rm -rf "$tmp"' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# Piped into a reader that quits (head): the EXIT trap still stops the server.
+trap 'exit 141' PIPE
 
 n=0
 failed=0

@@ -26,6 +26,8 @@ trap 'stop_server; rm -rf "$tmp"' EXIT
 trap 'exit 129' HUP
 trap 'exit 130' INT
 trap 'exit 143' TERM
+# Piped into a reader that quits (head): the EXIT trap still stops the server.
+trap 'exit 141' PIPE
 export OMP_NUM_THREADS=1
 unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY all_proxy ALL_PROXY
 
