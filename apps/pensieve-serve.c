@@ -40,6 +40,7 @@ static void usage(FILE *f)
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/\n"
             "  --api-keys FILE           one key per line; each key's sessions are its own\n"
             "  --max-body SIZE           largest request body (default 8M)\n"
+            "  --max-state-body SIZE     largest session state PUT to /v1/session-states (default 1G)\n"
             "  --threads N               HTTP threads (default 4)\n"
             "  --model-id NAME           the model's id in /v1/models (default: the file name)\n"
             "  --state-dir DIR           keep sessions across restarts: restore them from DIR at start,\n"
@@ -57,7 +58,7 @@ typedef struct serve_options {
     double state_save_idle_s;
     uint64_t state_max_bytes;
     long port, threads, max_sessions;
-    uint64_t max_body;
+    uint64_t max_body, max_state_body;
     char **keys;
     size_t n_keys;
 } serve_options;
@@ -119,7 +120,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
            OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
-           OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX };
+           OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX, OPT_STATEBODY };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"synthetic", no_argument, 0, OPT_SYNTH},
@@ -145,6 +146,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"state-dir", required_argument, 0, OPT_STATEDIR},
         {"state-save-idle", required_argument, 0, OPT_STATEIDLE},
         {"state-max-size", required_argument, 0, OPT_STATEMAX},
+        {"max-state-body", required_argument, 0, OPT_STATEBODY},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -156,6 +158,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
     o->port = 8080;
     o->threads = 4;
     o->max_body = 8u << 20;
+    o->max_state_body = 1u << 30;
     o->state_save_idle_s = 30;
     int c;
     float idle;
@@ -231,6 +234,9 @@ static int parse_args(int argc, char **argv, serve_options *o)
         case OPT_STATEIDLE:
             if (app_opt_float(prog, "--state-save-idle", optarg, 0, 1e9, &idle)) return -1;
             o->state_save_idle_s = idle;
+            break;
+        case OPT_STATEBODY:
+            if (app_opt_size(prog, "--max-state-body", optarg, &o->max_state_body)) return -1;
             break;
         case OPT_STATEMAX:
             if (app_opt_size(prog, "--state-max-size", optarg, &o->state_max_bytes)) return -1;
@@ -350,6 +356,7 @@ int main(int argc, char **argv)
     sc.port = (uint16_t)o.port;
     sc.threads = (unsigned)o.threads;
     sc.max_body = (size_t)o.max_body;
+    sc.max_state_body = (size_t)o.max_state_body;
     sc.max_sessions = (size_t)o.max_sessions;
     sc.api_keys = (const char *const *)o.keys;
     sc.n_api_keys = o.n_keys;

@@ -10,4 +10,4 @@ PV_SERVER_LINK = server/libpvserver.la $(PV_LINK)
 include server/request.mk
 include server/metrics.mk
 noinst_HEADERS += server/server.h server/server_internal.h server/buf.h
-server_libpvserver_la_SOURCES += server/server.c server/server_turn.c
+server_libpvserver_la_SOURCES += server/server.c server/server_turn.c server/server_state.c

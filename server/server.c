@@ -28,6 +28,7 @@ void pv_server_config_defaults(pv_server_config *cfg)
     cfg->host = "127.0.0.1";
     cfg->threads = 4;
     cfg->max_body = 8u << 20;
+    cfg->max_state_body = (size_t)1 << 30;
     cfg->model_id = "pensieve";
 }
 
@@ -154,7 +155,7 @@ enum MHD_Result srv_respond_error(srv_req *r, const pv_api_error *err)
     return srv_respond(r, err->http_status, "application/json", body, body ? strlen(body) : 0);
 }
 
-static enum MHD_Result respond_json(srv_req *r, int status, json_t *j)
+enum MHD_Result srv_respond_json(srv_req *r, int status, json_t *j)
 {
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -290,7 +291,7 @@ static enum MHD_Result serve_models(srv_req *r)
 {
     json_t *model = json_pack("{s:s, s:s, s:I, s:s}", "id", r->srv->model_id, "object", "model", "created",
                               (json_int_t)0, "owned_by", "pensieve");
-    return respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model));
+    return srv_respond_json(r, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model));
 }
 
 /* ---- /v1/sessions/{id} ------------------------------------------------------------------ */
@@ -400,7 +401,7 @@ static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
         return srv_respond_error(r, &err);
     }
     if (remove)
-        return respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "session.deleted",
+        return srv_respond_json(r, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "session.deleted",
                                               "deleted", 1));
     json_t *j = json_pack("{s:s, s:s, s:I}", "id", id, "object", "session", "tokens", (json_int_t)c.tokens);
     if (j && c.have_view) {
@@ -417,26 +418,38 @@ static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
     } else {
         json_decref(c.chunks);
     }
-    return respond_json(r, 200, j);
+    return srv_respond_json(r, 200, j);
 }
 
 /* ---- routing ---------------------------------------------------------------------------- */
 
+/* A session's state file: larger than any API body, so a limit of its own. */
+static int is_state_put(const srv_req *r)
+{
+    return strcmp(r->method, "PUT") == 0 && strncmp(r->path, "/v1/session-states/", 19) == 0;
+}
+
+static size_t body_limit(const srv_req *r)
+{
+    return is_state_put(r) ? r->srv->cfg.max_state_body : r->srv->cfg.max_body;
+}
+
 static enum MHD_Result route(srv_req *r)
 {
-    pv_server *s = r->srv;
     pv_api_error err;
     const char *path = r->path, *m = r->method;
-    int get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0, del = strcmp(m, "DELETE") == 0;
+    int get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0, del = strcmp(m, "DELETE") == 0,
+        put = strcmp(m, "PUT") == 0;
     if (r->too_large) {
         pv_api_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
-                    "The request body exceeds the server's limit of %zu bytes (--max-body).", s->cfg.max_body);
+                    "The request body exceeds the server's limit of %zu bytes (%s).", body_limit(r),
+                    is_state_put(r) ? "--max-state-body" : "--max-body");
         return srv_respond_error(r, &err);
     }
     /* Health and metrics are for operators and load balancers, open as in
      * vLLM and llama.cpp's server; the API needs the key. */
     if (strcmp(path, "/health") == 0 && get)
-        return respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
+        return srv_respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
     if (strcmp(path, "/metrics") == 0 && get)
         return serve_metrics(r);
     if (strncmp(path, "/v1/", 4) == 0 && authorize(r, &err) != 0)
@@ -449,9 +462,12 @@ static enum MHD_Result route(srv_req *r)
         return serve_models(r);
     if (strncmp(path, "/v1/sessions/", 13) == 0 && (get || del))
         return serve_session(r, path + 13, del);
+    if (strncmp(path, "/v1/session-states/", 19) == 0 && (get || put))
+        return srv_serve_session_state(r, path + 19, put);
     int known = strcmp(path, "/health") == 0 || strcmp(path, "/metrics") == 0 ||
                 strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0 ||
-                strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/sessions/", 13) == 0;
+                strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/sessions/", 13) == 0 ||
+                strncmp(path, "/v1/session-states/", 19) == 0;
     if (known)
         pv_api_fail(&err, 405, "invalid_request_error", NULL, "method_not_allowed",
                     "Method %s is not allowed on %.200s.", m, path);
@@ -474,7 +490,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!r->too_large && r->body.n + *upload_data_size > s->cfg.max_body)
+        if (!r->too_large && r->body.n + *upload_data_size > body_limit(r))
             r->too_large = 1;
         if (r->too_large)
             srv_buf_free(&r->body);

@@ -22,6 +22,7 @@ typedef struct pv_server_config {
     uint16_t port;             /* 0: an ephemeral port (pv_server_port says which) */
     unsigned threads;          /* HTTP threads (default 4) */
     size_t max_body;           /* request bodies above this get 413 (default 8 MiB) */
+    size_t max_state_body;     /* PUT /v1/session-states bodies (default 1 GiB) */
     size_t max_sessions;       /* named sessions at most; 0 = no limit */
     const char *const *api_keys; /* Bearer keys; none: no authentication */
     size_t n_api_keys;

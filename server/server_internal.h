@@ -9,6 +9,7 @@
 #include "server/request.h"
 #include "server/server.h"
 
+#include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
 
@@ -119,6 +120,10 @@ void srv_req_unref(srv_req *r);
 /* Queues a JSON (or any) response; takes ownership of body. */
 enum MHD_Result srv_respond(srv_req *r, int status, const char *content_type, char *body, size_t len);
 enum MHD_Result srv_respond_error(srv_req *r, const pv_api_error *err);
+/* A JSON body (j is consumed; NULL: a 500). */
+enum MHD_Result srv_respond_json(srv_req *r, int status, json_t *j);
+/* GET or PUT /v1/session-states/{id} (server_state.c). */
+enum MHD_Result srv_serve_session_state(srv_req *r, const char *id, int put);
 
 /* POST /v1/chat/completions and /v1/completions once the body is in. */
 enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind);

@@ -102,6 +102,51 @@ cached=$(turn 2 "$tmp/got2.json")
 check $? "and its next turn reuses it ($cached cached) with the same tokens"
 stop_server
 
+# Moving a session between two running servers (a drain): GET its state
+# from one, PUT it into the other, whose next turn reuses it.
+cat >"$tmp/state.py" <<'PY'
+import sys, urllib.error, urllib.request
+method, port, path, file = sys.argv[1:5]
+data = open(file, "rb").read() if method == "PUT" else None
+req = urllib.request.Request("http://127.0.0.1:%s%s" % (port, path), data=data, method=method)
+try:
+    r = urllib.request.urlopen(req, timeout=30)
+    body = r.read()
+    if method == "GET":
+        open(file, "wb").write(body)
+    print(r.status)
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode(errors="replace"))
+PY
+state() { python3 "$tmp/state.py" "$@"; }
+start_server
+turn 1 "$tmp/turn1.json" >/dev/null
+out=$(state GET "$port" /v1/session-states/alice "$tmp/alice.pvs")
+check $(( ${out%% *} != 200 )) "GET /v1/session-states/alice exports the session ($out, $(wc -c <"$tmp/alice.pvs") bytes)"
+out=$(state GET "$port" /v1/session-states/nobody "$tmp/nobody.pvs")
+check $(( ${out%% *} != 404 )) "an unknown session's state is 404 (${out%% *})"
+pid_a=$pid
+pid=
+start_server
+out=$(state PUT "$port" /v1/session-states/alice "$tmp/alice.pvs")
+check $(( ${out%% *} != 201 )) "PUT /v1/session-states/alice imports it into a second server ($out)"
+cached=$(turn 2 "$tmp/got2.json")
+[ "${cached:-0}" -gt 0 ] && [ "$(ids "$tmp/got2.json")" = "$(ids "$tmp/ref2.json")" ]
+check $? "its next turn there reuses the moved KV ($cached cached) with the same tokens"
+out=$(state PUT "$port" /v1/session-states/alice "$tmp/alice.pvs")
+check $(( ${out%% *} != 409 )) "a second PUT of an existing session is 409 (${out%% *})"
+out=$(state PUT "$port" /v1/session-states/bob "$tmp/alice.pvs")
+case $out in 400*session_mismatch*) r=0 ;; *) r=1 ;; esac
+check $r "alice's state PUT as bob's is refused: $out"
+python3 -c 'import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-1] ^= 0x40; open(p, "wb").write(bytes(b))' "$tmp/alice.pvs"
+out=$(state PUT "$port" /v1/session-states/carol "$tmp/alice.pvs")
+case $out in 400*checksum*) r=0 ;; *) r=1 ;; esac
+check $r "a corrupt state is refused, naming the checksum: $out"
+stop_server
+pid=$pid_a
+stop_server
+
 # A corrupt file: skipped, with the reason; the session starts afresh.
 f=$(ls "$tmp/state"/*.pvs | head -n 1)
 python3 -c 'import sys
