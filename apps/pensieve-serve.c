@@ -24,6 +24,8 @@ static void usage(FILE *f)
             "  --synthetic               serve the tiny synthetic test model (no download)\n"
             "  --backend NAME            cpu, opencl or cuda (default cpu)\n"
             "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --allowed-host NAME       on a loopback address, also answer requests whose Host is\n"
+            "                            NAME (others than the address and localhost get 403)\n"
             "  --port N                  port (default 8080; 0 = any free port)\n"
             "  --port-file PATH          write the port to PATH once listening\n"
             "  --mode MODE               pensieve, gpu-only or stateless (default pensieve)\n"
@@ -42,6 +44,8 @@ static void usage(FILE *f)
             "  --max-body SIZE           largest request body (default 8M)\n"
             "  --max-state-body SIZE     largest session state PUT to /v1/session-states (default 1G)\n"
             "  --threads N               HTTP threads (default 4)\n"
+            "  --http-timeout S          close a connection silent for S seconds while it sends a\n"
+            "                            request or between requests (default 30)\n"
             "  --model-id NAME           the model's id in /v1/models (default: the file name)\n"
             "  --state-dir DIR           keep sessions across restarts: restore them from DIR at start,\n"
             "                            save them there at shutdown and when idle\n"
@@ -57,11 +61,30 @@ typedef struct serve_options {
     const char *host, *port_file, *keys_file, *model_id, *state_dir;
     double state_save_idle_s;
     uint64_t state_max_bytes;
-    long port, threads, max_sessions;
+    long port, threads, max_sessions, http_timeout_s;
     uint64_t max_body, max_state_body;
     char **keys;
     size_t n_keys;
+    const char **allowed_hosts;
+    size_t n_allowed_hosts;
 } serve_options;
+
+static int add_allowed_host(serve_options *o, const char *name)
+{
+    for (const char *c = name; *c; c++)
+        if (*c <= ' ' || *c == 0x7f || *c == '/' || *c == ':' || *c == '@') {
+            fprintf(stderr, "%s: --allowed-host '%s': a host name without port, spaces or slashes\n", prog, name);
+            return -1;
+        }
+    const char **h = realloc(o->allowed_hosts, (o->n_allowed_hosts + 1) * sizeof *h);
+    if (!h) {
+        fprintf(stderr, "%s: out of memory for --allowed-host\n", prog);
+        return -1;
+    }
+    o->allowed_hosts = h;
+    h[o->n_allowed_hosts++] = name;
+    return 0;
+}
 
 static int add_key(serve_options *o, const char *key, const char *where)
 {
@@ -120,7 +143,8 @@ static int parse_args(int argc, char **argv, serve_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
            OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
-           OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX, OPT_STATEBODY };
+           OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX, OPT_STATEBODY, OPT_ALLOWHOST,
+           OPT_HTTPTIMEOUT };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"synthetic", no_argument, 0, OPT_SYNTH},
@@ -147,6 +171,8 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"state-save-idle", required_argument, 0, OPT_STATEIDLE},
         {"state-max-size", required_argument, 0, OPT_STATEMAX},
         {"max-state-body", required_argument, 0, OPT_STATEBODY},
+        {"allowed-host", required_argument, 0, OPT_ALLOWHOST},
+        {"http-timeout", required_argument, 0, OPT_HTTPTIMEOUT},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -157,6 +183,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
     o->host = "127.0.0.1";
     o->port = 8080;
     o->threads = 4;
+    o->http_timeout_s = 30;
     o->max_body = 8u << 20;
     o->max_state_body = 1u << 30;
     o->state_save_idle_s = 30;
@@ -230,6 +257,12 @@ static int parse_args(int argc, char **argv, serve_options *o)
             if (app_opt_long(prog, "--threads", optarg, 1, 1024, &o->threads)) return -1;
             break;
         case OPT_MODELID: o->model_id = optarg; break;
+        case OPT_ALLOWHOST:
+            if (add_allowed_host(o, optarg)) return -1;
+            break;
+        case OPT_HTTPTIMEOUT:
+            if (app_opt_long(prog, "--http-timeout", optarg, 1, 86400, &o->http_timeout_s)) return -1;
+            break;
         case OPT_STATEDIR: o->state_dir = optarg; break;
         case OPT_STATEIDLE:
             if (app_opt_float(prog, "--state-save-idle", optarg, 0, 1e9, &idle)) return -1;
@@ -264,6 +297,7 @@ static void free_options(serve_options *o)
     for (size_t i = 0; i < o->n_keys; i++)
         free(o->keys[i]);
     free(o->keys);
+    free(o->allowed_hosts);
 }
 
 static int write_port(const char *path, unsigned port)
@@ -349,9 +383,22 @@ int main(int argc, char **argv)
         free_options(&o);
         return 1;
     }
+    /* Namespaces of API keys outlive a restart with the state they name. */
+    uint8_t secret[PV_STATE_SECRET_BYTES];
+    if (state && o.n_keys && pv_state_dir_secret(state, secret) != PV_OK) {
+        fprintf(stderr, "%s: --state-dir '%s': %s\n", prog, o.state_dir, pv_last_error());
+        pv_state_dir_free(state);
+        app_stack_free(&st);
+        free_options(&o);
+        return 1;
+    }
     pv_server_config sc;
     pv_server_config_defaults(&sc);
     sc.state_dir = state;
+    sc.namespace_secret = state && o.n_keys ? secret : NULL;
+    sc.allowed_hosts = o.allowed_hosts;
+    sc.n_allowed_hosts = o.n_allowed_hosts;
+    sc.connection_timeout_s = (unsigned)o.http_timeout_s;
     sc.host = o.host;
     sc.port = (uint16_t)o.port;
     sc.threads = (unsigned)o.threads;
@@ -366,6 +413,7 @@ int main(int argc, char **argv)
     sc.log = stderr;
     pv_server *srv = NULL;
     pv_status s = pv_server_start(&srv, st.engine, &st.tok, &sc);
+    memset(secret, 0, sizeof secret);
     if (s != PV_OK) {
         fprintf(stderr, "%s: %s: %s\n", prog, pv_status_str(s), pv_last_error());
         pv_state_dir_free(state);

@@ -643,7 +643,7 @@ pv_status pv_session_image_write(const pv_session_image *img, const char *dir, u
         return st;
     /* A crash leaves either the old file or the new one: the new bytes
      * reach the disk under a temporary name before the rename. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd < 0) {
         free(meta);
         return pv_error(PV_ERR_IO, "%s: %s", tmp, strerror(errno));
@@ -679,7 +679,9 @@ pv_status pv_session_image_read(const char *path, const pv_state_identity *expec
     if (!path || !out)
         return pv_error(PV_ERR_INVALID_ARG, "pv_session_image_read: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Nothing in a state directory is trusted: a FIFO must not block the
+     * open, and a link must not lead elsewhere. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0)
         return pv_error(PV_ERR_IO, "%s: %s", path, strerror(errno));
     struct stat sb;

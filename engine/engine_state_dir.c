@@ -16,12 +16,14 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -224,6 +226,79 @@ void pv_state_dir_free(pv_state_dir *d)
     free(d);
 }
 
+/* ---- the directory's secret ---------------------------------------------------- */
+
+#define SECRET_FILE "secret"
+
+static pv_status read_secret(const char *path, int fd, uint8_t out[PV_STATE_SECRET_BYTES])
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0)
+        return pv_error(PV_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return pv_error(PV_ERR_IO, "%s: not a regular file", path);
+    /* As ssh does with keys: a secret others can read protects nothing. */
+    if (sb.st_mode & 077)
+        return pv_error(PV_ERR_IO, "%s: mode %03o lets others read it (chmod 600 it)", path,
+                        (unsigned)(sb.st_mode & 0777));
+    if (sb.st_uid != geteuid())
+        return pv_error(PV_ERR_IO, "%s: owned by uid %u, not by this process (uid %u)", path,
+                        (unsigned)sb.st_uid, (unsigned)geteuid());
+    if (sb.st_size != PV_STATE_SECRET_BYTES)
+        return pv_error(PV_ERR_FORMAT, "%s: %lld bytes, a secret is %d", path, (long long)sb.st_size,
+                        PV_STATE_SECRET_BYTES);
+    size_t got = 0;
+    while (got < PV_STATE_SECRET_BYTES) {
+        ssize_t r = read(fd, out + got, PV_STATE_SECRET_BYTES - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return pv_error(PV_ERR_IO, "%s: short read", path);
+        got += (size_t)r;
+    }
+    return PV_OK;
+}
+
+pv_status pv_state_dir_secret(pv_state_dir *d, uint8_t out[PV_STATE_SECRET_BYTES])
+{
+    if (!d || !out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_state_dir_secret: NULL argument");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/" SECRET_FILE, d->path) >= sizeof path)
+        return pv_error(PV_ERR_INVALID_ARG, "state directory name of %zu bytes is too long", strlen(d->path));
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+        if (fd >= 0) {
+            pv_status st = read_secret(path, fd, out);
+            close(fd);
+            return st;
+        }
+        if (errno != ENOENT)
+            return pv_error(PV_ERR_IO, "%s: %s", path, strerror(errno));
+        uint8_t fresh[PV_STATE_SECRET_BYTES];
+        if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh)
+            return pv_error(PV_ERR_IO, "getrandom: %s", strerror(errno));
+        /* Written whole under another name, then linked in: a reader never
+         * sees half a secret, and of two servers starting at once one
+         * secret wins (the loser reads it on its second attempt). */
+        char tmp[4160];
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+        int wfd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (wfd < 0)
+            return pv_error(PV_ERR_IO, "%s: %s", tmp, strerror(errno));
+        pv_status st = write(wfd, fresh, sizeof fresh) == (ssize_t)sizeof fresh && fsync(wfd) == 0
+                           ? PV_OK
+                           : pv_error(PV_ERR_IO, "%s: write: %s", tmp, strerror(errno));
+        close(wfd);
+        if (st == PV_OK && link(tmp, path) != 0 && errno != EEXIST)
+            st = pv_error(PV_ERR_IO, "link %s -> %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        if (st != PV_OK)
+            return st;
+    }
+    return pv_error(PV_ERR_IO, "%s: appeared and vanished while it was being created", path);
+}
+
 void pv_state_dir_use_loop(pv_state_dir *d, pv_engine_loop *loop)
 {
     if (!d)
@@ -315,15 +390,16 @@ static double peek_last_active(const char *path)
 {
     unsigned char h[56];
     double t = 0;
-    FILE *f = fopen(path, "rb");
-    if (f && fread(h, 1, sizeof h, f) == sizeof h) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && read(fd, h, sizeof h) == (ssize_t)sizeof h) {
         uint64_t bits = 0;
         for (int i = 7; i >= 0; i--)
             bits = bits << 8 | h[48 + i];
         memcpy(&t, &bits, 8);
     }
-    if (f)
-        fclose(f);
+    if (fd >= 0)
+        close(fd);
     return t == t ? t : 0;
 }
 
@@ -389,6 +465,14 @@ pv_status pv_state_dir_restore(pv_state_dir *d, pv_state_restore_report *rep)
         }
         if (len < 5 || strcmp(name + len - 4, ".pvs") != 0)
             continue;
+        struct stat sb;
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            /* A FIFO would block the start, a link leads out of the
+             * directory: only regular files are state. */
+            rep->skipped++;
+            warn(d, "skipped %s: not a regular file", path);
+            continue;
+        }
         if (n == cap) {
             cap = cap ? 2 * cap : 64;
             found_file *grown = realloc(files, cap * sizeof *files);

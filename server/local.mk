@@ -4,8 +4,8 @@
 # libpensieve.
 noinst_LTLIBRARIES = server/libpvserver.la
 server_libpvserver_la_SOURCES =
-server_libpvserver_la_CPPFLAGS = $(AM_CPPFLAGS) $(MHD_CFLAGS) $(JANSSON_CFLAGS)
-server_libpvserver_la_LIBADD = $(MHD_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
+server_libpvserver_la_CPPFLAGS = $(AM_CPPFLAGS) $(MHD_CFLAGS) $(JANSSON_CFLAGS) $(NETTLE_CFLAGS)
+server_libpvserver_la_LIBADD = $(MHD_LIBS) $(JANSSON_LIBS) $(NETTLE_LIBS) $(PTHREAD_LIBS)
 PV_SERVER_LINK = server/libpvserver.la $(PV_LINK)
 include server/request.mk
 include server/metrics.mk

@@ -10,14 +10,18 @@
 #include <pensieve/state.h>
 
 #include <jansson.h>
+#include <nettle/hmac.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +34,7 @@ void pv_server_config_defaults(pv_server_config *cfg)
     cfg->max_body = 8u << 20;
     cfg->max_state_body = (size_t)1 << 30;
     cfg->model_id = "pensieve";
+    cfg->connection_timeout_s = 30;
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -182,6 +187,8 @@ void srv_req_unref(srv_req *r)
     free(r->token_ids);
     free(r->session);
     free(r->path);
+    if (r->spool_fd >= 0)
+        close(r->spool_fd);
     srv_buf_free(&r->body);
     srv_buf_free(&r->text);
     srv_buf_free(&r->out);
@@ -193,18 +200,16 @@ void srv_req_unref(srv_req *r)
     pthread_mutex_unlock(&s->mu);
 }
 
-static srv_req *req_new(pv_server *s, struct MHD_Connection *conn, const char *method, const char *url)
+static srv_req *req_new(pv_server *s, struct MHD_Connection *conn)
 {
     srv_req *r = calloc(1, sizeof *r);
-    if (!r || !(r->path = strdup(url))) {
-        free(r);
+    if (!r)
         return NULL;
-    }
     r->srv = s;
     r->conn = conn;
     r->refs = 1;
+    r->spool_fd = -1;
     r->t_start = srv_now();
-    snprintf(r->method, sizeof r->method, "%s", method);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_lock(&s->mu);
     s->open_requests++;
@@ -440,20 +445,10 @@ static enum MHD_Result route(srv_req *r)
     const char *path = r->path, *m = r->method;
     int get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0, del = strcmp(m, "DELETE") == 0,
         put = strcmp(m, "PUT") == 0;
-    if (r->too_large) {
-        pv_api_fail(&err, 413, "invalid_request_error", NULL, "request_too_large",
-                    "The request body exceeds the server's limit of %zu bytes (%s).", body_limit(r),
-                    is_state_put(r) ? "--max-state-body" : "--max-body");
-        return srv_respond_error(r, &err);
-    }
-    /* Health and metrics are for operators and load balancers, open as in
-     * vLLM and llama.cpp's server; the API needs the key. */
     if (strcmp(path, "/health") == 0 && get)
         return srv_respond_json(r, 200, json_pack("{s:s}", "status", "ok"));
     if (strcmp(path, "/metrics") == 0 && get)
         return serve_metrics(r);
-    if (strncmp(path, "/v1/", 4) == 0 && authorize(r, &err) != 0)
-        return srv_respond_error(r, &err);
     if (strcmp(path, "/v1/chat/completions") == 0 && post)
         return srv_turn_start(r, PV_API_CHAT);
     if (strcmp(path, "/v1/completions") == 0 && post)
@@ -477,28 +472,197 @@ static enum MHD_Result route(srv_req *r)
     return srv_respond_error(r, &err);
 }
 
+/* ---- checks at the headers ------------------------------------------------------------------ */
+
+/* Up to 64 bytes of a client's value, printable ASCII only, for messages. */
+static void printable(const char *v, char out[72])
+{
+    size_t i = 0;
+    for (; v[i] && i < 64; i++)
+        out[i] = v[i] >= 0x20 && v[i] < 0x7f ? v[i] : '?';
+    out[i] = '\0';
+}
+
+/* A loopback server answers only requests addressed to it by name: a page
+ * that rebinds its own DNS name to 127.0.0.1 still sends that name. */
+static int host_allowed(const pv_server *s, struct MHD_Connection *conn, char shown[72])
+{
+    const char *h = s->loopback ? MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST) : NULL;
+    if (!h)
+        return 1; /* not on loopback, or no Host: browsers always send one */
+    printable(h, shown);
+    size_t len = strlen(h);
+    if (len == 0 || len > 255)
+        return 0;
+    /* The name without ":port" and one trailing dot. */
+    size_t n = len;
+    const char *colon = h[0] == '[' ? NULL : strrchr(h, ':');
+    if (colon) {
+        for (const char *d = colon + 1; *d; d++)
+            if (*d < '0' || *d > '9')
+                return 0;
+        n = (size_t)(colon - h);
+    }
+    if (n && h[n - 1] == '.')
+        n--;
+    if (n == 9 && strncasecmp(h, "localhost", 9) == 0)
+        return 1;
+    if (n == strlen(s->host) && strncasecmp(h, s->host, n) == 0)
+        return 1;
+    for (size_t i = 0; i < s->cfg.n_allowed_hosts; i++)
+        if (n == strlen(s->allowed_hosts[i]) && strncasecmp(h, s->allowed_hosts[i], n) == 0)
+            return 1;
+    return 0;
+}
+
+/* The endpoints whose body is JSON. */
+static int takes_json(const srv_req *r)
+{
+    return strcmp(r->method, "POST") == 0 &&
+           (strcmp(r->path, "/v1/chat/completions") == 0 || strcmp(r->path, "/v1/completions") == 0);
+}
+
+/* "application/json", any case, with or without parameters. A web page
+ * can send text/plain or a form across sites without asking; it cannot
+ * send application/json without a CORS preflight, which is never granted. */
+static int is_json_type(const char *v)
+{
+    if (!v)
+        return 0;
+    while (*v == ' ' || *v == '\t')
+        v++;
+    if (strncasecmp(v, "application/json", 16) != 0)
+        return 0;
+    v += 16;
+    return *v == '\0' || *v == ';' || *v == ' ' || *v == '\t';
+}
+
+/* Everything that can be decided before a byte of the body is read, so a
+ * refused body is never buffered: 0 to go on, else an error is due. */
+static int check_headers(srv_req *r, pv_api_error *err)
+{
+    pv_server *s = r->srv;
+    char shown[72];
+    if (r->url_has_nul) {
+        pv_api_fail(err, 400, "invalid_request_error", NULL, "invalid_url",
+                    "The URL holds an encoded NUL byte (%%00), which no path or id may contain.");
+        return -1;
+    }
+    if (!host_allowed(s, r->conn, shown)) {
+        pv_api_fail(err, 403, "invalid_request_error", NULL, "host_not_allowed",
+                    "Host '%s' is not this server's name; a server on a loopback address answers to %s and "
+                    "localhost only (start it with --allowed-host NAME to add a name).",
+                    shown, s->host);
+        return -1;
+    }
+    /* Health and metrics are for operators and load balancers, open as in
+     * vLLM and llama.cpp's server; the API needs the key. */
+    if (strncmp(r->path, "/v1/", 4) == 0 && authorize(r, err) != 0)
+        return -1;
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno == 0 && end != cl && n > body_limit(r)) {
+            pv_api_fail(err, 413, "invalid_request_error", NULL, "request_too_large",
+                        "The request body of %llu bytes exceeds the server's limit of %zu bytes (%s).", n,
+                        body_limit(r), is_state_put(r) ? "--max-state-body" : "--max-body");
+            return -1;
+        }
+    }
+    if (takes_json(r) &&
+        !is_json_type(MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE))) {
+        const char *ct = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+        printable(ct ? ct : "none", shown);
+        pv_api_fail(err, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                    "The body must be JSON, sent with 'Content-Type: application/json' (got '%s').", shown);
+        return -1;
+    }
+    return 0;
+}
+
+/* A request with a body to come: Content-Length above 0, or chunked. */
+static int expects_body(struct MHD_Connection *conn)
+{
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    return (cl && strspn(cl, "0 \t") != strlen(cl)) ||
+           MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+}
+
+/* "%00" anywhere in the URL as sent: libmicrohttpd decodes it into a NUL
+ * that C strings would cut at (DELETE /v1/sessions/abc%00def is not a
+ * request about "abc"). */
+static int raw_url_has_nul(const char *uri)
+{
+    for (const char *p = strchr(uri, '%'); p; p = strchr(p + 1, '%'))
+        if (p[1] == '0' && p[2] == '0')
+            return 1;
+    return 0;
+}
+
+/* Called with each request line before the URL is decoded: the request's
+ * context starts here, so its checks see the URL as sent. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    srv_req *r = req_new(cls, conn);
+    if (r)
+        r->url_has_nul = raw_url_has_nul(uri);
+    return r;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
 {
-    pv_server *s = cls;
     srv_req *r = *con_cls;
-    if (!r) {
-        if (!(r = req_new(s, conn, method, url)))
+    if (!r)
+        return MHD_NO; /* out of memory in on_uri */
+    if (!r->started) {
+        r->started = 1;
+        snprintf(r->method, sizeof r->method, "%s", method);
+        r->http11 = strcmp(version, MHD_HTTP_VERSION_1_1) == 0;
+        if (!(r->path = strdup(url)))
             return MHD_NO;
-        *con_cls = r;
+        pv_api_error err;
+        /* Answered now, libmicrohttpd reads no body and closes. */
+        if (check_headers(r, &err) != 0)
+            return srv_respond_error(r, &err);
+        if (expects_body(conn)) {
+            pthread_mutex_lock(&r->mu);
+            r->receiving = 1;
+            pthread_mutex_unlock(&r->mu);
+            srv_watch(r);
+        }
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!r->too_large && r->body.n + *upload_data_size > body_limit(r))
-            r->too_large = 1;
-        if (r->too_large)
-            srv_buf_free(&r->body);
-        else if (srv_buf_add(&r->body, upload_data, *upload_data_size))
-            return MHD_NO;
+        size_t n = *upload_data_size;
         *upload_data_size = 0;
+        /* Past the limit without a Content-Length that said so (chunked):
+         * nothing can be answered mid-body, so the connection closes. */
+        if ((is_state_put(r) ? r->spooled : r->body.n) + n > body_limit(r)) {
+            srv_log_line(r->srv, "%s %.200s: body past %zu bytes (chunked): connection closed", r->method, r->path,
+                         body_limit(r));
+            return MHD_NO;
+        }
+        if (is_state_put(r)) {
+            pv_api_error err;
+            if (srv_spool_add(r, upload_data, n, &err) != 0) {
+                srv_log_line(r->srv, "%s %.200s: %s", r->method, r->path, err.message);
+                return MHD_NO;
+            }
+        } else if (srv_buf_add(&r->body, upload_data, n)) {
+            return MHD_NO;
+        }
+        pthread_mutex_lock(&r->mu);
+        r->received += n;
+        pthread_mutex_unlock(&r->mu);
         return MHD_YES;
     }
+    pthread_mutex_lock(&r->mu);
+    r->receiving = 0;
+    pthread_mutex_unlock(&r->mu);
     if (r->state == RQ_SUBMITTING)
         return srv_turn_resume(r);
     if (r->state != RQ_BODY)
@@ -546,6 +710,29 @@ __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const ch
 
 /* ---- start and stop --------------------------------------------------------------------------- */
 
+/* Each key's namespace: the first 64 bits of HMAC-SHA256(secret, key), in
+ * hex. Stable for a secret kept with the state, whatever the order of the
+ * keys; without the secret, a name says nothing about its key. */
+static pv_status key_namespaces(pv_server *s)
+{
+    uint8_t secret[PV_STATE_SECRET_BYTES];
+    if (s->cfg.namespace_secret)
+        memcpy(secret, s->cfg.namespace_secret, sizeof secret);
+    else if (getrandom(secret, sizeof secret, 0) != (ssize_t)sizeof secret)
+        return pv_error(PV_ERR_IO, "pv_server_start: getrandom: %s", strerror(errno));
+    for (size_t i = 0; i < s->cfg.n_api_keys; i++) {
+        struct hmac_sha256_ctx ctx;
+        uint8_t mac[SHA256_DIGEST_SIZE];
+        hmac_sha256_set_key(&ctx, sizeof secret, secret);
+        hmac_sha256_update(&ctx, strlen(s->keys[i]), (const uint8_t *)s->keys[i]);
+        hmac_sha256_digest(&ctx, sizeof mac, mac);
+        for (int b = 0; b < 8; b++)
+            snprintf(s->key_ns[i] + 2 * b, 3, "%02x", mac[b]);
+    }
+    memset(secret, 0, sizeof secret);
+    return PV_OK;
+}
+
 static void free_server(pv_server *s)
 {
     if (s->keys)
@@ -553,6 +740,11 @@ static void free_server(pv_server *s)
             free(s->keys[i]);
     free(s->keys);
     free(s->key_ns);
+    if (s->allowed_hosts)
+        for (size_t i = 0; i < s->cfg.n_allowed_hosts; i++)
+            free(s->allowed_hosts[i]);
+    free(s->allowed_hosts);
+    pthread_mutex_destroy(&s->import_mu);
     free(s->host);
     free(s->model_id);
     pv_metrics_free(s->metrics);
@@ -571,6 +763,9 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
         return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: %u threads (1 to 1024)", cfg->threads);
     if (cfg->max_body == 0)
         return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: max_body is 0");
+    if (cfg->connection_timeout_s == 0 || cfg->connection_timeout_s > 86400)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_server_start: connection timeout of %u s (1 to 86400)",
+                        cfg->connection_timeout_s);
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
@@ -582,8 +777,10 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
     if (!s)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: %zu bytes", sizeof *s);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->import_mu, NULL);
     pthread_cond_init(&s->idle, NULL);
     s->cfg = *cfg;
+    s->loopback = (ntohl(addr.sin_addr.s_addr) >> 24) == 127;
     s->engine = engine;
     s->tok = tok;
     s->next_id = (uint64_t)time(NULL) << 20;
@@ -596,21 +793,26 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
     s->model_id = strdup(cfg->model_id ? cfg->model_id : "pensieve");
     s->keys = cfg->n_api_keys ? calloc(cfg->n_api_keys, sizeof *s->keys) : NULL;
     s->key_ns = cfg->n_api_keys ? calloc(cfg->n_api_keys, sizeof *s->key_ns) : NULL;
-    int oom = !s->host || !s->model_id || (cfg->n_api_keys && (!s->keys || !s->key_ns));
-    for (size_t i = 0; i < cfg->n_api_keys && !oom; i++) {
+    s->allowed_hosts = cfg->n_allowed_hosts ? calloc(cfg->n_allowed_hosts, sizeof *s->allowed_hosts) : NULL;
+    int oom = !s->host || !s->model_id || (cfg->n_api_keys && (!s->keys || !s->key_ns)) ||
+              (cfg->n_allowed_hosts && !s->allowed_hosts);
+    for (size_t i = 0; i < cfg->n_allowed_hosts && !oom; i++)
+        oom = !(s->allowed_hosts[i] = strdup(cfg->allowed_hosts[i]));
+    for (size_t i = 0; i < cfg->n_api_keys && !oom; i++)
         oom = !(s->keys[i] = strdup(cfg->api_keys[i]));
-        uint64_t h = 0xcbf29ce484222325ull;
-        for (const char *k = cfg->api_keys[i]; *k; k++)
-            h = (h ^ (unsigned char)*k) * 0x100000001b3ull;
-        snprintf(s->key_ns[i], sizeof s->key_ns[i], "%016" PRIx64, h);
-    }
     if (oom) {
         free_server(s);
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_server_start: configuration copies");
     }
+    if (cfg->n_api_keys && (st = key_namespaces(s)) != PV_OK) {
+        free_server(s);
+        return st;
+    }
     s->cfg.host = s->host;
     s->cfg.model_id = s->model_id;
     s->cfg.api_keys = (const char *const *)s->keys;
+    s->cfg.allowed_hosts = (const char *const *)s->allowed_hosts;
+    s->cfg.namespace_secret = NULL; /* borrowed: used above only */
     if ((st = pv_engine_loop_start(&s->loop, engine)) != PV_OK) {
         free_server(s);
         return st;
@@ -622,8 +824,9 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
                                   MHD_USE_ITC | MHD_USE_ERROR_LOG,
                               0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                               MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)cfg->threads,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
-                              (unsigned int)600, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)cfg->connection_timeout_s,
+                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
     if (!s->mhd) {
         pv_engine_loop_stop(s->loop);
         free_server(s);

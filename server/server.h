@@ -26,6 +26,20 @@ typedef struct pv_server_config {
     size_t max_sessions;       /* named sessions at most; 0 = no limit */
     const char *const *api_keys; /* Bearer keys; none: no authentication */
     size_t n_api_keys;
+    /* Keys the namespace of each API key's sessions: the namespace is an
+     * HMAC of the key under this secret, so session ids in the engine, in
+     * state file names and in logs say nothing about the keys. Borrowed,
+     * PV_STATE_SECRET_BYTES bytes (the state directory's, so namespaces
+     * outlive a restart); NULL: a random one for this process. */
+    const uint8_t *namespace_secret;
+    /* On a loopback address, requests whose Host header names another host
+     * are refused (a web page reached through DNS rebinding would send its
+     * own name): the bind address and localhost pass, and these. */
+    const char *const *allowed_hosts;
+    size_t n_allowed_hosts;
+    /* Seconds a connection may stay silent while it sends a request or
+     * between requests (default 30); a turn in progress is not counted. */
+    unsigned connection_timeout_s;
     const char *model_id;      /* the id /v1/models lists (default "pensieve") */
     uint32_t n_ctx;            /* the model's context, for max_tokens checks */
     uint32_t n_layers;         /* the model's layers, for session views */

@@ -24,6 +24,11 @@ struct pv_server {
     struct MHD_Daemon *mhd;
     uint16_t port;
     pv_metrics *metrics;
+    int loopback;              /* listening on 127.0.0.0/8: Host headers are checked */
+    char **allowed_hosts;
+    /* One session state import at a time: a PUT's image is decoded from
+     * its spool file into memory, so this bounds what imports hold. */
+    pthread_mutex_t import_mu;
     /* Engine thread only: requests waiting for their session's turn in
      * progress to end, oldest first. */
     struct srv_req *parked;
@@ -39,9 +44,10 @@ struct pv_server {
 
 
 /* The engine's id of a client's session: "<namespace>:<id>", the
- * namespace a hash of the request's API key (so a key's sessions stay its
- * own across restarts, whatever the order of the keys). malloc'd; NULL
- * when out of memory. */
+ * namespace an HMAC of the request's API key under the server's secret (so
+ * a key's sessions stay its own across restarts, whatever the order of the
+ * keys, and nothing stored says anything about a key). malloc'd; NULL when
+ * out of memory. */
 char *srv_engine_session_id(const pv_server *s, unsigned key_index, const char *id);
 
 /* Bytes as valid UTF-8 (what JSON strings need): invalid bytes become
@@ -69,8 +75,11 @@ typedef struct srv_req {
     char *path;
     double t_start;
     srv_state state;
+    int started;               /* the headers were checked */
+    int url_has_nul;           /* "%00" in the raw URL: every id in it is suspect */
     srv_buf body;
-    int too_large;
+    int spool_fd;              /* a session state PUT's body, on disk; -1 = none */
+    size_t spooled;
     int http_status;           /* of the response, for the log and metrics */
     unsigned key_index;        /* the API key's namespace */
 
@@ -86,6 +95,11 @@ typedef struct srv_req {
     struct srv_req *next_parked; /* engine thread only */
     struct srv_req *next_watched; /* under srv->mu */
     int watched, hangup_seen;     /* under srv->mu */
+    int probed;                   /* under srv->mu: the watcher asked a half-closed client */
+    size_t stall_mark;            /* under srv->mu: bytes received when the client's input ended */
+    int receiving;                /* under mu: the body is still arriving */
+    size_t received;              /* under mu: body bytes so far */
+    int http11;                   /* an HTTP/1.1 request: interim answers may be sent */
 
     /* shared with the engine thread, under mu */
     int suspended;             /* the connection is suspended: resume to go on */
@@ -124,6 +138,10 @@ enum MHD_Result srv_respond_error(srv_req *r, const pv_api_error *err);
 enum MHD_Result srv_respond_json(srv_req *r, int status, json_t *j);
 /* GET or PUT /v1/session-states/{id} (server_state.c). */
 enum MHD_Result srv_serve_session_state(srv_req *r, const char *id, int put);
+/* Appends to a PUT's spool file (created on first use, unlinked at once):
+ * a state body is never held whole in memory while it arrives. 0, or -1
+ * with the error in err. */
+int srv_spool_add(srv_req *r, const char *data, size_t n, pv_api_error *err);
 
 /* POST /v1/chat/completions and /v1/completions once the body is in. */
 enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind);

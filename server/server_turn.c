@@ -6,7 +6,7 @@
  * Hand-offs: the HTTP thread suspends its connection while it waits for
  * the engine; the engine thread's callbacks buffer text under the
  * request's mutex and resume the connection when there is news for it. */
-#define _GNU_SOURCE /* POLLRDHUP: a peer's hang-up, told apart from data */
+#define _GNU_SOURCE /* POLLRDHUP: the end of a peer's input, told apart from data */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -17,6 +17,7 @@
 
 #include <inttypes.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -295,9 +296,12 @@ void srv_watch(srv_req *r)
 {
     pv_server *s = r->srv;
     pthread_mutex_lock(&s->mu);
-    r->watched = 1;
-    r->next_watched = s->watched;
-    s->watched = r;
+    if (!r->watched) {
+        r->watched = 1;
+        r->stall_mark = SIZE_MAX;
+        r->next_watched = s->watched;
+        s->watched = r;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -315,15 +319,58 @@ void srv_unwatch(srv_req *r)
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Called with srv->mu held: the connection stays until srv_unwatch. */
+/* The interim answer that asks a client whether it is still there. */
+static const char still_there[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+/* Called with srv->mu held: the connection stays until srv_unwatch.
+ * A hang-up is real when the socket reports one (POLLHUP/POLLERR: the
+ * client reset it). An end of input alone (POLLRDHUP) only says the client
+ * sends nothing more, and some clients shut their sending side after the
+ * request and wait for the answer. So, once, while nothing else has been
+ * written to the connection, the watcher writes an interim "100 Continue",
+ * which every HTTP/1.1 client must accept unasked (RFC 9110, 15.2): a
+ * client that closed answers it with a reset; one that half-closed reads
+ * past it and goes on waiting. */
 static void check_hangup(srv_req *r)
 {
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!info)
         return;
     struct pollfd pfd = {.fd = info->connect_fd, .events = POLLRDHUP};
-    if (poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+    if (poll(&pfd, 1, 0) < 0)
         return;
+    pthread_mutex_lock(&r->mu);
+    int receiving = r->receiving;
+    size_t received = r->received;
+    pthread_mutex_unlock(&r->mu);
+    if (receiving) {
+        /* A client whose input ended mid-body can never finish it, and
+         * libmicrohttpd's epoll mode may not read that end until the
+         * connection times out: close it. Only when a second look finds
+         * no new bytes, so a body whose last bytes came with the end is
+         * taken first. */
+        if (!(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            r->stall_mark = SIZE_MAX;
+        else if (r->stall_mark != received)
+            r->stall_mark = received;
+        else if (shutdown(info->connect_fd, SHUT_RDWR) == 0)
+            r->hangup_seen = 1;
+        return;
+    }
+    if (!(pfd.revents & (POLLHUP | POLLERR))) {
+        if (!(pfd.revents & POLLRDHUP) || r->probed)
+            return;
+        r->probed = 1;
+        pthread_mutex_lock(&r->mu);
+        /* Suspended before any answer: no other thread writes to it. */
+        int asked = r->suspended && r->state == RQ_SUBMITTING && r->http11 &&
+                    send(info->connect_fd, still_there, sizeof still_there - 1, MSG_NOSIGNAL | MSG_DONTWAIT) > 0;
+        pthread_mutex_unlock(&r->mu);
+        /* A near client's reset is often back already; else the next look
+         * sees it. */
+        if (!asked || poll(&pfd, 1, 0) < 0 || !(pfd.revents & (POLLHUP | POLLERR)))
+            return;
+    }
     r->hangup_seen = 1;
     pthread_mutex_lock(&r->mu);
     r->client_left = 1;

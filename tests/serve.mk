@@ -10,3 +10,10 @@ tests_test_serve_LDADD = $(PV_SERVER_LINK) $(LIBCURL_LIBS) $(JANSSON_LIBS) $(PTH
 # a corrupt file.
 TESTS += tests/test-serve-state.sh
 EXTRA_DIST += tests/test-serve-state.sh
+
+# pensieve-serve against a hostile or careless client (issue 29): bodies
+# refused at their headers, imports under --max-sessions, keyed namespaces,
+# NUL in ids, stalled clients, content types and Host names, a FIFO in
+# --state-dir, half-closed clients.
+TESTS += tests/test-serve-attack.sh
+EXTRA_DIST += tests/test-serve-attack.sh tests/serve-attack-client.py

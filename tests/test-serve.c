@@ -78,6 +78,13 @@ static void resp_free(http_resp *r)
     memset(r, 0, sizeof *r);
 }
 
+/* A header list that starts with the JSON content type the API needs. */
+static struct curl_slist *json_headers(const char *extra)
+{
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    return extra ? curl_slist_append(h, extra) : h;
+}
+
 static long post(int port, const char *path, const char *body, const char *const *headers, http_resp *out)
 {
     if (http(port, "POST", path, body, strlen(body), headers, out) != 0)
@@ -101,7 +108,7 @@ static void read_answer(const http_resp *r, answer *a)
 {
     memset(a, 0, sizeof *a);
     a->status = r->status;
-    json_t *j = json_loadb(r->body ? r->body : "", r->n, 0, NULL);
+    json_t *j = json_loadb(r->body ? r->body : "", r->n, JSON_ALLOW_NUL, NULL);
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     json_t *msg = json_object_get(ch, "message");
     const char *text = msg ? json_string_value(json_object_get(msg, "content"))
@@ -214,14 +221,17 @@ typedef struct rig {
     int port;
 } rig;
 
-static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t n_keys, size_t max_body)
+/* max_body, timeout_s and device_mib: 0 for the defaults (the server's; a
+ * 4 MiB device tier). */
+static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t n_keys, size_t max_body,
+                     unsigned timeout_s, size_t device_mib)
 {
     memset(g, 0, sizeof *g);
     if (eu_model_init(&g->m, "cpu", n_layers, N_CTX, PV_F32, 16) != PV_OK)
         return -1;
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
-    cc.device_bytes = 4u << 20;
+    cc.device_bytes = (device_mib ? device_mib : 4) << 20;
     cc.host_bytes = 4u << 20;
     pv_engine_config ec;
     pv_engine_config_defaults(&ec);
@@ -237,6 +247,8 @@ static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t 
     sc.n_layers = n_layers;
     if (max_body)
         sc.max_body = max_body;
+    if (timeout_s)
+        sc.connection_timeout_s = timeout_s;
     if (pv_server_start(&g->srv, g->e, &g->m.tok, &sc) != PV_OK)
         return -1;
     g->port = pv_server_port(g->srv);
@@ -449,7 +461,7 @@ static void test_api_keys(void)
 {
     static const char *const keys[] = {"key-alice", "key-bob"};
     rig g;
-    if (rig_start(&g, 2, keys, 2, 0) != 0) {
+    if (rig_start(&g, 2, keys, 2, 0, 0, 0) != 0) {
         ok(0, "server with API keys: %s", pv_last_error());
         return;
     }
@@ -535,7 +547,7 @@ static void test_disconnect(rig *g)
     CURL *c = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", g->port);
-    struct curl_slist *hl = curl_slist_append(NULL, h[0]);
+    struct curl_slist *hl = json_headers(h[0]);
     r.abort_after = 600; /* a few events, then hang up */
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
@@ -580,13 +592,16 @@ static void test_disconnect(rig *g)
     c = curl_easy_init();
     memset(&r, 0, sizeof r);
     r.abort_after = 600;
+    hl = json_headers(NULL);
     curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_perform(c);
     curl_easy_cleanup(c);
+    curl_slist_free_all(hl);
     resp_free(&r);
     settled = 0;
     for (int i = 0; i < 500 && !settled; i++) {
@@ -630,7 +645,7 @@ static void *run_long_client(void *arg)
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", c->port);
     char header[96];
     snprintf(header, sizeof header, "X-Session-Id: %s", c->session ? c->session : "");
-    struct curl_slist *hl = c->session ? curl_slist_append(NULL, header) : NULL;
+    struct curl_slist *hl = json_headers(c->session ? header : NULL);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
@@ -653,7 +668,7 @@ static void test_abandoned_wait(void)
     /* Deep enough that the first turn surely outlasts the second's
      * client (about 2 s of decoding). */
     rig rg, *g = &rg;
-    if (rig_start(g, 24, NULL, 0, 0) != 0) {
+    if (rig_start(g, 24, NULL, 0, 0, 0, 0) != 0) {
         ok(0, "server for the abandoned-wait test: %s", pv_last_error());
         return;
     }
@@ -671,7 +686,7 @@ static void test_abandoned_wait(void)
     CURL *c = curl_easy_init();
     http_resp r;
     memset(&r, 0, sizeof r);
-    struct curl_slist *hl = curl_slist_append(NULL, "X-Session-Id: queue");
+    struct curl_slist *hl = json_headers("X-Session-Id: queue");
     const char *plain = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"later\"}],"
                         "\"max_tokens\":50,\"ignore_eos\":true}";
     curl_easy_setopt(c, CURLOPT_URL, url);
@@ -704,12 +719,35 @@ static void test_abandoned_wait(void)
     rig_stop(g);
 }
 
+/* The connection timeout is for silent clients: a plain request whose
+ * turn runs longer than it (nothing is written until the end) must be
+ * answered whole. */
+static void test_turn_outlasts_timeout(void)
+{
+    rig g;
+    if (rig_start(&g, 64, NULL, 0, 0, 1, 40) != 0) {
+        ok(0, "server with a 1 s connection timeout: %s", pv_last_error());
+        return;
+    }
+    volatile size_t ignored = 0;
+    long_client plain = {.port = g.port, .stream = 0, .progress = &ignored};
+    double t0 = wall_s();
+    run_long_client(&plain);
+    double s = wall_s() - t0;
+    answer a;
+    read_answer(&plain.r, &a);
+    ok(a.status == 200 && a.completion == 1900 && s > 1.0,
+       "a plain turn of %.2f s outlasts a 1 s connection timeout: %ld, %ld tokens", s, a.status, a.completion);
+    resp_free(&plain.r);
+    rig_stop(&g);
+}
+
 /* SIGINT/SIGTERM's path: a stop with a stream and a plain request in
  * flight ends both promptly, each with its proper ending. */
 static void test_shutdown(void)
 {
     rig g;
-    if (rig_start(&g, 2, NULL, 0, 0) != 0) {
+    if (rig_start(&g, 2, NULL, 0, 0, 0, 0) != 0) {
         ok(0, "server for the shutdown test: %s", pv_last_error());
         return;
     }
@@ -744,7 +782,7 @@ int main(void)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return tap_skip_all("libcurl does not initialise");
     rig g;
-    if (rig_start(&g, 2, NULL, 0, 64 * 1024) != 0) {
+    if (rig_start(&g, 2, NULL, 0, 64 * 1024, 0, 0) != 0) {
         fprintf(stderr, "server: %s\n", pv_last_error());
         return 1;
     }
@@ -755,6 +793,7 @@ int main(void)
     test_disconnect(&g);
     rig_stop(&g);
     test_abandoned_wait();
+    test_turn_outlasts_timeout();
     test_api_keys();
     test_shutdown();
     curl_global_cleanup();

@@ -193,6 +193,14 @@ void pv_state_dir_stop(pv_state_dir *d);
 /* The session ended (DELETE): its file goes too. PV_OK if there was none. */
 pv_status pv_state_dir_forget(pv_state_dir *d, const char *session);
 
+/* The directory's own secret: PV_STATE_SECRET_BYTES random bytes in the
+ * file "secret" (mode 0600), created on first use. pensieve-serve keys its
+ * API-key namespaces with it (HMAC), so that file names in the directory
+ * say nothing about the keys to anyone without it. Refused when the file is
+ * not a regular file of this user readable by it alone, or of another size. */
+#define PV_STATE_SECRET_BYTES 32
+pv_status pv_state_dir_secret(pv_state_dir *d, uint8_t out[PV_STATE_SECRET_BYTES]);
+
 /* Bytes of session files in the directory, as the index knows them. */
 uint64_t pv_state_dir_bytes(const pv_state_dir *d);
 

@@ -1,7 +1,7 @@
 # libFuzzer targets (issue 8, "keep it fixed"): built only by
 # ./configure --enable-fuzz, which compiles the whole tree with clang and
 # -fsanitize=fuzzer-no-link,address,undefined; the targets alone link
-# libFuzzer's main. tests/fuzz/run-fuzz runs them (.ci/run does, 60 s each);
+# libFuzzer's main. tests/fuzz/run-fuzz runs them (.ci/run does, 30 s each);
 # docs/fuzzing.md says how to run them longer and reproduce a crash. The
 # seed corpora under tests/fuzz/corpus/ are written by make-corpus.
 FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache \
@@ -35,7 +35,8 @@ tests_fuzz_fuzz_workload_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
 tests_fuzz_fuzz_workload_LDADD = $(PV_LINK) $(JANSSON_LIBS)
 tests_fuzz_fuzz_state_SOURCES = tests/fuzz/fuzz-state.c
 tests_fuzz_fuzz_state_LDFLAGS = $(AM_LDFLAGS) $(FUZZ_LDFLAGS)
-tests_fuzz_fuzz_state_LDADD = $(PV_LINK)
+tests_fuzz_fuzz_state_CPPFLAGS = $(AM_CPPFLAGS) $(ZLIB_CFLAGS)
+tests_fuzz_fuzz_state_LDADD = $(PV_LINK) $(ZLIB_LIBS)
 tests_fuzz_make_corpus_SOURCES = tests/fuzz/make-corpus.c
 tests_fuzz_make_corpus_LDADD = $(PV_LINK)
 
