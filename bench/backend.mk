@@ -1,14 +1,16 @@
 # Kernel benchmark: paged vs contiguous attention, decode and swap-gather
-# bandwidth against the machine's all-core STREAM read and copy, GEMM against
+# bandwidth against the machine's all-core STREAM read and copy (on a
+# device backend: the device's own copy), GEMM against
 # the best BLAS rate over several sizes. Prints a table or --json; never run
 # by make check.
 noinst_PROGRAMS += bench/bench-kernels
-bench_bench_kernels_SOURCES = bench/bench-kernels.c
+bench_bench_kernels_SOURCES = bench/bench-kernels.c bench/bench-device.h
 bench_bench_kernels_CPPFLAGS = $(AM_CPPFLAGS) $(OPENBLAS_CFLAGS)
 bench_bench_kernels_LDADD = $(PV_LINK) $(OPENBLAS_LIBS)
 
 # Quantized matrix products per weight type, shape and batch: weight GB/s
-# against the all-core STREAM read, GFLOP/s against the nominal FMA peak.
+# against the all-core STREAM read (on a device backend: the device's own
+# copy), GFLOP/s against the nominal FMA peak.
 noinst_PROGRAMS += bench/bench-qmatmul
-bench_bench_qmatmul_SOURCES = bench/bench-qmatmul.c
+bench_bench_qmatmul_SOURCES = bench/bench-qmatmul.c bench/bench-device.h
 bench_bench_qmatmul_LDADD = $(PV_LINK)

@@ -3,15 +3,18 @@
  *   1. attention over paged KV (shuffled slots) vs the same data laid out
  *      contiguously, batch 32 sequences, 8 and 1 query tokens each, context
  *      256..4096;
- *   2. decode attention bandwidth (KV bytes read / time) against the host's
- *      all-core STREAM-style read bandwidth, and against the backend's own
- *      device-to-device copy of the same bytes (one thread on the CPU
- *      backend; the reference for a GPU's device memory); and single-stream
+ *   2. decode attention bandwidth (KV bytes read / time) against the
+ *      memory's reference: on the CPU backend the host's all-core
+ *      STREAM-style read bandwidth, on a device backend (OpenCL, CUDA) the
+ *      device's own copy of 1 GiB buffers (bench-device.h); and against the
+ *      backend's copy of the same bytes (one thread on the CPU backend);
+ *      and single-stream
  *      decode (1 sequence x 1 query token at contexts 2048 and 8192), where
  *      only splitting the context (split-K) keeps every core reading, paged
  *      vs contiguous and against STREAM read, with the CPU's split count;
- *   3. swap gather (shuffled slots -> staging, one call) against the host's
- *      all-core STREAM-style copy, and the backend's copy;
+ *   3. swap gather (shuffled slots -> staging, one call) against the
+ *      reference copy (STREAM's on the CPU, the device's own elsewhere), and
+ *      the backend's copy of the same bytes;
  *   4. GEMM GFLOP/s through the vtable against OpenBLAS cblas_sgemm called
  *      directly (same shape), and against the GEMM peak: the best
  *      cblas_sgemm rate over square sizes 512..3072, beside the cores'
@@ -44,6 +47,7 @@
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
+#include "bench-device.h"
 #include "bench-util.h"
 
 #include <pensieve/half.h>
@@ -120,6 +124,8 @@ typedef struct report {
     gemm_row gemm[4];
     int n_gemm;
     bench_stream mem;                  /* host memory references */
+    int on_device;                     /* not the CPU backend: dev is the reference */
+    bench_device_copy dev;
     bench_cpu cpu;
     int64_t peak_n[PEAK_SIZES];        /* square sizes tried for the GEMM peak */
     double peak_size_gflops[PEAK_SIZES];
@@ -728,12 +734,32 @@ static double gflops(int64_t m, int64_t n, int64_t k, double ms)
     return 2.0 * (double)m * (double)n * (double)k / (ms * 1e-3) / 1e9;
 }
 
+/* The memory reference of a backend: STREAM's read and copy on the CPU,
+ * the device's own copy on a device (which counts read + write as STREAM's
+ * copy does, so one figure serves both). */
+static double ref_read(const report *rep)
+{
+    return rep->on_device ? rep->dev.copy.best : rep->mem.read.best;
+}
+
+static double ref_copy(const report *rep)
+{
+    return rep->on_device ? rep->dev.copy.best : rep->mem.copy.best;
+}
+
+static const char *ref_key(const report *rep)
+{
+    return rep->on_device ? "device_copy" : "stream_read";
+}
+
 static void print_table(const report *rep, const options *opt)
 {
     printf("\n== backend %s: %s (%s), %u compute units ==\n", rep->backend, rep->info.name, rep->info.vendor,
            rep->info.compute_units);
     bench_cpu_print(&rep->cpu);
     bench_stream_print(&rep->mem);
+    if (rep->on_device)
+        bench_device_copy_print(&rep->dev);
     printf("shape: batch %d, heads %d, kv heads %d, head_dim %d, chunk %d, KV %s, median of %d runs\n", BATCH,
            opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
     printf("\nattention: paged (shuffled slots) vs contiguous (%s)\n", rep->contiguous_kind);
@@ -743,38 +769,39 @@ static void print_table(const report *rep, const options *opt)
         printf("%8d %6d %12.3f %14.3f %12.3f\n", r->context, r->query, r->paged_ms, r->contiguous_ms,
                r->paged_ms / r->contiguous_ms);
     }
-    const bench_stream *mem = &rep->mem;
-    printf("\ndecode attention bandwidth (KV bytes read / time) vs the host's all-core STREAM read (best, %.2f GB/s)\n"
+    const char *ref_name = rep->on_device ? "the device's own copy" : "the host's all-core STREAM read";
+    printf("\ndecode attention bandwidth (KV bytes read / time) vs %s (best, %.2f GB/s)\n"
            "and vs the backend's copy of the same bytes (bytes / time; one thread on the CPU backend)\n",
-           mem->read.best);
-    printf("%8s %10s %12s %12s %10s %12s %8s\n", "context", "MiB", "attn ms", "attn GB/s", "of read", "copy GB/s",
+           ref_name, ref_read(rep));
+    printf("%8s %10s %12s %12s %10s %12s %8s\n", "context", "MiB", "attn ms", "attn GB/s", "of ref", "copy GB/s",
            "of copy");
     for (int i = 0; i < rep->n_decode; i++) {
         const bandwidth_row *r = &rep->decode[i];
         double attn = gbps(r->bytes, r->attention_ms), copy = gbps(r->bytes, r->memcpy_ms);
         printf("%8d %10.1f %12.3f %12.2f %10.2f %12.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->attention_ms,
-               attn, attn / mem->read.best, copy, attn / copy);
+               attn, attn / ref_read(rep), copy, attn / copy);
     }
-    printf("\nsingle-stream decode (1 sequence x 1 query token): KV bytes read / time vs the host's all-core\n"
-           "STREAM read (best, %.2f GB/s); splits: the CPU kernel's context splits (split-K)\n",
-           mem->read.best);
+    printf("\nsingle-stream decode (1 sequence x 1 query token): KV bytes read / time vs %s\n"
+           "(best, %.2f GB/s); splits: the CPU kernel's context splits (split-K)\n",
+           ref_name, ref_read(rep));
     printf("%8s %8s %7s %10s %14s %12s %11s %8s\n", "context", "MiB", "splits", "paged ms", "contiguous ms",
-           "paged/contig", "paged GB/s", "of read");
+           "paged/contig", "paged GB/s", "of ref");
     for (int i = 0; i < rep->n_single; i++) {
         const single_row *r = &rep->single[i];
         double attn = gbps(r->bytes, r->paged_ms);
         printf("%8d %8.1f %7d %10.3f %14.3f %12.3f %11.2f %8.2f\n", r->context, r->bytes / (1 << 20), r->splits,
-               r->paged_ms, r->contiguous_ms, r->paged_ms / r->contiguous_ms, attn, attn / mem->read.best);
+               r->paged_ms, r->contiguous_ms, r->paged_ms / r->contiguous_ms, attn, attn / ref_read(rep));
     }
     double gather = gbps(rep->gather_bytes, rep->gather_ms);
     double gather_copy = gbps(rep->gather_bytes, rep->gather_memcpy_ms);
-    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call; traffic (2 x bytes) vs the host's all-core STREAM\n"
-           "copy (best, %.2f GB/s), and payload vs the backend's copy of the same bytes\n",
-           rep->gather_slots, rep->gather_bytes / (1 << 20), mem->copy.best);
+    printf("\nswap gather: %d shuffled slots, %.1f MiB, one call; traffic (2 x bytes) vs %s\n"
+           "(best, %.2f GB/s), and payload vs the backend's copy of the same bytes\n",
+           rep->gather_slots, rep->gather_bytes / (1 << 20),
+           rep->on_device ? "the device's own copy" : "the host's all-core STREAM copy", ref_copy(rep));
     printf("%12s %12s %14s %10s %12s %8s\n", "gather ms", "gather GB/s", "traffic GB/s", "of copy", "copy GB/s",
            "of copy");
     printf("%12.3f %12.2f %14.2f %10.2f %12.2f %8.2f\n", rep->gather_ms, gather, 2 * gather,
-           2 * gather / mem->copy.best, gather_copy, gather / gather_copy);
+           2 * gather / ref_copy(rep), gather_copy, gather / gather_copy);
     double peak = rep->blas_peak_gflops;
     printf("\nGEMM peak: cblas_sgemm, best of square sizes:");
     for (int i = 0; i < PEAK_SIZES; i++)
@@ -813,6 +840,10 @@ static void print_json(const report *reps, int n_reports, const options *opt)
         bench_cpu_json(&rep->cpu);
         printf(",\n   \"stream\": ");
         bench_stream_json(&rep->mem);
+        if (rep->on_device) {
+            printf(",\n   \"device_copy\": ");
+            bench_device_copy_json(&rep->dev);
+        }
         printf(",\n   \"attention\": [");
         for (int i = 0; i < rep->n_attention; i++) {
             const attention_row *r = &rep->attention[i];
@@ -822,24 +853,24 @@ static void print_json(const report *reps, int n_reports, const options *opt)
         printf("],\n   \"decode_bandwidth\": [");
         for (int i = 0; i < rep->n_decode; i++) {
             const bandwidth_row *r = &rep->decode[i];
-            printf("%s{\"context\": %d, \"bytes\": %.0f, \"attention_gbps\": %.3f, \"of_stream_read\": %.4f, "
+            printf("%s{\"context\": %d, \"bytes\": %.0f, \"attention_gbps\": %.3f, \"of_%s\": %.4f, "
                    "\"memcpy_gbps\": %.3f}",
-                   i ? ", " : "", r->context, r->bytes, gbps(r->bytes, r->attention_ms),
-                   gbps(r->bytes, r->attention_ms) / rep->mem.read.best, gbps(r->bytes, r->memcpy_ms));
+                   i ? ", " : "", r->context, r->bytes, gbps(r->bytes, r->attention_ms), ref_key(rep),
+                   gbps(r->bytes, r->attention_ms) / ref_read(rep), gbps(r->bytes, r->memcpy_ms));
         }
         printf("],\n   \"single_stream_decode\": [");
         for (int i = 0; i < rep->n_single; i++) {
             const single_row *r = &rep->single[i];
             printf("%s{\"context\": %d, \"bytes\": %.0f, \"splits\": %d, \"paged_ms\": %.4f, "
-                   "\"contiguous_ms\": %.4f, \"attention_gbps\": %.3f, \"of_stream_read\": %.4f}",
+                   "\"contiguous_ms\": %.4f, \"attention_gbps\": %.3f, \"of_%s\": %.4f}",
                    i ? ", " : "", r->context, r->bytes, r->splits, r->paged_ms, r->contiguous_ms,
-                   gbps(r->bytes, r->paged_ms), gbps(r->bytes, r->paged_ms) / rep->mem.read.best);
+                   gbps(r->bytes, r->paged_ms), ref_key(rep), gbps(r->bytes, r->paged_ms) / ref_read(rep));
         }
         double gather = gbps(rep->gather_bytes, rep->gather_ms);
         printf("],\n   \"gather\": {\"slots\": %d, \"bytes\": %.0f, \"gather_gbps\": %.3f, "
-               "\"traffic_of_stream_copy\": %.4f, \"memcpy_gbps\": %.3f},\n",
-               rep->gather_slots, rep->gather_bytes, gather, 2 * gather / rep->mem.copy.best,
-               gbps(rep->gather_bytes, rep->gather_memcpy_ms));
+               "\"traffic_of_%s\": %.4f, \"memcpy_gbps\": %.3f},\n",
+               rep->gather_slots, rep->gather_bytes, gather, rep->on_device ? "device_copy" : "stream_copy",
+               2 * gather / ref_copy(rep), gbps(rep->gather_bytes, rep->gather_memcpy_ms));
         printf("   \"gemm_peak\": {\"sizes\": [");
         for (int i = 0; i < PEAK_SIZES; i++)
             printf("%s{\"n\": %lld, \"gflops\": %.2f}", i ? ", " : "", (long long)rep->peak_n[i],
@@ -878,11 +909,14 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
         return pv_error(PV_ERR_OUT_OF_MEMORY, "bench: cannot allocate the STREAM arrays");
     }
     st = bench_gemm_peak(opt, rep);
+    int is_cpu = strcmp(name, "cpu") == 0;
+    rep->on_device = !is_cpu;
+    if (st == PV_OK && rep->on_device)
+        st = bench_device_copy_measure(be, 10, &rep->dev);
     if (st != PV_OK) {
         pv_backend_free(be);
         return st;
     }
-    int is_cpu = strcmp(name, "cpu") == 0;
     rep->contiguous_kind = is_cpu ? "K/V arrays [seq][pos][head][dim]" : "consecutive slots";
     int32_t contexts[8];
     int n_contexts = 0;
@@ -899,6 +933,9 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     kv_data_free(&d);
     if (st == PV_OK)
         st = bench_gemm(be, opt, rep);
+    bench_device_copy again;
+    if (st == PV_OK && rep->on_device && (st = bench_device_copy_measure(be, 10, &again)) == PV_OK)
+        bench_device_copy_merge(&rep->dev, &again);
     pv_backend_free(be);
     bench_stream after;
     if (st == PV_OK && bench_stream_measure(&after, 10) == 0)

@@ -1,6 +1,8 @@
 /* Quantized matrix products (pv_qmatmul) per weight type, shape and batch:
- * weight bytes streamed per second against the machine's all-core STREAM
- * read measured in the same run (decode is bound by it), and GFLOP/s
+ * weight bytes streamed per second against the memory's reference measured
+ * in the same run (decode is bound by it): the machine's all-core STREAM
+ * read on the CPU backend, the device's own copy (bench-device.h) on a
+ * device backend; and GFLOP/s
  * against the cores' nominal FMA rate (batched decode and prefill are bound
  * by that).
  *
@@ -19,6 +21,7 @@
  * 49152x576). */
 #include "config.h"
 
+#include "bench/bench-device.h"
 #include "bench/bench-util.h"
 
 #include <pensieve/backend.h>
@@ -296,6 +299,13 @@ int main(int argc, char **argv)
         pv_backend_free(be);
         return 1;
     }
+    const int on_device = strcmp(opt.backend, "cpu") != 0;
+    bench_device_copy dev;
+    if (on_device && (st = bench_device_copy_measure(be, 10, &dev)) != PV_OK) {
+        fprintf(stderr, "bench-qmatmul: device copy: %s\n", pv_last_error());
+        pv_backend_free(be);
+        return 1;
+    }
     const int max_results = MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
     result *res = calloc((size_t)max_results, sizeof *res);
     int n_res = 0;
@@ -310,6 +320,9 @@ int main(int argc, char **argv)
     bench_stream after;
     if (st == PV_OK && res && bench_stream_measure(&after, 10) == 0)
         bench_stream_merge(&mem, &after);
+    bench_device_copy dev_after;
+    if (st == PV_OK && res && on_device && (st = bench_device_copy_measure(be, 10, &dev_after)) == PV_OK)
+        bench_device_copy_merge(&dev, &dev_after);
     if (!res || st != PV_OK) {
         fprintf(stderr, "bench-qmatmul: %s\n", res ? pv_last_error() : "out of memory");
         free(res);
@@ -317,32 +330,40 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    const double read = mem.read.best, peak = cpu.peak_gflops;
+    const double read = on_device ? dev.copy.best : mem.read.best, peak = cpu.peak_gflops;
+    const char *ref_key = on_device ? "of_device_copy" : "of_stream_read";
     if (opt.json) {
         printf("{\"backend\": \"%s\", \"device\": \"%s\", \"hot\": %s, \"cpu\": ", opt.backend, be->info.name,
                opt.hot ? "true" : "false");
         bench_cpu_json(&cpu);
         printf(", \"stream\": ");
         bench_stream_json(&mem);
+        if (on_device) {
+            printf(", \"device_copy\": ");
+            bench_device_copy_json(&dev);
+        }
         printf(", \"results\": [");
         for (int i = 0; i < n_res; i++)
             printf("%s\n  {\"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"tokens\": %lld, "
                    "\"weight_bytes\": %.0f, \"us_per_call\": %.3f, \"weight_gbps\": %.3f, "
-                   "\"of_stream_read\": %.4f, \"gflops\": %.3f}",
+                   "\"%s\": %.4f, \"gflops\": %.3f}",
                    i ? "," : "", pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
-                   (long long)res[i].n_tokens, res[i].weight_bytes, res[i].us_per_call, res[i].gbps,
+                   (long long)res[i].n_tokens, res[i].weight_bytes, res[i].us_per_call, res[i].gbps, ref_key,
                    read > 0 ? res[i].gbps / read : 0.0, res[i].gflops);
         printf("\n]}\n");
     } else {
         printf("qmatmul on %s (%s)\n", opt.backend, be->info.name);
         bench_cpu_print(&cpu);
         bench_stream_print(&mem);
+        if (on_device)
+            bench_device_copy_print(&dev);
+        printf("weight GB/s is compared with %s\n", on_device ? "the device copy" : "the STREAM read");
         printf(opt.hot ? "--hot: weights from cache (two copies); median of %d passes\n\n"
                        : "weights are read from memory on every call (copies filling 4x the last-level cache); "
                          "median of %d passes\n\n",
                opt.reps);
         printf("%-5s %13s %6s %10s %10s %9s %10s %8s\n", "type", "n_out x n_in", "tokens", "us/call",
-               "weight GB/s", "of read", "GFLOP/s", "of peak");
+               "weight GB/s", "of ref", "GFLOP/s", "of peak");
         for (int i = 0; i < n_res; i++) {
             char shape[40];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)res[i].n_out, (long long)res[i].n_in);
