@@ -1,52 +1,19 @@
-/* The backend front end: the registry of built backends, and validation of
- * every op's arguments before dispatch, so that backends see only valid input
- * and bad input is a status with a message, never a crash or a wrong answer. */
+/* The backend front end: opening backends (their ops come from the
+ * registry, backends/registry.c), and validation of every op's arguments
+ * before dispatch, so that backends see only valid input and bad input is a
+ * status with a message, never a crash or a wrong answer. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 
 #include "backends/backend.h"
 #include "backends/kernel-tuning.h"
+#include "backends/registry.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-extern const pv_backend_ops pv_cpu_backend_ops;
-#ifdef PV_HAVE_OPENCL
-extern const pv_backend_ops pv_opencl_backend_ops;
-#endif
-#ifdef PV_HAVE_CUDA
-extern const pv_backend_ops pv_cuda_backend_ops;
-#endif
-
-static const pv_backend_ops *const registry[] = {
-    &pv_cpu_backend_ops,
-#ifdef PV_HAVE_OPENCL
-    &pv_opencl_backend_ops,
-#endif
-#ifdef PV_HAVE_CUDA
-    &pv_cuda_backend_ops,
-#endif
-};
-#define N_BACKENDS (sizeof registry / sizeof registry[0])
-
-static const char *const names[] = {
-    "cpu",
-#ifdef PV_HAVE_OPENCL
-    "opencl",
-#endif
-#ifdef PV_HAVE_CUDA
-    "cuda",
-#endif
-    NULL,
-};
-
-const char *const *pv_backend_names(void)
-{
-    return names;
-}
 
 size_t pv_dtype_size(pv_dtype dtype)
 {
@@ -104,42 +71,23 @@ int pv_attention_head_dim_supported(int32_t head_dim)
     return head_dim >= 16 && head_dim <= 256 && head_dim % 16 == 0;
 }
 
-/* ---- registry ----------------------------------------------------------- */
-
-static const pv_backend_ops *find_backend(const char *name)
-{
-    for (size_t i = 0; i < N_BACKENDS; i++)
-        if (name && strcmp(registry[i]->name, name) == 0)
-            return registry[i];
-    return NULL;
-}
-
-static pv_status unknown_backend(const char *name)
-{
-    char list[128] = "";
-    for (size_t i = 0; i < N_BACKENDS; i++) {
-        if (i)
-            strncat(list, ", ", sizeof list - strlen(list) - 1);
-        strncat(list, registry[i]->name, sizeof list - strlen(list) - 1);
-    }
-    return pv_error(PV_ERR_NOT_FOUND, "backend '%s' is not built into this library; available: %s",
-                    name ? name : "(null)", list);
-}
-
-/* A built backend without a usable device: keep its reason and add the
- * backends that do have one. */
+/* A backend that loads but has no usable device: keep its reason and add
+ * the backends that do have one. */
 static pv_status unavailable_backend(const char *name, pv_status status)
 {
     char reason[512];
     snprintf(reason, sizeof reason, "%s", pv_last_error()[0] ? pv_last_error() : "no device found");
+    const char *names[PV_BACKENDS_MAX + 1];
+    const pv_backend_ops *ops[PV_BACKENDS_MAX];
+    const size_t n = pv_backend_loadable(names, ops);
     char list[128] = "";
-    for (size_t i = 0; i < N_BACKENDS; i++) {
+    for (size_t i = 0; i < n; i++) {
         int count = 0;
-        if (registry[i]->device_count(&count) != PV_OK || count <= 0)
+        if (ops[i]->device_count(&count) != PV_OK || count <= 0)
             continue;
         if (list[0])
             strncat(list, ", ", sizeof list - strlen(list) - 1);
-        strncat(list, registry[i]->name, sizeof list - strlen(list) - 1);
+        strncat(list, names[i], sizeof list - strlen(list) - 1);
     }
     return pv_error(status, "backend '%s' is unavailable: %s; available: %s", name, reason,
                     list[0] ? list : "none");
@@ -147,12 +95,11 @@ static pv_status unavailable_backend(const char *name, pv_status status)
 
 pv_status pv_backend_device_count(const char *name, int *count)
 {
-    const pv_backend_ops *ops = find_backend(name);
     if (!count)
         return pv_error(PV_ERR_INVALID_ARG, "pv_backend_device_count: count is NULL");
     *count = 0;
-    if (!ops)
-        return unknown_backend(name);
+    const pv_backend_ops *ops = NULL;
+    PV_TRY(pv_backend_lookup(name, &ops));
     return ops->device_count(count);
 }
 
@@ -161,12 +108,8 @@ pv_status pv_backend_init(pv_backend **out, const char *name, int device)
     if (!out)
         return pv_error(PV_ERR_INVALID_ARG, "pv_backend_init: out is NULL");
     *out = NULL;
-    const pv_backend_ops *ops = find_backend(name);
-    if (!ops)
-        return unknown_backend(name);
-    if (ops->api_version != PV_BACKEND_API_VERSION)
-        return pv_error(PV_ERR_UNSUPPORTED, "backend '%s' has API version %d, this library expects %d",
-                        name, ops->api_version, PV_BACKEND_API_VERSION);
+    const pv_backend_ops *ops = NULL;
+    PV_TRY(pv_backend_lookup(name, &ops));
     int count = 0;
     pv_clear_error();
     pv_status st = ops->device_count(&count);

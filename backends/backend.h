@@ -409,12 +409,38 @@ struct pv_backend {
  * These check every argument (shapes, buffer sizes, index ranges, dtype
  * support) before calling the backend, so a backend sees only valid input. */
 
-/* Names of the backends built into this library, NULL-terminated. */
+/* ---- where backends come from ----------------------------------------------
+ * "cpu" is built into libpensieve. "opencl" and "cuda" are modules, shared
+ * objects named pensieve-opencl.so and pensieve-cuda.so (installed in
+ * $(libdir)/pensieve), opened with dlopen the first time the backend is
+ * asked for (pv_backend_init, pv_backend_device_count, pv_backend_names)
+ * and kept open; a run that never asks for them maps neither their
+ * runtimes nor the modules. A module is looked for, first found wins, in:
+ *   1. each directory of $PV_BACKEND_PATH (colon-separated), in order;
+ *   2. the build tree's module directory (<builddir>/backends/.libs), only
+ *      while the libpensieve running is the build tree's (its .libs, or a
+ *      program there linked with the static library), so that tests and
+ *      uninstalled programs find the modules built with them;
+ *   3. the install directory, $(libdir)/pensieve.
+ * $PV_BACKEND_PATH_ONLY set to anything but "" or "0" skips 2 and 3. A
+ * module found but not loadable (dlopen fails, or it is built for another
+ * PV_BACKEND_API_VERSION) is not looked for further. A failed search or
+ * load is tried again at the next request; a loaded module stays. */
+
+/* The backends that can load here, NULL-terminated, in the order cpu,
+ * opencl, cuda: "cpu" always, and each module that is found and loads (a
+ * listed backend may still have no device: pv_backend_init then fails with
+ * PV_ERR_NO_DEVICE). Listing loads every module found, mapping its
+ * runtime. The array is this thread's, valid until its next call. */
 const char *const *pv_backend_names(void);
 
 /* Open backend `name` ("cpu", "opencl", "cuda") on device index `device`.
- * Unknown or unbuilt names fail with PV_ERR_NOT_FOUND listing the built
- * ones; a built backend with no device fails with PV_ERR_NO_DEVICE. */
+ * Fails with PV_ERR_NOT_FOUND for an unknown name or a module found in
+ * none of the directories above (the message lists them),
+ * PV_ERR_BACKEND for a module that does not load (its path and dlerror()'s
+ * text), PV_ERR_UNSUPPORTED for a module of another API version; each
+ * message ends with the backends that can load here. A backend that loads
+ * but has no device fails with PV_ERR_NO_DEVICE. */
 pv_status pv_backend_init(pv_backend **out, const char *name, int device);
 void pv_backend_free(pv_backend *be);
 

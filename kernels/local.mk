@@ -17,10 +17,10 @@ if HAVE_KERNEL_SOURCES
 # line: backslashes and quotes escaped, the family's #include of the dialect
 # blanked since the backends prepend the dialect text themselves; blanked,
 # not deleted, so the family's line numbers stay the file's for compiler
-# logs). The OpenCL and CUDA backends both compile it at run time. It is
-# built in the build directory, so VPATH builds and distcheck work with a
-# read-only source tree.
-nodist_libpensieve_la_SOURCES = kernels/kernel-sources.c
+# logs). The OpenCL and CUDA backends both compile it at run time: each of
+# their modules builds it in (constant text, no state), and libpensieve
+# carries none. It is built in the build directory, so VPATH builds and
+# distcheck work with a read-only source tree.
 BUILT_SOURCES += kernels/kernel-sources.c
 CLEANFILES += kernels/kernel-sources.c
 

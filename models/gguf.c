@@ -771,6 +771,19 @@ static pv_status tensor_decodable(const pv_gguf_tensor *t)
     return PV_OK;
 }
 
+void pv_gguf_release(const pv_gguf *g)
+{
+    if (!g || !g->mapped || !g->base || g->data_offset >= g->size)
+        return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t start = ((uintptr_t)g->base + (uintptr_t)g->data_offset + page - 1) / page * page;
+    const uintptr_t end = ((uintptr_t)g->base + (uintptr_t)g->size + page - 1) / page * page;
+    /* Advice on a private read-only file mapping: the pages come back
+     * from the file unchanged, so a failure only keeps them resident. */
+    if (end > start)
+        (void)madvise((void *)start, end - start, MADV_DONTNEED);
+}
+
 pv_status pv_gguf_tensor_f32(const pv_gguf_tensor *t, float *dst, uint64_t n)
 {
     pv_status st = tensor_decodable(t);

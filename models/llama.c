@@ -225,6 +225,7 @@ static pv_status upload_matrices(pv_llama *m, const pv_gguf *g, matrix_upload *u
         st = write_matrix(m, g, &u[i]);
         if (st != PV_OK)
             break;
+        pv_gguf_release(g);
         m->weight_bytes.file += u[i].t->n_bytes;
         m->weight_bytes.resident += u[i].bytes;
         if (u[i].native)
@@ -253,6 +254,7 @@ static pv_status upload_vector(pv_llama *m, const pv_gguf *g, const char *name, 
         return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: tensor '%s': cannot allocate %" PRIu64 " floats", g->path,
                         name, t->n_elements);
     st = pv_gguf_tensor_f32(t, host, t->n_elements);
+    pv_gguf_release(g);
     if (st == PV_OK)
         st = pv_buffer_init(out, m->be, PV_MEM_DEVICE, t->n_elements * sizeof *host);
     if (st == PV_OK)

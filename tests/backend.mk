@@ -66,7 +66,22 @@ if HAVE_CUDA
 # compile errors, and the on-disk kernel cache: no GPU needed.
 check_PROGRAMS += tests/test-cuda-nvrtc
 TESTS += tests/test-cuda-nvrtc
-tests_test_cuda_nvrtc_SOURCES = tests/test-cuda-nvrtc.c
-tests_test_cuda_nvrtc_CPPFLAGS = $(PV_TEST_INCLUDES)
-tests_test_cuda_nvrtc_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
+# It builds the module's NVRTC part in, with the kernels' text.
+tests_test_cuda_nvrtc_SOURCES = tests/test-cuda-nvrtc.c backends/cuda/cuda_nvrtc.c
+nodist_tests_test_cuda_nvrtc_SOURCES = kernels/kernel-sources.c
+tests_test_cuda_nvrtc_CPPFLAGS = $(PV_TEST_INCLUDES) $(CUDA_CFLAGS)
+tests_test_cuda_nvrtc_LDADD = $(PV_LINK) $(CUDA_LIBS) $(PTHREAD_LIBS)
 endif
+
+# The backend modules: a CPU run maps no GPU runtime; the registry's search
+# and its failures, with a module that must not load (tests/fake-module.c,
+# built as a pensieve-cuda.so that make check alone builds).
+check_PROGRAMS += tests/test-backend-modules
+TESTS += tests/test-backend-modules
+tests_test_backend_modules_SOURCES = tests/test-backend-modules.c
+tests_test_backend_modules_CPPFLAGS = $(PV_TEST_INCLUDES) \
+	-DPV_TEST_FAKE_MODULE_DIR='"$(abs_top_builddir)/tests/fake-module/.libs"'
+tests_test_backend_modules_LDADD = $(PV_LINK)
+check_LTLIBRARIES += tests/fake-module/pensieve-cuda.la
+tests_fake_module_pensieve_cuda_la_SOURCES = tests/fake-module.c
+tests_fake_module_pensieve_cuda_la_LDFLAGS = $(PV_MODULE_LDFLAGS) -rpath /nowhere

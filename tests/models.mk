@@ -11,3 +11,10 @@ tests_test_gguf_LDADD = $(PV_LINK)
 tests_test_tokenizer_SOURCES = tests/test-tokenizer.c
 tests_test_tokenizer_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_tokenizer_LDADD = $(PV_LINK)
+
+# Releasing a mapped tensor's pages once the model holds its copy.
+check_PROGRAMS += tests/test-gguf-release
+TESTS += tests/test-gguf-release
+tests_test_gguf_release_SOURCES = tests/test-gguf-release.c
+tests_test_gguf_release_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_gguf_release_LDADD = $(PV_LINK)

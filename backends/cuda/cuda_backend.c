@@ -24,6 +24,7 @@
 #endif
 
 #include "backends/backend.h"
+#include "backends/backend-module.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/attention-split.h"
 
@@ -92,8 +93,6 @@ typedef struct upload {
     size_t bytes;
     void *dev;
 } upload;
-
-extern const pv_backend_ops pv_cuda_backend_ops;
 
 /* ---- errors ----------------------------------------------------------------- */
 
@@ -1035,7 +1034,7 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return PV_OK;
 }
 
-const pv_backend_ops pv_cuda_backend_ops = {
+static const pv_backend_ops cuda_backend_ops = {
     .api_version = PV_BACKEND_API_VERSION,
     .name = "cuda",
     .device_count = cuda_device_count,
@@ -1071,3 +1070,9 @@ const pv_backend_ops pv_cuda_backend_ops = {
     .qmatmul = cuda_qmatmul,
     .tunable_kernels = 1,
 };
+
+/* The module's one exported symbol (backends/backend-module.h). */
+const pv_backend_ops *pv_backend_module_ops(void)
+{
+    return &cuda_backend_ops;
+}

@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "backends/opencl/opencl.h"
+#include "backends/backend-module.h"
 #include "backends/kernel-params.h"
 #include "backends/attention-split.h"
 
@@ -648,7 +649,7 @@ static pv_status opencl_gemm(pv_backend *be, const pv_gemm_args *a)
     return PV_OK;
 }
 
-const pv_backend_ops pv_opencl_backend_ops = {
+static const pv_backend_ops opencl_backend_ops = {
     .api_version = PV_BACKEND_API_VERSION,
     .name = "opencl",
     .device_count = opencl_device_count,
@@ -684,3 +685,9 @@ const pv_backend_ops pv_opencl_backend_ops = {
     .qmatmul = pv_opencl_qmatmul,
     .tunable_kernels = 1,
 };
+
+/* The module's one exported symbol (backends/backend-module.h). */
+const pv_backend_ops *pv_backend_module_ops(void)
+{
+    return &opencl_backend_ops;
+}

@@ -1,7 +1,8 @@
 /* The OpenCL backend's internals, shared by its source files: the device
  * state, error reporting, and the program cache that builds the portable
- * kernels (kernels/) from their embedded text. Not installed: the public
- * entry is pv_opencl_backend_ops, reached through the front end. */
+ * kernels (kernels/) from their embedded text. Not installed: the backend
+ * is a module (pensieve-opencl.so) whose one entry is
+ * pv_backend_module_ops (backends/backend-module.h). */
 #ifndef PV_BACKENDS_OPENCL_H
 #define PV_BACKENDS_OPENCL_H
 
@@ -14,8 +15,6 @@
 
 #include "backends/backend.h"
 #include "backends/kernel-tuning.h"
-
-extern const pv_backend_ops pv_opencl_backend_ops;
 
 /* Attention's default PV_WG on CPU devices, where the table's 64 is slow:
  * attention sums PV_WG partials per score (over tiles of PV_WG positions

@@ -194,6 +194,15 @@ const pv_gguf_tensor *pv_gguf_find_tensor(const pv_gguf *g, const char *name);
 /* The same, but PV_ERR_NOT_FOUND naming the file and tensor when absent. */
 pv_status pv_gguf_get_tensor(const pv_gguf *g, const char *name, const pv_gguf_tensor **out);
 
+/* The caller is done, for now, with the tensor bytes it has read (their
+ * copies are on a backend): the mapped file's tensor data leaves this
+ * process's resident memory, and pages touched again are read back from
+ * the file. Metadata stays. Nothing for an image in memory. A model load
+ * calls it after each tensor, so the file and its copy are never both
+ * resident (whole data section: a fault may map a large page-cache folio
+ * that spans tensors already released). */
+void pv_gguf_release(const pv_gguf *g);
+
 /* Decode a whole tensor; n must equal t->n_elements. */
 pv_status pv_gguf_tensor_f32(const pv_gguf_tensor *t, float *dst, uint64_t n);
 pv_status pv_gguf_tensor_f16(const pv_gguf_tensor *t, pv_half *dst, uint64_t n);
