@@ -46,7 +46,8 @@ int chat_error(const char *what, pv_status st);
 
 /* The line after an answer: where the turn's context came from, and speed. */
 void chat_print_status(const chat *ch, const pv_turn_result *r);
-/* /cache [NAME]: the tier of every (chunk, layer), one line per layer. */
+/* /cache: a line per session (tokens, chunks, records per tier, a bar);
+ * /cache NAME: the tier of every (chunk, layer) of one, a line per layer. */
 int chat_print_cache(chat *ch, const char *only);
 /* /stats: the engine's and the cache's counters. */
 int chat_print_stats(chat *ch);

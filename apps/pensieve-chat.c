@@ -2,7 +2,7 @@
  * each a session of the stateful engine, so a returning conversation reuses
  * its KV from the device or host tier instead of prefilling its history
  * again. After each answer a status line says where the context came from;
- * /cache draws the tiers. All serving goes through the engine API.
+ * /cache sums up the tiers per conversation, /cache NAME draws one. All serving goes through the engine API.
  *
  * Interactive input goes through readline; --script FILE feeds the same
  * lines from a file (for tests and demos). */
@@ -52,7 +52,8 @@ static void print_commands(void)
            "  /new           start a fresh conversation\n"
            "  /switch NAME   go to conversation NAME (created on first use)\n"
            "  /end           end the current conversation (frees its cache) and start a fresh one\n"
-           "  /cache [NAME]  where every (chunk, layer) of each conversation lives\n"
+           "  /cache         a line per conversation: tokens, chunks, where its KV lives\n"
+           "  /cache NAME    where every (chunk, layer) of conversation NAME lives\n"
            "  /stats         engine and cache statistics\n"
            "  /help          this list\n"
            "  /quit          leave\n"

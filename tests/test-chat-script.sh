@@ -2,7 +2,8 @@
 # pensieve-chat end to end through --script on the synthetic model: several
 # conversations side by side under device and host budgets small enough to
 # swap, an answer and a status line per turn, reuse of a returning
-# conversation's KV, /cache and /stats, the same answers as stateless mode,
+# conversation's KV, /cache (a line per session; /cache NAME: one session's
+# grid) and /stats, the same answers as stateless mode,
 # and bad options refused with a message naming them. Prints TAP.
 set -u
 
@@ -102,7 +103,33 @@ ok $? "returning conversations (alice, bob) find their history again"
 grep -q '^legend: .*device.*host.*dropped' "$tmp/out" &&
     grep -Eq '^> alice: [0-9]+ tokens, [0-9]+ chunks' "$tmp/out" &&
     grep -Eq '^  layer  1 [#*+. ]+$' "$tmp/out"
-ok $? "/cache draws a legend and a row of tiers per layer"
+ok $? "/cache alice draws a legend and a row of tiers per layer"
+# /cache: one line per session (the four that had turns), each with its
+# tokens, chunks, records per tier adding up to chunks x layers, and a bar
+# of 20 cells whose shares follow the records.
+layers=$(grep -Ec '^  layer +[0-9]+ ' "$tmp/out")
+sed -n '/^alice> \/cache$/,/^alice> /p' "$tmp/out" >"$tmp/summary"
+rows=$(grep -Ec '^[> ] [a-z]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  \[[#*+. ]{20}\]$' "$tmp/summary")
+[ "$rows" -eq 4 ] && grep -q '^> alice ' "$tmp/summary" && [ "$(wc -l <"$tmp/summary")" -le 10 ] &&
+    grep -q '^/cache NAME draws' "$tmp/summary"
+ok $? "/cache is a line per session ($rows of 4 rows; $layers layers)"
+[ "$rows" -eq 4 ] || diag "$tmp/summary"
+awk -v L="$layers" '/ \[[#*+. ]*\]$/ {
+         rows++
+         sub(/^> /, ""); n = split($0, f, " "); if (n < 7) bad = 1
+         c = f[3]; d = f[4]; h = f[5]; x = f[6]; t = d + h + x
+         if (t != c * L || t == 0) bad = 1
+         bar = $0; sub(/.*\[/, "", bar); sub(/\].*/, "", bar)
+         nd = gsub(/#/, "", bar); nh = gsub(/[*+]/, "", bar); nx = gsub(/\./, "", bar)
+         if (nd + nh + nx != 20) bad = 1
+         if (nd - d * 20 / t >= 1 || d * 20 / t - nd >= 1.5) bad = 1
+         if (nh - h * 20 / t >= 1 || h * 20 / t - nh >= 1.5) bad = 1
+         if (nx - x * 20 / t >= 1 || x * 20 / t - nx >= 1.5) bad = 1 }
+     END { exit bad || rows != 4 }' "$tmp/summary"
+ok $? "each session's records add up to chunks x layers and its bar follows them"
+awk '/^alice> \/cache alice$/ { g = 1; next } /^alice> / { g = 0 } g && /^  layer/ { n++ }
+     g && /^[> ] [a-z]+ +[0-9]+ +[0-9]+ / { other = 1 } END { exit !(n > 0 && !other) }' "$tmp/out"
+ok $? "/cache NAME draws that session alone"
 # Every session's picture agrees with its record counts: rows of one cell
 # per chunk, '#' device, '+' and '*' host ('*' with a device copy), '.' dropped.
 awk 'function check() { if (name != "" && (d != D || h + s != H || s != S || x != X)) bad = 1 }
@@ -150,6 +177,16 @@ ok $? "stateless mode gives the same answers"
 cmp -s "$tmp/a" "$tmp/b" || diff "$tmp/a" "$tmp/b" | diag
 statuses "$tmp/stateless" | awk 'seen[$1]++ && ($2 + $3 > 0 || $4 == 0) { bad = 1 } END { exit bad }'
 ok $? "stateless mode recomputes every later turn's history"
+# /cache in stateless mode: nothing is kept between turns, and it says so
+# instead of failing the script.
+printf 'Hello.\n/cache\n/cache chat-1\n' >"$tmp/sl.txt"
+"$chat" --synthetic -n 4 --mode stateless --script "$tmp/sl.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && grep -q '^stateless mode keeps no KV between turns' "$tmp/out" &&
+    grep -Eq '^> chat-1 +[0-9]+ +0 +0 +0 +0  \[ {20}\] no KV kept$' "$tmp/out" &&
+    grep -Eq '^> chat-1: [0-9]+ tokens, no KV kept' "$tmp/out" && ! grep -q 'not found' "$tmp/err"
+ok $? "/cache in stateless mode shows an empty cache and says why (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
 
 # gpu-only mode under the small device budget: no host tier, so evicted
 # chunks are dropped and recomputed, and the answers are still the same.
