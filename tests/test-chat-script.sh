@@ -199,6 +199,25 @@ cmp -s "$tmp/c" "$tmp/b" || diff "$tmp/c" "$tmp/b" | diag
 statuses "$tmp/gpu-only" | awk '$3 > 0 { bad = 1 } $4 > 0 { r = 1 } END { exit bad || !r }'
 ok $? "gpu-only mode reuses nothing from a host tier and recomputes dropped history"
 
+# A conversation that outgrows the device pool: 96K holds 12 synthetic
+# slots, 6 chunks of 32 tokens in each of the 2 layers. The second turn's
+# history, prompt and 60 tokens to generate cannot fit: it is refused
+# before anything is generated, naming the budget that would fit, and the
+# chat goes on; with that budget both turns run.
+printf 'Hello, tell me a long story about the sea.\nAnd then what happened next?\n/stats\n' >"$tmp/grow.txt"
+"$chat" --synthetic -n 60 --device-mem 96K --script "$tmp/grow.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+fit=$(sed -n 's/.*(--device-mem \([0-9]*M\)) would fit it.*/\1/p' "$tmp/err")
+[ $rc -eq 1 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ] &&
+    grep -q 'do not fit the device pool: this turn needs 8 chunks of 32 tokens in each of 2 layers (16 slots), the pool holds 12 slots' "$tmp/err" &&
+    sed -n '/^chat-1> And then/{n;p;}' "$tmp/out" | grep -q '^chat-1> /stats' && [ -n "$fit" ]
+ok $? "a turn that outgrows the device pool is refused before it answers, naming --device-mem ${fit:-?} (exit $rc)"
+[ $rc -eq 1 ] || diag "$tmp/err"
+"$chat" --synthetic -n 60 --device-mem "${fit:-1M}" --script "$tmp/grow.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 2 ]
+ok $? "with --device-mem ${fit:-?} both turns run (exit $rc)"
+
 # Errors inside a script: reported, the script goes on, the exit status is 1.
 printf '/bogus\nhello\n/switch\n' >"$tmp/bad.txt"
 "$chat" --synthetic -n 2 --script "$tmp/bad.txt" >"$tmp/out" 2>"$tmp/err"
