@@ -55,6 +55,10 @@ static void print_commands(void)
            "  /cache         a line per conversation: tokens, chunks, where its KV lives\n"
            "  /cache NAME    where every (chunk, layer) of conversation NAME lives\n"
            "  /stats         engine and cache statistics\n"
+           "  /tune          fit this device's cost model (what pensieve-tune --quick measures:\n"
+           "                 about 15 s for SmolLM2 on 2 CPU cores, under a second for --synthetic),\n"
+           "                 save it as the device's profile and use it (at once if no\n"
+           "                 conversation has started, else from the next start)\n"
            "  /help          this list\n"
            "  /quit          leave\n"
            "Anything else is a message to the current conversation.\n");
@@ -173,12 +177,12 @@ int chat_init(chat *ch, const chat_options *o)
     memset(ch, 0, sizeof *ch);
     ch->o = o;
     ch->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-    app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
-                            .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy,
-                            .have_policy = o->have_policy, .device_bytes = o->device_bytes,
-                            .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
-                            .weights = o->weights};
-    if (app_stack_init(&ch->stack, &so, prog) != 0)
+    ch->stack_options = (app_stack_options){
+        .model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
+        .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy, .have_policy = o->have_policy,
+        .device_bytes = o->device_bytes, .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
+        .weights = o->weights, .tune_hint = "/tune fits one"};
+    if (app_stack_init(&ch->stack, &ch->stack_options, prog) != 0)
         return -1;
     if (!ch->stack.tok.has_chat_template) {
         fprintf(stderr, "%s: %s has no chat template this tokenizer understands\n", prog,
@@ -314,6 +318,10 @@ static int chat_command(chat *ch, const char *line)
         return chat_print_cache(ch, *arg ? arg : NULL);
     if (IS("/stats"))
         return chat_print_stats(ch);
+    if (IS("/tune")) {
+        int r = chat_tune(ch);
+        return r == -2 ? LINE_FATAL : r;
+    }
 #undef IS
     fprintf(stderr, "%s: unknown command '%.*s' (/help lists them)\n", prog, (int)cmd_len, line);
     return LINE_ERROR;

@@ -218,6 +218,56 @@ rc=$?
 [ $rc -eq 0 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 2 ]
 ok $? "with --device-mem ${fit:-?} both turns run (exit $rc)"
 
+# The device profile: with none, one short line says so and points at
+# /tune. /tune fits one in process (quickly on the synthetic model), saves
+# it where the engine looks ($PV_PROFILE here) and uses it at once while no
+# conversation has started; later it says a restart uses it. The next
+# start finds it.
+export PV_PROFILE="$tmp/tuned.ini"
+printf '/tune\nHello.\n/tune\n/help\n' >"$tmp/tune.txt"
+start=$(date +%s)
+"$chat" --synthetic -n 4 --script "$tmp/tune.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+secs=$(($(date +%s) - start))
+[ $rc -eq 0 ] && [ "$(sed -n 1p "$tmp/err")" = \
+    "pensieve-chat: no tuned profile for this cpu device: default cost model (/tune fits one)" ]
+ok $? "with no profile, one short line points at /tune (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
+grep -Eq "^alpha [0-9.e+-]+ s/token, beta [0-9.e+-]+ s, c [0-9.e+-]+ s .*; profile \[cpu: .*\] saved to $tmp/tuned.ini\$" "$tmp/out" &&
+    grep -q '^shape = 4,2,16,2$' "$tmp/tuned.ini" && grep -q '^alpha = ' "$tmp/tuned.ini" && [ "$secs" -le 10 ]
+ok $? "/tune fits and saves the device's profile ($secs s)"
+sed -n '/^chat-1> \/tune$/,/^chat-1> Hello/p' "$tmp/out" | grep -q '^in use now' &&
+    [ "$(grep -c "^pensieve-chat: profile $tmp/tuned.ini \[cpu: " "$tmp/err")" -eq 1 ] &&
+    [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ]
+ok $? "before any conversation, /tune puts the profile in use and the chat goes on"
+sed -n '/^chat-1> Hello/,$p' "$tmp/out" | grep -q '^the conversations here keep the cost model they started with: restart'
+ok $? "with a conversation, /tune says a restart uses the profile"
+grep -q '^  /tune ' "$tmp/out"
+ok $? "/help lists /tune"
+"$chat" --synthetic --script /dev/null >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "^pensieve-chat: profile $tmp/tuned.ini \[cpu: " "$tmp/err"
+ok $? "the next start uses the saved profile, in one line (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
+# On a backend with tuned kernels (OpenCL; PoCL here), /tune keeps the
+# kernel sets a pensieve-tune run left in the device's section.
+export PV_PROFILE="$tmp/opencl.ini"
+ocl="--synthetic --backend opencl --device-mem 1M --host-mem 1M"
+printf '/tune\n' >"$tmp/tune1.txt"
+if "$chat" $ocl --script "$tmp/tune1.txt" >"$tmp/out" 2>"$tmp/err"; then
+    printf 'kernel.gather = PV_WG=128 PV_ITEM_ELEMS=1\n' >>"$tmp/opencl.ini"
+    "$chat" $ocl --script "$tmp/tune1.txt" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ $rc -eq 0 ] && grep -q '^kernel.gather = PV_WG=128 PV_ITEM_ELEMS=1$' "$tmp/opencl.ini" &&
+        [ "$(grep -c '; 1 tuned kernel sets$' "$tmp/err")" -eq 2 ]
+    ok $? "/tune keeps the device's tuned kernel sets (exit $rc)"
+    [ $rc -eq 0 ] || diag "$tmp/err"
+else
+    n=$((n + 1))
+    echo "ok $n - # SKIP no OpenCL device: $(tail -n 1 "$tmp/err")"
+fi
+unset PV_PROFILE
+
 # Errors inside a script: reported, the script goes on, the exit status is 1.
 printf '/bogus\nhello\n/switch\n' >"$tmp/bad.txt"
 "$chat" --synthetic -n 2 --script "$tmp/bad.txt" >"$tmp/out" 2>"$tmp/err"
