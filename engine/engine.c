@@ -504,7 +504,7 @@ static pv_status check_device_fit(const pv_engine *e, const char *session, uint6
         snprintf(device, sizeof device, " (more than the device's %" PRIu64 " MiB)",
                  e->be->info.global_mem_bytes / mib);
     return pv_error(PV_ERR_INVALID_ARG,
-                    "pv_engine_submit: session \"%.64s\": %s%s do not fit the device pool: this turn needs "
+                    "pv_engine_submit: session \"%.64s\": the device pool cannot hold this turn (%s%s): it needs "
                     "%" PRIu64 " chunks of %u tokens in each of %u layers (%" PRIu64 " slots), the pool holds "
                     "%" PRId64 " slots (%" PRIu64 " tokens); a device budget of %" PRIu64 " MiB (--device-mem %" PRIu64
                     "M) would fit it%s%s",

@@ -209,7 +209,7 @@ printf 'Hello, tell me a long story about the sea.\nAnd then what happened next?
 rc=$?
 fit=$(sed -n 's/.*(--device-mem \([0-9]*M\)) would fit it.*/\1/p' "$tmp/err")
 [ $rc -eq 1 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ] &&
-    grep -q 'do not fit the device pool: this turn needs 8 chunks of 32 tokens in each of 2 layers (16 slots), the pool holds 12 slots' "$tmp/err" &&
+    grep -q 'the device pool cannot hold this turn (.*): it needs 8 chunks of 32 tokens in each of 2 layers (16 slots), the pool holds 12 slots' "$tmp/err" &&
     sed -n '/^chat-1> And then/{n;p;}' "$tmp/out" | grep -q '^chat-1> /stats' && [ -n "$fit" ]
 ok $? "a turn that outgrows the device pool is refused before it answers, naming --device-mem ${fit:-?} (exit $rc)"
 [ $rc -eq 1 ] || diag "$tmp/err"

@@ -491,7 +491,7 @@ static void bad_input(void)
     snprintf(want, sizeof want, "(--device-mem %lluM)",
              (unsigned long long)((20 * slot + (1u << 20) - 1) >> 20));
     ok(sub[2] == PV_ERR_INVALID_ARG && rr[2].done == 0 && rr[2].n == 0 && pv_engine_pending(e) == 0 &&
-           strstr(refused, "needs 5 chunks of 16 tokens in each of 4 layers (20 slots), the pool holds 16 slots") &&
+           strstr(refused, "it needs 5 chunks of 16 tokens in each of 4 layers (20 slots), the pool holds 16 slots") &&
            strstr(refused, want),
        "a turn past the device pool is refused at submit with the budget that fits: %s", refused);
 
@@ -517,7 +517,7 @@ static void bad_input(void)
     /* Full: even unbounded, no room for the next prompt. */
     t.sampling.max_tokens = 0;
     st = pv_engine_submit(e, "big", &t, &cbb, NULL);
-    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "do not fit the device pool"),
+    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "the device pool cannot hold this turn"),
        "a full session's next turn is refused, bounded or not: %s", pv_last_error());
 
     /* Unbounded generation stops where the pool is full: 40 tokens of
