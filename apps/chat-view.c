@@ -117,18 +117,37 @@ static pv_status lookup_cell(pv_cache *cache, const char *name, uint32_t chunk, 
     return st;
 }
 
+/* A session's records, or none: a session the cache does not hold (every
+ * session between turns in stateless mode, or one whose cached copy was
+ * given up) has its history in the engine only. *cached says which. */
+static pv_status session_view(chat *ch, pv_cache *cache, const char *name, pv_session_view *v, int *cached)
+{
+    memset(v, 0, sizeof *v);
+    pv_status st = pv_cache_session_restore(cache, name, v);
+    *cached = st == PV_OK;
+    if (st == PV_ERR_NOT_FOUND)
+        st = pv_engine_session_tokens(ch->stack.engine, name, &v->n_tokens);
+    return st;
+}
+
 /* The checkerboard of one session: a row per layer, a column per chunk. */
 static int print_session_grid(chat *ch, pv_cache *cache, const char *name, uint32_t n_layers)
 {
     pv_session_view v;
-    pv_status st = pv_cache_session_restore(cache, name, &v);
+    int cached;
+    pv_status st = session_view(ch, cache, name, &v, &cached);
     if (st != PV_OK)
         return chat_error("/cache", st);
+    const char *mark = strcmp(name, ch->session) == 0 ? "> " : "";
+    if (!cached) {
+        printf("%s%s%s%s: %zu tokens, no KV kept (the next turn recomputes them)\n", BOLD(ch), mark, name,
+               RESET(ch), v.n_tokens);
+        return 0;
+    }
     printf("%s%s%s%s: %zu tokens, %u chunks; (chunk, layer) records: %u device, %u host "
            "(%u with a device copy), %u dropped\n",
-           BOLD(ch), strcmp(name, ch->session) == 0 ? "> " : "", name, RESET(ch), v.n_tokens,
-           v.n_chunks, v.records[PV_TIER_DEVICE], v.records[PV_TIER_HOST], v.shadows,
-           v.records[PV_TIER_DROPPED]);
+           BOLD(ch), mark, name, RESET(ch), v.n_tokens, v.n_chunks, v.records[PV_TIER_DEVICE],
+           v.records[PV_TIER_HOST], v.shadows, v.records[PV_TIER_DROPPED]);
     if (!v.n_chunks)
         return 0;
     /* Chunk indices every ten columns. */
@@ -156,6 +175,69 @@ static int print_session_grid(chat *ch, pv_cache *cache, const char *name, uint3
     return 0;
 }
 
+enum { BAR_CELLS = 20 };
+
+/* A bar of BAR_CELLS cells split between device, device copies of host
+ * records, host and dropped by their share of the session's records
+ * (largest remainder, so the cells add up). */
+static void print_bar(const chat *ch, const pv_session_view *v)
+{
+    const int kinds[4] = {CELL_DEVICE, CELL_SHADOW, CELL_HOST, CELL_DROPPED};
+    const uint64_t counts[4] = {v->records[PV_TIER_DEVICE], v->shadows, v->records[PV_TIER_HOST] - v->shadows,
+                                v->records[PV_TIER_DROPPED]};
+    const uint64_t total = counts[0] + counts[1] + counts[2] + counts[3];
+    unsigned cells[4] = {0}, given = 0;
+    uint64_t rem[4] = {0};
+    for (int k = 0; k < 4 && total; k++) {
+        cells[k] = (unsigned)(counts[k] * BAR_CELLS / total);
+        rem[k] = counts[k] * BAR_CELLS % total;
+        given += cells[k];
+    }
+    while (total && given < BAR_CELLS) {
+        int best = 0;
+        for (int k = 1; k < 4; k++)
+            if (rem[k] > rem[best])
+                best = k;
+        cells[best]++;
+        rem[best] = 0;
+        given++;
+    }
+    putchar('[');
+    for (int k = 0; k < 4; k++) {
+        if (cells[k] && ch->color)
+            printf("%s", cell_color[kinds[k]]);
+        for (unsigned i = 0; i < cells[k]; i++)
+            putchar(cell_char[kinds[k]]);
+        if (cells[k] && ch->color)
+            printf("%s", RESET(ch));
+    }
+    printf("%*s]", (int)(BAR_CELLS - given), "");
+}
+
+/* One line per session: its tokens, chunks, records per tier and a bar. */
+static int print_summary(chat *ch, pv_cache *cache, char **names, size_t n)
+{
+    int width = 7; /* "session" */
+    for (size_t i = 0; i < n; i++)
+        if ((int)strlen(names[i]) > width)
+            width = strlen(names[i]) < 24 ? (int)strlen(names[i]) : 24;
+    printf("  %-*s %7s %6s %7s %7s %7s  (chunk, layer) records\n", width, "session", "tokens", "chunks", "device",
+           "host", "dropped");
+    for (size_t i = 0; i < n; i++) {
+        pv_session_view v;
+        int cached;
+        pv_status st = session_view(ch, cache, names[i], &v, &cached);
+        if (st != PV_OK)
+            return chat_error("/cache", st);
+        printf("%s%-*s %7zu %6u %7u %7u %7u  ", strcmp(names[i], ch->session) == 0 ? "> " : "  ", width,
+               names[i], v.n_tokens, v.n_chunks, v.records[PV_TIER_DEVICE], v.records[PV_TIER_HOST],
+               v.records[PV_TIER_DROPPED]);
+        print_bar(ch, &v);
+        printf("%s\n", cached ? "" : " no KV kept");
+    }
+    return 0;
+}
+
 int chat_print_cache(chat *ch, const char *only)
 {
     pv_cache *cache = pv_engine_cache(ch->stack.engine);
@@ -167,6 +249,8 @@ int chat_print_cache(chat *ch, const char *only)
            fmt_size(cs.used_bytes[PV_TIER_DEVICE]).s, fmt_size(cs.capacity_bytes[PV_TIER_DEVICE]).s,
            fmt_size(cs.shadow_bytes).s, fmt_size(cs.used_bytes[PV_TIER_HOST]).s,
            fmt_size(cs.capacity_bytes[PV_TIER_HOST]).s);
+    if (ch->o->mode == PV_MODE_STATELESS)
+        printf("stateless mode keeps no KV between turns: every turn recomputes its history\n");
     print_legend(ch);
 
     name_list l = {0};
@@ -175,22 +259,23 @@ int chat_print_cache(chat *ch, const char *only)
     if (l.failed) {
         fprintf(stderr, "pensieve-chat: /cache: out of memory listing sessions\n");
         rc = -1;
-    } else {
-        qsort(l.names, l.n, sizeof *l.names, by_name);
-        const uint32_t n_layers = pv_llama_hparams_of(ch->stack.model)->n_layers;
-        size_t shown = 0;
-        for (size_t i = 0; i < l.n && rc == 0; i++) {
-            if (only && strcmp(only, l.names[i]) != 0)
-                continue;
-            rc = print_session_grid(ch, cache, l.names[i], n_layers);
-            shown++;
-        }
-        if (rc == 0 && only && !shown) {
+    } else if (only) {
+        size_t i = 0;
+        while (i < l.n && strcmp(only, l.names[i]) != 0)
+            i++;
+        if (i < l.n) {
+            rc = print_session_grid(ch, cache, l.names[i], pv_llama_hparams_of(ch->stack.model)->n_layers);
+        } else {
             fprintf(stderr, "pensieve-chat: /cache: no session named '%s'\n", only);
             rc = -1;
-        } else if (rc == 0 && !shown) {
-            printf("(no sessions)\n");
         }
+    } else if (!l.n) {
+        printf("(no sessions)\n");
+    } else {
+        qsort(l.names, l.n, sizeof *l.names, by_name);
+        rc = print_summary(ch, cache, l.names, l.n);
+        if (rc == 0)
+            printf("/cache NAME draws where every (chunk, layer) of one session lives.\n");
     }
     for (size_t i = 0; i < l.n; i++)
         free(l.names[i]);

@@ -24,6 +24,7 @@ typedef struct chat_options {
 
 typedef struct chat {
     const chat_options *o;
+    app_stack_options stack_options;     /* from o */
     app_stack stack;                     /* backend, model, tokenizer, engine */
     char session[PV_SESSION_ID_MAX + 1]; /* the current conversation */
     unsigned next_name;                  /* for /new's chat-N names */
@@ -46,9 +47,14 @@ int chat_error(const char *what, pv_status st);
 
 /* The line after an answer: where the turn's context came from, and speed. */
 void chat_print_status(const chat *ch, const pv_turn_result *r);
-/* /cache [NAME]: the tier of every (chunk, layer), one line per layer. */
+/* /cache: a line per session (tokens, chunks, records per tier, a bar);
+ * /cache NAME: the tier of every (chunk, layer) of one, a line per layer. */
 int chat_print_cache(chat *ch, const char *only);
 /* /stats: the engine's and the cache's counters. */
 int chat_print_stats(chat *ch);
+/* /tune (chat-tune.c): fits this device's profile, saves it where the
+ * engine looks and uses it when no conversation has started. 0, -1 when it
+ * failed, -2 when the chat has no engine left. */
+int chat_tune(chat *ch);
 
 #endif

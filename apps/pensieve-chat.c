@@ -2,7 +2,7 @@
  * each a session of the stateful engine, so a returning conversation reuses
  * its KV from the device or host tier instead of prefilling its history
  * again. After each answer a status line says where the context came from;
- * /cache draws the tiers. All serving goes through the engine API.
+ * /cache sums up the tiers per conversation, /cache NAME draws one. All serving goes through the engine API.
  *
  * Interactive input goes through readline; --script FILE feeds the same
  * lines from a file (for tests and demos). */
@@ -52,8 +52,13 @@ static void print_commands(void)
            "  /new           start a fresh conversation\n"
            "  /switch NAME   go to conversation NAME (created on first use)\n"
            "  /end           end the current conversation (frees its cache) and start a fresh one\n"
-           "  /cache [NAME]  where every (chunk, layer) of each conversation lives\n"
+           "  /cache         a line per conversation: tokens, chunks, where its KV lives\n"
+           "  /cache NAME    where every (chunk, layer) of conversation NAME lives\n"
            "  /stats         engine and cache statistics\n"
+           "  /tune          fit this device's cost model (what pensieve-tune --quick measures:\n"
+           "                 about 15 s for SmolLM2 on 2 CPU cores, under a second for --synthetic),\n"
+           "                 save it as the device's profile and use it (at once if no\n"
+           "                 conversation has started, else from the next start)\n"
            "  /help          this list\n"
            "  /quit          leave\n"
            "Anything else is a message to the current conversation.\n");
@@ -172,12 +177,12 @@ int chat_init(chat *ch, const chat_options *o)
     memset(ch, 0, sizeof *ch);
     ch->o = o;
     ch->color = isatty(STDOUT_FILENO) && !getenv("NO_COLOR");
-    app_stack_options so = {.model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
-                            .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy,
-                            .have_policy = o->have_policy, .device_bytes = o->device_bytes,
-                            .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
-                            .weights = o->weights};
-    if (app_stack_init(&ch->stack, &so, prog) != 0)
+    ch->stack_options = (app_stack_options){
+        .model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
+        .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy, .have_policy = o->have_policy,
+        .device_bytes = o->device_bytes, .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
+        .weights = o->weights, .tune_hint = "/tune fits one"};
+    if (app_stack_init(&ch->stack, &ch->stack_options, prog) != 0)
         return -1;
     if (!ch->stack.tok.has_chat_template) {
         fprintf(stderr, "%s: %s has no chat template this tokenizer understands\n", prog,
@@ -313,6 +318,10 @@ static int chat_command(chat *ch, const char *line)
         return chat_print_cache(ch, *arg ? arg : NULL);
     if (IS("/stats"))
         return chat_print_stats(ch);
+    if (IS("/tune")) {
+        int r = chat_tune(ch);
+        return r == -2 ? LINE_FATAL : r;
+    }
 #undef IS
     fprintf(stderr, "%s: unknown command '%.*s' (/help lists them)\n", prog, (int)cmd_len, line);
     return LINE_ERROR;

@@ -159,40 +159,77 @@ static pv_status open_model(app_stack *st, const app_stack_options *o, pv_gguf *
     return pv_gguf_init(g, path);
 }
 
-int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
+/* One line: the profile in use and its constants, or that there is none. */
+static void say_profile(const app_stack *st, const app_stack_options *o, const char *prog, const pv_cache_config *cc,
+                        const pv_engine_profile_use *use)
 {
-    memset(st, 0, sizeof *st);
-    /* Cache settings: defaults, then the device's profile, then --config,
-     * then the options. The profile is per device: the backend opens first. */
-    pv_cache_config cc;
-    pv_status s = pv_cache_config_defaults(&cc);
-    if (s == PV_OK && (s = pv_backend_init(&st->be, o->backend, 0)) != PV_OK)
-        return stack_error(prog, "--backend", s);
-    pv_engine_profile_use use;
-    if ((s = pv_engine_profile_apply(st->be, o->profile, &cc, &use)) != PV_OK)
-        return stack_error(prog, "--profile", s);
-    if (use.applied)
+    if (use->applied)
         fprintf(stderr, "%s: profile %s [%s: %s] (%s): alpha %.3g s/token, beta %.3g s, c %.3g s; %d tuned kernel "
                 "sets\n",
-                prog, use.path, use.profile.backend, use.profile.device,
-                use.profile.date[0] ? use.profile.date : "undated", cc.alpha, cc.beta, cc.c, use.kernel_sets);
+                prog, use->path, use->profile.backend, use->profile.device,
+                use->profile.date[0] ? use->profile.date : "undated", cc->alpha, cc->beta, cc->c, use->kernel_sets);
+    else if (!use->path[0])
+        fprintf(stderr, "%s: no profile location (HOME unset): default cost model\n", prog);
     else
-        fprintf(stderr, "%s: warning: %s; default cost constants alpha %.3g, beta %.3g, c %.3g (run pensieve-tune)\n",
-                prog, use.path[0] ? pv_last_error() : "no profile location (HOME unset)", cc.alpha, cc.beta, cc.c);
-    const pv_cache_config profiled = cc;
-    if (o->config && (s = pv_cache_config_load(&cc, o->config)) != PV_OK)
+        fprintf(stderr, "%s: no tuned profile for this %s device: default cost model (%s)\n", prog,
+                st->be->ops->name, o->tune_hint ? o->tune_hint : "pensieve-tune fits one");
+}
+
+/* Cache settings: defaults, then the device's profile, then --config, then
+ * the options; with `say`, one line on the profile. The profile is per
+ * device: the backend is open. */
+static int stack_cache_config(app_stack *st, const app_stack_options *o, const char *prog, int say,
+                              pv_cache_config *cc, pv_engine_profile_use *use)
+{
+    pv_status s = pv_cache_config_defaults(cc);
+    if (s == PV_OK && (s = pv_engine_profile_apply(st->be, o->profile, cc, use)) != PV_OK)
+        return stack_error(prog, "--profile", s);
+    if (say)
+        say_profile(st, o, prog, cc, use);
+    const pv_cache_config profiled = *cc;
+    if (o->config && (s = pv_cache_config_load(cc, o->config)) != PV_OK)
         return stack_error(prog, "--config", s);
     /* Chunks of another size than the profile was scaled to: scale again,
      * unless the file set the constants itself. */
-    if (use.applied && cc.chunk_tokens != profiled.chunk_tokens && cc.alpha == profiled.alpha &&
-        cc.beta == profiled.beta && cc.c == profiled.c && (s = pv_profile_apply(&use.profile, &cc)) != PV_OK)
+    if (use->applied && cc->chunk_tokens != profiled.chunk_tokens && cc->alpha == profiled.alpha &&
+        cc->beta == profiled.beta && cc->c == profiled.c && (s = pv_profile_apply(&use->profile, cc)) != PV_OK)
         return stack_error(prog, "--profile", s);
     if (o->have_policy)
-        cc.policy = o->policy;
+        cc->policy = o->policy;
     if (o->device_bytes)
-        cc.device_bytes = o->device_bytes;
+        cc->device_bytes = o->device_bytes;
     if (o->host_bytes)
-        cc.host_bytes = o->host_bytes;
+        cc->host_bytes = o->host_bytes;
+    return 0;
+}
+
+static int stack_engine(app_stack *st, const app_stack_options *o, const char *prog, const pv_cache_config *cc)
+{
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    ec.mode = o->mode;
+    ec.idle_timeout_s = o->idle_timeout_s;
+    ec.clock = o->clock;
+    ec.clock_ctx = o->clock_ctx;
+    pv_status s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, cc, &ec);
+    return s == PV_OK ? 0 : stack_error(prog, "engine", s);
+}
+
+int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
+{
+    memset(st, 0, sizeof *st);
+    pv_status s = pv_backend_init(&st->be, o->backend, 0);
+    if (s != PV_OK)
+        return stack_error(prog, "--backend", s);
+    /* Once a process: a program that builds several stacks (pensieve-bench,
+     * a stack per mode) has one device and one profile. */
+    static int said;
+    const int say = !said;
+    said = 1;
+    pv_cache_config cc;
+    pv_engine_profile_use use;
+    if (stack_cache_config(st, o, prog, say, &cc, &use) != 0)
+        return -1;
     st->policy = cc.policy;
 
     pv_gguf g;
@@ -221,19 +258,22 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog)
     const pv_llama_hparams *hp = pv_llama_hparams_of(st->model);
     char shape[64];
     snprintf(shape, sizeof shape, "%u,%u,%u,%u", hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_layers);
-    if (use.applied && use.profile.shape[0] && strcmp(shape, use.profile.shape) != 0)
+    if (say && use.applied && use.profile.shape[0] && strcmp(shape, use.profile.shape) != 0)
         fprintf(stderr, "%s: note: the profile was measured on heads,kv_heads,head_dim,layers %s, this model is %s "
                 "(pensieve-tune --model or --shape measures it)\n", prog, use.profile.shape, shape);
+    return stack_engine(st, o, prog, &cc);
+}
 
-    pv_engine_config ec;
-    pv_engine_config_defaults(&ec);
-    ec.mode = o->mode;
-    ec.idle_timeout_s = o->idle_timeout_s;
-    ec.clock = o->clock;
-    ec.clock_ctx = o->clock_ctx;
-    if ((s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, &cc, &ec)) != PV_OK)
-        return stack_error(prog, "engine", s);
-    return 0;
+int app_stack_restart_engine(app_stack *st, const app_stack_options *o, const char *prog)
+{
+    pv_cache_config cc;
+    pv_engine_profile_use use;
+    if (stack_cache_config(st, o, prog, 1, &cc, &use) != 0)
+        return -1;
+    pv_engine_free(st->engine);
+    st->engine = NULL;
+    st->policy = cc.policy;
+    return stack_engine(st, o, prog, &cc);
 }
 
 void app_stack_free(app_stack *st)

@@ -35,6 +35,8 @@ typedef struct app_stack_options {
     double idle_timeout_s;
     pv_clock_fn clock;                 /* the engine's clock (NULL: monotonic), e.g. a virtual one */
     void *clock_ctx;
+    const char *tune_hint;             /* how to get a profile, for the line saying there is none
+                                        * (NULL: "pensieve-tune fits one") */
 } app_stack_options;
 
 /* The stack's own options, shared by the programs that build one: --model,
@@ -60,11 +62,16 @@ typedef struct app_stack {
 
 /* Cache settings (defaults, then the device's profile from pensieve-tune,
  * then --config, then the options; which profile and constants are used is
- * printed to stderr, or a warning when the device has none), the model
+ * printed to stderr, or one line when the device has none), the model
  * (--model, --synthetic, or the file scripts/get-model installs), backend,
  * tokenizer and engine. Prints why not and returns -1; app_stack_free then
  * releases what was set up. */
 int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog);
+/* A fresh engine over the same backend, model and tokenizer, its cache
+ * settings read again (a profile written since takes effect). Every
+ * session of the old engine is gone; no turn may be pending. Prints why
+ * not and returns -1 (the stack then has no engine). */
+int app_stack_restart_engine(app_stack *st, const app_stack_options *o, const char *prog);
 void app_stack_free(app_stack *st);
 
 #endif

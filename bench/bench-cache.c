@@ -3,8 +3,10 @@
  * chunks (1.92M and 19.2M chunk records), so the cost of a victim choice can
  * be compared across a 10x change in the number of chunks.
  *
- * Usage: bench-cache [--json] [--sessions N]... [--repeats R]
- * Each phase runs R batches (default 5); the table gives the median batch. */
+ * Usage: bench-cache [--json] [--plan] [--sessions N]... [--repeats R]
+ * Each phase runs R batches (default 5); the table gives the median batch.
+ * Budgets are counted in nominal slots the core never allocates, so they fit
+ * any machine the records themselves fit (see usage()). */
 #include "bench-util.h"
 
 #include <pensieve/cache.h>
@@ -14,8 +16,78 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 enum { LAYERS = 30, CHUNKS = 64, MAX_SIZES = 8 };
+
+/* The core's work depends on the number of slots, not their size, and it
+ * holds no slot bytes: a nominal 64-byte slot keeps the budgets (checked
+ * against physical memory at init) far below what the records cost. */
+enum { NOMINAL_SLOT_BYTES = 64 };
+/* What the core holds per (chunk, layer) record with every record on device
+ * and half on host: 8 bytes of record, 16 per device slot, 20 per host slot
+ * (docs/PERFORMANCE.md), and the eviction leads; measured 39 at 10,000
+ * sessions. */
+enum { BYTES_PER_RECORD = 40 };
+
+/* The cache of one size: budgets in nominal slots. */
+static void size_config(uint32_t n_sessions, pv_cache_config *cfg)
+{
+    const uint64_t records = (uint64_t)n_sessions * CHUNKS * LAYERS;
+    pv_cache_config_defaults(cfg);
+    cfg->n_layers = LAYERS;
+    cfg->chunk_tokens = 32;
+    cfg->slot_bytes = NOMINAL_SLOT_BYTES;
+    cfg->device_bytes = records * cfg->slot_bytes;
+    cfg->host_bytes = records / 2 * cfg->slot_bytes;
+}
+
+static void usage(FILE *f)
+{
+    pv_cache_config cfg;
+    size_config(10000, &cfg);
+    fprintf(f,
+            "usage: bench-cache [--json] [--plan] [--sessions N]... [--repeats R]\n"
+            "  --sessions N   sessions of %d layers x %d chunks (1 to 100000; repeatable;\n"
+            "                 default 1000 and 10000)\n"
+            "  --repeats R    batches per phase, the table gives the median (default 5)\n"
+            "  --json         the figures as JSON\n"
+            "  --plan         print each size's records, budgets and memory, check them\n"
+            "                 against this machine, and exit without running\n"
+            "Budgets: every record fits on device and half of them on host, counted in\n"
+            "nominal %d-byte slots (the core allocates no slot bytes, and the slot size\n"
+            "does not change its work): 10000 sessions ask for %.2f GiB of device and\n"
+            "%.2f GiB of host budget and take about %.2f GiB of memory. Every size is\n"
+            "checked against this machine's memory before any runs.\n",
+            LAYERS, CHUNKS, NOMINAL_SLOT_BYTES, cfg.device_bytes / 1073741824.0,
+            cfg.host_bytes / 1073741824.0, 10000.0 * CHUNKS * LAYERS * BYTES_PER_RECORD / 1073741824.0);
+}
+
+/* A size this machine cannot run: its budgets (the core's own check) or
+ * the memory its records take. Prints why and returns -1. */
+static int check_size(uint32_t n_sessions, int print)
+{
+    pv_cache_config cfg;
+    size_config(n_sessions, &cfg);
+    const uint64_t records = (uint64_t)n_sessions * CHUNKS * LAYERS, memory = records * BYTES_PER_RECORD;
+    if (print)
+        printf("%u sessions: %" PRIu64 " records; budgets %.2f GiB device, %.2f GiB host "
+               "(%d-byte slots); about %.2f GiB of memory\n",
+               n_sessions, records, cfg.device_bytes / 1073741824.0, cfg.host_bytes / 1073741824.0,
+               NOMINAL_SLOT_BYTES, memory / 1073741824.0);
+    if (pv_cache_config_validate(&cfg) != PV_OK) {
+        fprintf(stderr, "bench-cache: %u sessions: %s\n", n_sessions, pv_last_error());
+        return -1;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0 && memory / (uint64_t)page_size >= (uint64_t)pages) {
+        fprintf(stderr, "bench-cache: %u sessions take about %" PRIu64 " bytes, more than the physical "
+                "memory of %llu bytes: ask for fewer with --sessions\n",
+                n_sessions, memory, (unsigned long long)pages * (unsigned long long)page_size);
+        return -1;
+    }
+    return 0;
+}
 
 typedef struct bench_clock {
     double now;
@@ -90,14 +162,7 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
     uint64_t records = (uint64_t)n_sessions * CHUNKS * LAYERS;
     bench_clock clk = {0};
     pv_cache_config cfg;
-    pv_cache_config_defaults(&cfg);
-    cfg.n_layers = LAYERS;
-    cfg.chunk_tokens = 32;
-    /* Slot size does not change the core's work; budgets are counted in
-     * slots: every record fits on device, half of them on host. */
-    cfg.slot_bytes = 4096;
-    cfg.device_bytes = records * cfg.slot_bytes;
-    cfg.host_bytes = records / 2 * cfg.slot_bytes;
+    size_config(n_sessions, &cfg);
     pv_cache *cache = NULL;
     if (pv_cache_init(&cache, &cfg, bench_clock_read, &clk) != PV_OK)
         return fail("init");
@@ -252,11 +317,16 @@ static int run_size(uint32_t n_sessions, int repeats, result *res)
 
 int main(int argc, char **argv)
 {
-    int json = 0, repeats = 5, n_sizes = 0;
+    int json = 0, plan = 0, repeats = 5, n_sizes = 0;
     uint32_t sizes[MAX_SIZES];
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
+        } else if (strcmp(argv[i], "--plan") == 0) {
+            plan = 1;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
         } else if (strcmp(argv[i], "--sessions") == 0 && i + 1 < argc && n_sizes < MAX_SIZES) {
             long v = strtol(argv[++i], NULL, 10);
             if (v < 1 || v > 100000) {
@@ -271,7 +341,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: bench-cache [--json] [--sessions N]... [--repeats R]\n");
+            usage(stderr);
             return 2;
         }
     }
@@ -279,6 +349,12 @@ int main(int argc, char **argv)
         sizes[n_sizes++] = 1000;
         sizes[n_sizes++] = 10000;
     }
+    /* A size that cannot run fails now, not after the sizes before it. */
+    int fits = 1;
+    for (int i = 0; i < n_sizes; i++)
+        fits &= check_size(sizes[i], plan) == 0;
+    if (!fits || plan)
+        return fits ? 0 : 1;
     result res[MAX_SIZES];
     for (int i = 0; i < n_sizes; i++) {
         memset(&res[i], 0, sizeof res[i]);

@@ -474,6 +474,44 @@ void pv_engine_request_free(pv_request *r)
     free(r);
 }
 
+/* A turn must fit the device pool before it runs (a context that outgrows
+ * it mid-answer fails with the answer half streamed). A turn running alone
+ * has the whole pool: admission's reserve gives way when nothing else runs,
+ * and running turns are suspended for room. Its KV is every token it runs:
+ * the context, then each generated token but the last (sampled, not run),
+ * up to the model's context; in whole chunks of every layer. Unbounded
+ * generation is not checked past its first token: it stops with finish
+ * "length" when the pool is full (pv_engine_device_tokens). `what` names
+ * the context's parts for the message. */
+static pv_status check_device_fit(const pv_engine *e, const char *session, uint64_t context, int32_t max_tokens,
+                                  const char *what)
+{
+    uint64_t kv = context + (max_tokens > 0 ? (uint64_t)max_tokens : 1) - 1;
+    if (kv > e->n_ctx - 1)
+        kv = e->n_ctx - 1;
+    const uint64_t holds = pv_engine_device_tokens(e);
+    if (kv <= holds)
+        return PV_OK;
+    const uint64_t chunks = (kv + e->chunk_tokens - 1) / e->chunk_tokens, slots = chunks * e->n_layers;
+    const uint64_t mib = 1u << 20, need_mib = (slots * e->slot_bytes + mib - 1) / mib;
+    char generate[64] = "", shorter[96] = "", device[96] = "";
+    if (max_tokens > 0)
+        snprintf(generate, sizeof generate, " + up to %d to generate", max_tokens);
+    /* The most it could generate now: its context's KV plus max_tokens - 1. */
+    if (max_tokens > 0 && context <= holds)
+        snprintf(shorter, sizeof shorter, ", or max_tokens %" PRIu64 " or less", holds - context + 1);
+    if (e->be->info.global_mem_bytes && slots * e->slot_bytes > e->be->info.global_mem_bytes)
+        snprintf(device, sizeof device, " (more than the device's %" PRIu64 " MiB)",
+                 e->be->info.global_mem_bytes / mib);
+    return pv_error(PV_ERR_INVALID_ARG,
+                    "pv_engine_submit: session \"%.64s\": the device pool cannot hold this turn (%s%s): it needs "
+                    "%" PRIu64 " chunks of %u tokens in each of %u layers (%" PRIu64 " slots), the pool holds "
+                    "%" PRId64 " slots (%" PRIu64 " tokens); a device budget of %" PRIu64 " MiB (--device-mem %" PRIu64
+                    "M) would fit it%s%s",
+                    session, what, generate, chunks, e->chunk_tokens, e->n_layers, slots, e->n_device_slots,
+                    holds, need_mib, need_mib, device, shorter);
+}
+
 /* A whole conversation against the session's history and pending tokens:
  * keeps their longest common prefix (short of the conversation's last
  * token, which must run for its logits), drops the rest in every tier, and
@@ -574,6 +612,10 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                           session, conv.n, e->n_ctx);
             goto fail;
         }
+        char what[64];
+        snprintf(what, sizeof what, "a conversation of %zu tokens", conv.n);
+        if ((st = check_device_fit(e, session, conv.n, r->sampling.max_tokens, what)) != PV_OK)
+            goto fail;
         if ((st = continue_conversation(e, s, &conv, &r->feed)) != PV_OK)
             goto fail;
     } else {
@@ -596,6 +638,12 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                       "leave no room to generate within the model's context of %u tokens",
                       session, s->history.n, r->feed.n, e->n_ctx);
         goto fail;
+    }
+    if (!turn->whole_conversation) {
+        char what[96];
+        snprintf(what, sizeof what, "%zu tokens of history + %zu of this turn", s->history.n, r->feed.n);
+        if ((st = check_device_fit(e, session, total, r->sampling.max_tokens, what)) != PV_OK)
+            goto fail;
     }
     pv_ivec_free(&conv);
     /* The user is back: the history counts as active from now, not from

@@ -167,6 +167,8 @@ float pv_engine_uniform(uint64_t *state);
 
 /* engine_sched.c */
 pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted);
+/* Tokens whose KV the whole device pool holds: its chunks of every layer. */
+uint64_t pv_engine_device_tokens(const pv_engine *e);
 void pv_engine_request_free(pv_request *r);
 
 pv_esession *pv_engine_find_session(const pv_engine *e, const char *id);

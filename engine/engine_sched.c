@@ -667,7 +667,14 @@ static pv_status advance(pv_engine *e, size_t n_seqs, const uint32_t *take_of)
     return PV_OK;
 }
 
-/* A sampled token for r: stream it, decide whether the turn ends. */
+uint64_t pv_engine_device_tokens(const pv_engine *e)
+{
+    return (uint64_t)(e->n_device_slots / e->n_layers) * e->chunk_tokens;
+}
+
+/* A sampled token for r: stream it, decide whether the turn ends: at a stop,
+ * at max_tokens, or when the next token would pass the model's context or
+ * the device pool (unbounded turns; bounded ones were checked to fit). */
 static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
 {
     double now = pv_engine_now(e);
@@ -686,7 +693,7 @@ static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
     if (stopped)
         r->result.finish = PV_FINISH_STOP;
     else if ((r->sampling.max_tokens && r->generated >= r->sampling.max_tokens) ||
-             r->session->history.n + 1 >= e->n_ctx)
+             r->session->history.n + 1 >= e->n_ctx || r->session->history.n >= pv_engine_device_tokens(e))
         r->result.finish = PV_FINISH_LENGTH;
     return r->result.finish ? finish_request(e, r) : PV_OK;
 }

@@ -2,7 +2,8 @@
 # pensieve-chat end to end through --script on the synthetic model: several
 # conversations side by side under device and host budgets small enough to
 # swap, an answer and a status line per turn, reuse of a returning
-# conversation's KV, /cache and /stats, the same answers as stateless mode,
+# conversation's KV, /cache (a line per session; /cache NAME: one session's
+# grid) and /stats, the same answers as stateless mode,
 # and bad options refused with a message naming them. Prints TAP.
 set -u
 
@@ -102,7 +103,33 @@ ok $? "returning conversations (alice, bob) find their history again"
 grep -q '^legend: .*device.*host.*dropped' "$tmp/out" &&
     grep -Eq '^> alice: [0-9]+ tokens, [0-9]+ chunks' "$tmp/out" &&
     grep -Eq '^  layer  1 [#*+. ]+$' "$tmp/out"
-ok $? "/cache draws a legend and a row of tiers per layer"
+ok $? "/cache alice draws a legend and a row of tiers per layer"
+# /cache: one line per session (the four that had turns), each with its
+# tokens, chunks, records per tier adding up to chunks x layers, and a bar
+# of 20 cells whose shares follow the records.
+layers=$(grep -Ec '^  layer +[0-9]+ ' "$tmp/out")
+sed -n '/^alice> \/cache$/,/^alice> /p' "$tmp/out" >"$tmp/summary"
+rows=$(grep -Ec '^[> ] [a-z]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+  \[[#*+. ]{20}\]$' "$tmp/summary")
+[ "$rows" -eq 4 ] && grep -q '^> alice ' "$tmp/summary" && [ "$(wc -l <"$tmp/summary")" -le 10 ] &&
+    grep -q '^/cache NAME draws' "$tmp/summary"
+ok $? "/cache is a line per session ($rows of 4 rows; $layers layers)"
+[ "$rows" -eq 4 ] || diag "$tmp/summary"
+awk -v L="$layers" '/ \[[#*+. ]*\]$/ {
+         rows++
+         sub(/^> /, ""); n = split($0, f, " "); if (n < 7) bad = 1
+         c = f[3]; d = f[4]; h = f[5]; x = f[6]; t = d + h + x
+         if (t != c * L || t == 0) bad = 1
+         bar = $0; sub(/.*\[/, "", bar); sub(/\].*/, "", bar)
+         nd = gsub(/#/, "", bar); nh = gsub(/[*+]/, "", bar); nx = gsub(/\./, "", bar)
+         if (nd + nh + nx != 20) bad = 1
+         if (nd - d * 20 / t >= 1 || d * 20 / t - nd >= 1.5) bad = 1
+         if (nh - h * 20 / t >= 1 || h * 20 / t - nh >= 1.5) bad = 1
+         if (nx - x * 20 / t >= 1 || x * 20 / t - nx >= 1.5) bad = 1 }
+     END { exit bad || rows != 4 }' "$tmp/summary"
+ok $? "each session's records add up to chunks x layers and its bar follows them"
+awk '/^alice> \/cache alice$/ { g = 1; next } /^alice> / { g = 0 } g && /^  layer/ { n++ }
+     g && /^[> ] [a-z]+ +[0-9]+ +[0-9]+ / { other = 1 } END { exit !(n > 0 && !other) }' "$tmp/out"
+ok $? "/cache NAME draws that session alone"
 # Every session's picture agrees with its record counts: rows of one cell
 # per chunk, '#' device, '+' and '*' host ('*' with a device copy), '.' dropped.
 awk 'function check() { if (name != "" && (d != D || h + s != H || s != S || x != X)) bad = 1 }
@@ -150,6 +177,16 @@ ok $? "stateless mode gives the same answers"
 cmp -s "$tmp/a" "$tmp/b" || diff "$tmp/a" "$tmp/b" | diag
 statuses "$tmp/stateless" | awk 'seen[$1]++ && ($2 + $3 > 0 || $4 == 0) { bad = 1 } END { exit bad }'
 ok $? "stateless mode recomputes every later turn's history"
+# /cache in stateless mode: nothing is kept between turns, and it says so
+# instead of failing the script.
+printf 'Hello.\n/cache\n/cache chat-1\n' >"$tmp/sl.txt"
+"$chat" --synthetic -n 4 --mode stateless --script "$tmp/sl.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && grep -q '^stateless mode keeps no KV between turns' "$tmp/out" &&
+    grep -Eq '^> chat-1 +[0-9]+ +0 +0 +0 +0  \[ {20}\] no KV kept$' "$tmp/out" &&
+    grep -Eq '^> chat-1: [0-9]+ tokens, no KV kept' "$tmp/out" && ! grep -q 'not found' "$tmp/err"
+ok $? "/cache in stateless mode shows an empty cache and says why (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
 
 # gpu-only mode under the small device budget: no host tier, so evicted
 # chunks are dropped and recomputed, and the answers are still the same.
@@ -161,6 +198,75 @@ ok $? "gpu-only mode gives the same answers"
 cmp -s "$tmp/c" "$tmp/b" || diff "$tmp/c" "$tmp/b" | diag
 statuses "$tmp/gpu-only" | awk '$3 > 0 { bad = 1 } $4 > 0 { r = 1 } END { exit bad || !r }'
 ok $? "gpu-only mode reuses nothing from a host tier and recomputes dropped history"
+
+# A conversation that outgrows the device pool: 96K holds 12 synthetic
+# slots, 6 chunks of 32 tokens in each of the 2 layers. The second turn's
+# history, prompt and 60 tokens to generate cannot fit: it is refused
+# before anything is generated, naming the budget that would fit, and the
+# chat goes on; with that budget both turns run.
+printf 'Hello, tell me a long story about the sea.\nAnd then what happened next?\n/stats\n' >"$tmp/grow.txt"
+"$chat" --synthetic -n 60 --device-mem 96K --script "$tmp/grow.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+fit=$(sed -n 's/.*(--device-mem \([0-9]*M\)) would fit it.*/\1/p' "$tmp/err")
+[ $rc -eq 1 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ] &&
+    grep -q 'the device pool cannot hold this turn (.*): it needs 8 chunks of 32 tokens in each of 2 layers (16 slots), the pool holds 12 slots' "$tmp/err" &&
+    sed -n '/^chat-1> And then/{n;p;}' "$tmp/out" | grep -q '^chat-1> /stats' && [ -n "$fit" ]
+ok $? "a turn that outgrows the device pool is refused before it answers, naming --device-mem ${fit:-?} (exit $rc)"
+[ $rc -eq 1 ] || diag "$tmp/err"
+"$chat" --synthetic -n 60 --device-mem "${fit:-1M}" --script "$tmp/grow.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(statuses "$tmp/out" | wc -l)" -eq 2 ]
+ok $? "with --device-mem ${fit:-?} both turns run (exit $rc)"
+
+# The device profile: with none, one short line says so and points at
+# /tune. /tune fits one in process (quickly on the synthetic model), saves
+# it where the engine looks ($PV_PROFILE here) and uses it at once while no
+# conversation has started; later it says a restart uses it. The next
+# start finds it.
+export PV_PROFILE="$tmp/tuned.ini"
+printf '/tune\nHello.\n/tune\n/help\n' >"$tmp/tune.txt"
+start=$(date +%s)
+"$chat" --synthetic -n 4 --script "$tmp/tune.txt" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+secs=$(($(date +%s) - start))
+[ $rc -eq 0 ] && [ "$(sed -n 1p "$tmp/err")" = \
+    "pensieve-chat: no tuned profile for this cpu device: default cost model (/tune fits one)" ]
+ok $? "with no profile, one short line points at /tune (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
+grep -Eq "^alpha [0-9.e+-]+ s/token, beta [0-9.e+-]+ s, c [0-9.e+-]+ s .*; profile \[cpu: .*\] saved to $tmp/tuned.ini\$" "$tmp/out" &&
+    grep -q '^shape = 4,2,16,2$' "$tmp/tuned.ini" && grep -q '^alpha = ' "$tmp/tuned.ini" && [ "$secs" -le 10 ]
+ok $? "/tune fits and saves the device's profile ($secs s)"
+sed -n '/^chat-1> \/tune$/,/^chat-1> Hello/p' "$tmp/out" | grep -q '^in use now' &&
+    [ "$(grep -c "^pensieve-chat: profile $tmp/tuned.ini \[cpu: " "$tmp/err")" -eq 1 ] &&
+    [ "$(statuses "$tmp/out" | wc -l)" -eq 1 ]
+ok $? "before any conversation, /tune puts the profile in use and the chat goes on"
+sed -n '/^chat-1> Hello/,$p' "$tmp/out" | grep -q '^the conversations here keep the cost model they started with: restart'
+ok $? "with a conversation, /tune says a restart uses the profile"
+grep -q '^  /tune ' "$tmp/out"
+ok $? "/help lists /tune"
+"$chat" --synthetic --script /dev/null >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "^pensieve-chat: profile $tmp/tuned.ini \[cpu: " "$tmp/err"
+ok $? "the next start uses the saved profile, in one line (exit $rc)"
+[ $rc -eq 0 ] || diag "$tmp/err"
+# On a backend with tuned kernels (OpenCL; PoCL here), /tune keeps the
+# kernel sets a pensieve-tune run left in the device's section.
+export PV_PROFILE="$tmp/opencl.ini"
+ocl="--synthetic --backend opencl --device-mem 1M --host-mem 1M"
+printf '/tune\n' >"$tmp/tune1.txt"
+if "$chat" $ocl --script "$tmp/tune1.txt" >"$tmp/out" 2>"$tmp/err"; then
+    printf 'kernel.gather = PV_WG=128 PV_ITEM_ELEMS=1\n' >>"$tmp/opencl.ini"
+    "$chat" $ocl --script "$tmp/tune1.txt" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ $rc -eq 0 ] && grep -q '^kernel.gather = PV_WG=128 PV_ITEM_ELEMS=1$' "$tmp/opencl.ini" &&
+        [ "$(grep -c '; 1 tuned kernel sets$' "$tmp/err")" -eq 2 ]
+    ok $? "/tune keeps the device's tuned kernel sets (exit $rc)"
+    [ $rc -eq 0 ] || diag "$tmp/err"
+else
+    n=$((n + 1))
+    echo "ok $n - # SKIP no OpenCL device: $(tail -n 1 "$tmp/err")"
+fi
+unset PV_PROFILE
 
 # Errors inside a script: reported, the script goes on, the exit status is 1.
 printf '/bogus\nhello\n/switch\n' >"$tmp/bad.txt"

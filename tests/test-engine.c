@@ -461,30 +461,106 @@ static void bad_input(void)
     pv_engine_free(e);
 
     /* A device pool of 16 slots: 4 chunks of 16 tokens for each of the 4
-     * layers. A session whose own context fills it with nothing else
-     * running is admitted anyway (waiting would free nothing; the reserve
-     * gives way); a turn past it fails alone, and the session stays usable. */
+     * layers, 64 tokens of KV. A session whose own context fills it with
+     * nothing else running is admitted anyway (waiting would free nothing;
+     * the reserve gives way). A turn past it is refused at submit, before
+     * it generates anything, naming the budget that would fit; the session
+     * stays usable. */
     cc.device_bytes = 16 * slot;
     st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
-    int fits = 0, past = 0;
     const int lens[3] = {40, 16, 10}, gens[3] = {4, 2, 2};
     eu_result rr[3];
     memset(rr, 0, sizeof rr);
+    pv_status sub[3] = {PV_OK, PV_OK, PV_OK};
+    char refused[512] = "";
     for (int i = 0; i < 3 && st == PV_OK; i++) {
         pv_turn_callbacks c3 = {eu_on_token, eu_on_done, &rr[i]};
         t.n_tokens = (size_t)lens[i];
         t.sampling.max_tokens = gens[i];
-        if ((st = pv_engine_submit(e, "big", &t, &c3, NULL)) == PV_OK)
+        if ((sub[i] = pv_engine_submit(e, "big", &t, &c3, NULL)) == PV_OK)
             st = pv_engine_run(e);
+        else
+            snprintf(refused, sizeof refused, "%s", pv_last_error());
     }
-    fits = st == PV_OK && rr[0].status == PV_OK && rr[1].status == PV_OK && rr[1].n == 2;
-    past = rr[2].done == 1 && rr[2].status == PV_ERR_OUT_OF_MEMORY;
-    ok(fits, "a turn whose context fills the device pool runs when nothing else does (%s)",
+    /* Turn 2 runs 43 + 1 pending + 16 tokens and generates 2: 61 tokens of
+     * KV. Turn 3 would need 61 + 1 + 10 + 2 - 1 = 73: 5 chunks, 20 slots. */
+    ok(st == PV_OK && rr[0].status == PV_OK && rr[1].status == PV_OK && rr[1].n == 2,
+       "a turn whose context fills the device pool runs when nothing else does (%s)",
        st == PV_OK ? "ok" : pv_last_error());
-    ok(past, "a turn past the device pool fails alone with out-of-memory through on_done (status %d)",
-       (int)rr[2].status);
+    char want[64];
+    snprintf(want, sizeof want, "(--device-mem %lluM)",
+             (unsigned long long)((20 * slot + (1u << 20) - 1) >> 20));
+    ok(sub[2] == PV_ERR_INVALID_ARG && rr[2].done == 0 && rr[2].n == 0 && pv_engine_pending(e) == 0 &&
+           strstr(refused, "it needs 5 chunks of 16 tokens in each of 4 layers (20 slots), the pool holds 16 slots") &&
+           strstr(refused, want),
+       "a turn past the device pool is refused at submit with the budget that fits: %s", refused);
+
+    /* Bounded turns: history + prompt + max_tokens - 1 tokens of KV. The
+     * session now holds 61 + 1 pending: 1 new token and 2 generated fill
+     * the pool to the last token; 3 are one too many. */
+    eu_result rb;
+    memset(&rb, 0, sizeof rb);
+    pv_turn_callbacks cbb = {eu_on_token, eu_on_done, &rb};
+    t.n_tokens = 1;
+    t.sampling.max_tokens = 3;
+    pv_status over = pv_engine_submit(e, "big", &t, &cbb, NULL);
+    snprintf(refused, sizeof refused, "%s", pv_last_error());
+    ok(over == PV_ERR_INVALID_ARG && strstr(refused, "or max_tokens 2 or less"),
+       "one generated token past the pool is refused, naming the max_tokens that fits: %s", refused);
+    t.sampling.max_tokens = 2;
+    st = pv_engine_submit(e, "big", &t, &cbb, NULL);
+    if (st == PV_OK)
+        st = pv_engine_run(e);
+    ok(st == PV_OK && rb.done == 1 && rb.status == PV_OK && rb.n == 2 && pv_engine_check(e) == PV_OK,
+       "the session stays usable: a turn that fills the pool exactly runs (%s)",
+       st == PV_OK ? pv_status_str(rb.status) : pv_last_error());
+    /* Full: even unbounded, no room for the next prompt. */
+    t.sampling.max_tokens = 0;
+    st = pv_engine_submit(e, "big", &t, &cbb, NULL);
+    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "the device pool cannot hold this turn"),
+       "a full session's next turn is refused, bounded or not: %s", pv_last_error());
+
+    /* Unbounded generation stops where the pool is full: 40 tokens of
+     * prompt, then 64 - 40 run and one more sampled, finish "length". The
+     * first session's chunks are evicted for it. */
+    eu_result ru;
+    memset(&ru, 0, sizeof ru);
+    pv_turn_callbacks cbu = {eu_on_token, eu_on_done, &ru};
+    t.n_tokens = 40;
+    t.sampling.max_tokens = 0;
+    t.sampling.ignore_eos = 1;
+    st = pv_engine_submit(e, "unbounded", &t, &cbu, NULL);
+    if (st == PV_OK)
+        st = pv_engine_run(e);
+    ok(st == PV_OK && ru.done == 1 && ru.status == PV_OK && ru.res.finish == PV_FINISH_LENGTH && ru.n == 25,
+       "unbounded generation stops when the device pool is full, finish=length (%d tokens, %s, %s)", ru.n,
+       pv_finish_reason_name(ru.res.finish), st == PV_OK ? pv_status_str(ru.status) : pv_last_error());
+    t.sampling.ignore_eos = 0;
     ok(pv_engine_pending(e) == 0 && pv_engine_check(e) == PV_OK && pv_engine_end_session(e, "big") == PV_OK,
        "nothing stays queued; invariants hold; the session can be ended");
+    pv_engine_free(e);
+
+    /* The slots the message names are enough: a pool of 20 slots runs the
+     * turn that 16 refused (40 tokens + 26 generated: 65 of KV). */
+    cc.device_bytes = 16 * slot;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
+    t.n_tokens = 40;
+    t.sampling.max_tokens = 26;
+    over = st == PV_OK ? pv_engine_submit(e, "edge", &t, NULL, NULL) : st;
+    snprintf(refused, sizeof refused, "%s", pv_last_error());
+    pv_engine_free(e);
+    cc.device_bytes = 20 * slot;
+    eu_result rf;
+    memset(&rf, 0, sizeof rf);
+    pv_turn_callbacks cbf = {eu_on_token, eu_on_done, &rf};
+    t.sampling.ignore_eos = 1;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, NULL);
+    if (st == PV_OK && (st = pv_engine_submit(e, "edge", &t, &cbf, NULL)) == PV_OK)
+        st = pv_engine_run(e);
+    t.sampling.ignore_eos = 0;
+    ok(over == PV_ERR_INVALID_ARG && strstr(refused, "(20 slots)") && st == PV_OK && rf.status == PV_OK &&
+           rf.n == 26,
+       "the slots a refusal names run the turn (%s; then %d tokens)", refused, rf.n);
     /* Freed mid-turn: one running, one queued (LeakSanitizer checks the rest). */
     eu_result r1, r2;
     memset(&r1, 0, sizeof r1);

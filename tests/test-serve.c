@@ -619,6 +619,7 @@ static void test_disconnect(rig *g)
 
 typedef struct long_client {
     int port, stream;
+    int max_tokens;      /* 0: 1900 */
     const char *session; /* X-Session-Id, or NULL */
     http_resp r;
     volatile size_t *progress;
@@ -638,8 +639,8 @@ static void *run_long_client(void *arg)
     char body[256];
     snprintf(body, sizeof body,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"go on\"}],"
-             "\"max_tokens\":1900,\"ignore_eos\":true,\"stream\":%s}",
-             c->stream ? "true" : "false");
+             "\"max_tokens\":%d,\"ignore_eos\":true,\"stream\":%s}",
+             c->max_tokens ? c->max_tokens : 1900, c->stream ? "true" : "false");
     CURL *h = curl_easy_init();
     char url[128];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/chat/completions", c->port);
@@ -666,7 +667,9 @@ static void *run_long_client(void *arg)
 static void test_abandoned_wait(void)
 {
     /* Deep enough that the first turn surely outlasts the second's
-     * client (about 2 s of decoding). */
+     * client (about 2 s of decoding). Both turns fit the 4 MiB device
+     * pool (1024 slots: 42 chunks of 16 tokens in each of 24 layers), or
+     * the engine would refuse the second at submit whatever the client. */
     rig rg, *g = &rg;
     if (rig_start(g, 24, NULL, 0, 0, 0, 0) != 0) {
         ok(0, "server for the abandoned-wait test: %s", pv_last_error());
@@ -675,7 +678,8 @@ static void test_abandoned_wait(void)
     stats_call before, after;
     pv_server_engine_call(g->srv, get_stats, &before);
     volatile size_t progress = 0;
-    long_client first = {.port = g->port, .stream = 1, .session = "queue", .progress = &progress};
+    long_client first = {.port = g->port, .stream = 1, .max_tokens = 500, .session = "queue",
+                         .progress = &progress};
     pthread_t t;
     double t0 = wall_s();
     pthread_create(&t, NULL, run_long_client, &first);

@@ -116,7 +116,7 @@ static int parse_options(int argc, char **argv, tune_options *o)
 
 /* The model whose shape is measured: --shape builds a synthetic one with
  * those heads (width heads x head dim, FFN 4x wider), else the GGUF file. */
-static pv_status open_model(const tune_options *o, pv_backend *be, pv_llama **model, char *shape, size_t shape_size)
+static pv_status open_model(const tune_options *o, pv_backend *be, pv_llama **model)
 {
     pv_gguf g;
     uint8_t *image = NULL;
@@ -163,16 +163,13 @@ static pv_status open_model(const tune_options *o, pv_backend *be, pv_llama **mo
     st = pv_llama_init(model, be, &g, &lo);
     pv_gguf_free(&g);
     free(image);
-    if (st == PV_OK) {
-        const pv_llama_hparams *hp = pv_llama_hparams_of(*model);
-        snprintf(shape, shape_size, "%u,%u,%u,%u", hp->n_heads, hp->n_kv_heads, hp->head_dim, hp->n_layers);
-    }
     return st;
 }
 
 /* A bar on stderr when it is a terminal; nothing otherwise. */
-static void progress(int done, int total, const char *what)
+static void progress(void *ctx, int done, int total, const char *what)
 {
+    (void)ctx;
     if (!isatty(STDERR_FILENO))
         return;
     const int width = 30, filled = total ? done * width / total : width;
@@ -218,16 +215,6 @@ static void search_progress(void *ctx, const char *what)
     fflush(stderr);
 }
 
-static int bucket_family(const char *bucket)
-{
-    const size_t len = strcspn(bucket, ".");
-    for (int f = 0; f < TUNE_FAMILY_COUNT; f++)
-        if (strlen(tune_family_name((tune_family)f)) == len &&
-            strncmp(bucket, tune_family_name((tune_family)f), len) == 0)
-            return f;
-    return -1;
-}
-
 /* The kernel sets: those of the device's section in the file at path whose
  * family is not searched now are kept (and set in s->be, so the cost model
  * is measured with them); the searched buckets get the search's best. All
@@ -241,25 +228,7 @@ static pv_status kernel_stage(const tune_options *o, const char *path, const tun
                    ? PV_OK
                    : pv_error(PV_ERR_INVALID_ARG, "--kernels %s: the %s backend has no tunable kernels", o->kernels,
                               o->backend);
-    pv_profile *old = calloc(1, sizeof *old);
-    if (!old)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: no memory for the old profile");
-    pv_status st = pv_profile_load(path, o->backend, s->be->info.name, old);
-    if (st == PV_ERR_NOT_FOUND || st == PV_ERR_IO) {
-        st = PV_OK;
-        old->n_kernels = 0;
-    }
-    for (uint32_t i = 0; st == PV_OK && i < old->n_kernels; i++) {
-        const int f = bucket_family(old->kernels[i].bucket);
-        if (f >= 0 && (families & (1u << f)))
-            continue;
-        if (pv_backend_kernel_set(s->be, old->kernels[i].bucket, old->kernels[i].params) != PV_OK)
-            st = pv_error(PV_ERR_FORMAT, "%s:%u: kernel.%s: %s", path, old->kernels[i].line, old->kernels[i].bucket,
-                          pv_last_error());
-        else
-            p->kernels[p->n_kernels++] = old->kernels[i];
-    }
-    free(old);
+    pv_status st = tune_keep_kernel_sets(path, s->be, families, p);
     if (st != PV_OK || !families)
         return st;
     pv_backend *ref = NULL;
@@ -414,17 +383,13 @@ int main(int argc, char **argv)
     pv_backend *be = NULL;
     if ((st = pv_backend_init(&be, o.backend, o.device)) != PV_OK)
         return fail("--backend", st);
-    tune_setup s = {.be = be, .chunk_tokens = o.chunk_tokens, .kv_dtype = o.kv_dtype, .warmup = 1,
-                    .repeats = o.repeats};
-    if ((st = open_model(&o, be, &s.model, p.shape, sizeof p.shape)) != PV_OK) {
+    pv_llama *model = NULL;
+    if ((st = open_model(&o, be, &model)) != PV_OK) {
         pv_backend_free(be);
         return fail("model", st);
     }
-    const pv_llama_hparams *hp = pv_llama_hparams_of(s.model);
-    s.n_heads = (int32_t)hp->n_heads;
-    s.n_kv_heads = (int32_t)hp->n_kv_heads;
-    s.head_dim = (int32_t)hp->head_dim;
-    s.n_layers = (int32_t)hp->n_layers;
+    tune_setup s;
+    tune_setup_init(&s, be, model, o.repeats);
     static tune_bucket_result kernels[TUNE_MAX_BUCKETS];
     int n_kernels = 0;
     if ((st = kernel_stage(&o, path, &s, families, &p, kernels, &n_kernels)) != PV_OK) {
@@ -433,76 +398,21 @@ int main(int argc, char **argv)
         return fail("kernel search", st);
     }
 
-    /* Contexts: the powers of two from one chunk up, for the fit; three
-     * quarters of each power above the first, held out to check it. */
-    int64_t fit_ctx[PV_PROFILE_MAX_POINTS], held_ctx[PV_PROFILE_MAX_POINTS];
-    int n_fit = 0, n_held = 0;
-    for (int64_t l = o.chunk_tokens; l <= o.max_context && n_fit < PV_PROFILE_MAX_POINTS; l *= 2) {
-        fit_ctx[n_fit++] = l;
-        if (l > o.chunk_tokens)
-            held_ctx[n_held++] = l * 3 / 4;
-    }
-    pv_cost_point held[PV_PROFILE_MAX_POINTS];
-    tune_timing t0, forward;
-    const int total = n_fit + n_held + 2;
-    int done = 0;
-    char what[64];
-    progress(done, total, "forward pass");
-    st = tune_forward_per_layer(&s, &forward);
-    progress(++done, total, "attention at 0");
-    if (st == PV_OK)
-        st = tune_attention(&s, 0, &t0);
-    for (int i = 0; st == PV_OK && i < n_fit; i++) {
-        snprintf(what, sizeof what, "attention at %lld", (long long)fit_ctx[i]);
-        progress(++done, total, what);
-        tune_timing t;
-        st = tune_attention(&s, fit_ctx[i], &t);
-        p.points[i] = (pv_cost_point){(double)fit_ctx[i], t.median, t.spread};
-    }
-    for (int i = 0; st == PV_OK && i < n_held; i++) {
-        snprintf(what, sizeof what, "held out: attention at %lld", (long long)held_ctx[i]);
-        progress(++done, total, what);
-        tune_timing t;
-        st = tune_attention(&s, held_ctx[i], &t);
-        held[i] = (pv_cost_point){(double)held_ctx[i], t.median, t.spread};
-    }
-    progress(total, total, "done");
+    tune_cost_report rep;
+    st = tune_cost_model(&s, o.max_context, &p, &rep, progress, NULL);
     pv_llama_free(s.model);
-    pv_device_info info;
-    memset(&info, 0, sizeof info);
-    if (st == PV_OK)
-        info = be->info;
     pv_backend_free(be);
     if (st != PV_OK)
         return fail("measuring", st);
-
-    pv_cost_fit fit;
-    p.n_points = (uint32_t)n_fit;
-    if ((st = pv_cost_fit_linear(p.points, p.n_points, &fit)) != PV_OK)
-        return fail("fit", st);
-    snprintf(p.backend, sizeof p.backend, "%s", o.backend);
-    snprintf(p.device, sizeof p.device, "%s", info.name);
-    p.alpha = fit.alpha;
-    p.beta = fit.beta;
-    p.r2 = fit.r2;
-    /* The chunk's other work: the forward pass per layer less its attention
-     * (at least a tenth of the pass, should noise put the two close). */
-    p.c = fmax(forward.median - t0.median, 0.1 * forward.median);
-    p.chunk_tokens = (uint32_t)o.chunk_tokens;
-    double err = 0;
-    for (int i = 0; i < n_held; i++)
-        err += fabs(pv_cost_fit_predict(&fit, held[i].context) - held[i].seconds) / held[i].seconds / n_held;
-    p.heldout_error = n_held ? err : -1;
-    time_t now = time(NULL);
-    strftime(p.date, sizeof p.date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    snprintf(p.version, sizeof p.version, "%s", PACKAGE_VERSION);
+    const pv_cost_point *held = rep.held;
+    const int n_held = rep.n_held;
     if ((st = pv_profile_save(path, &p)) != PV_OK)
         return fail("--out", st);
     if (o.plot && (st = plot(o.plot, &p, held, n_held)) != PV_OK)
         return fail("plot", st);
 
     if (o.json) {
-        print_json(&p, path, held, n_held, &forward, kernels, n_kernels);
+        print_json(&p, path, held, n_held, &rep.forward, kernels, n_kernels);
         return 0;
     }
     printf("pensieve-tune: %s device %d (%s), shape %s (heads, kv heads, head dim, layers), chunk %d tokens, "
@@ -511,14 +421,14 @@ int main(int argc, char **argv)
     printf("%10s %14s %8s %14s %9s\n", "context", "attention s", "spread", "fit s", "error");
     for (uint32_t i = 0; i < p.n_points; i++)
         printf("%10.0f %14.4g %7.1f%% %14.4g %8.1f%%\n", p.points[i].context, p.points[i].seconds,
-               100 * p.points[i].spread, pv_cost_fit_predict(&fit, p.points[i].context),
-               100 * (pv_cost_fit_predict(&fit, p.points[i].context) / p.points[i].seconds - 1));
+               100 * p.points[i].spread, pv_cost_fit_predict(&rep.fit, p.points[i].context),
+               100 * (pv_cost_fit_predict(&rep.fit, p.points[i].context) / p.points[i].seconds - 1));
     for (int i = 0; i < n_held; i++)
         printf("%10.0f %14.4g %7.1f%% %14.4g %8.1f%%  (held out)\n", held[i].context, held[i].seconds,
-               100 * held[i].spread, pv_cost_fit_predict(&fit, held[i].context),
-               100 * (pv_cost_fit_predict(&fit, held[i].context) / held[i].seconds - 1));
-    printf("forward pass of one chunk: %.4g s per layer; its attention at context 0: %.4g s\n", forward.median,
-           t0.median);
+               100 * held[i].spread, pv_cost_fit_predict(&rep.fit, held[i].context),
+               100 * (pv_cost_fit_predict(&rep.fit, held[i].context) / held[i].seconds - 1));
+    printf("forward pass of one chunk: %.4g s per layer; its attention at context 0: %.4g s\n", rep.forward.median,
+           rep.attention0.median);
     printf("alpha %.4g s/token, beta %.4g s, c %.4g s; R^2 %.4f, held-out mean error %.1f%%\n", p.alpha, p.beta,
            p.c, p.r2, 100 * p.heldout_error);
     printf("attention share of a chunk's cost: %.2f at 1K context, %.2f at 4K (paper, Fig. 4: 0.1 and 0.38 of "

@@ -1,5 +1,7 @@
 /* pensieve-tune's measurements: the times the eviction cost model is fitted
- * to, taken through the real kernels on one backend device. */
+ * to, taken through the real kernels on one backend device, and the profile
+ * made of them. A convenience library (libpvtune) linked by pensieve-tune
+ * and by pensieve-chat's /tune. */
 #ifndef PENSIEVE_TUNING_TUNE_H
 #define PENSIEVE_TUNING_TUNE_H
 
@@ -21,6 +23,10 @@ typedef struct tune_setup {
     int warmup, repeats;
 } tune_setup;
 
+/* The setup of a model on be: its shape, and its chunk size and KV type
+ * (the model's options); one warm-up run and `repeats` timed ones. */
+void tune_setup_init(tune_setup *s, pv_backend *be, pv_llama *model, int repeats);
+
 /* One chunk's attention at one layer: chunk_tokens query tokens at
  * positions context .. context + chunk_tokens - 1 of one sequence, over the
  * paged pool (every earlier position and the chunk itself), through
@@ -40,6 +46,37 @@ pv_status tune_time_runs(const tune_setup *s, pv_status (*fn)(const tune_setup *
  * at positions 0 .., no logits) per layer: the chunk's other work (c) is
  * this minus the attention at context 0. */
 pv_status tune_forward_per_layer(const tune_setup *s, tune_timing *out);
+
+/* ---- the profile (tune-profile.c) ---- */
+
+/* What a cost-model run measured besides the profile's points. */
+typedef struct tune_cost_report {
+    pv_cost_point held[PV_PROFILE_MAX_POINTS]; /* held out of the fit */
+    int n_held;
+    tune_timing forward;    /* one chunk's forward pass, per layer */
+    tune_timing attention0; /* its attention at context 0 */
+    pv_cost_fit fit;
+} tune_cost_report;
+
+/* Called before each measurement (done of total) and once at the end. */
+typedef void (*tune_step_fn)(void *ctx, int done, int total, const char *what);
+
+/* The cost model of s's device: one chunk's attention at one layer at
+ * contexts of 2^k tokens from one chunk up to max_context (the fit) and at
+ * three quarters of each power above the first (held out, to check it),
+ * and one chunk's forward pass (c is it less its attention at context 0).
+ * Fills p's backend, device, shape, alpha, beta, c, r2, heldout_error,
+ * chunk_tokens, points, date and version; its kernel sets are left as they
+ * are. step may be NULL. */
+pv_status tune_cost_model(const tune_setup *s, int64_t max_context, pv_profile *p, tune_cost_report *rep,
+                          tune_step_fn step, void *step_ctx);
+
+/* The kernel sets of be's device in the profile file at path whose family
+ * (1 << tune_family) is not in `families`: set in be, so what is measured
+ * next runs with them, and appended to p->kernels, so saving p keeps them.
+ * Nothing for a backend without tunable kernels, a missing file or no
+ * section for the device. */
+pv_status tune_keep_kernel_sets(const char *path, pv_backend *be, unsigned families, pv_profile *p);
 
 /* ---- kernel search (tune-kernels.c) ---- */
 

@@ -62,7 +62,8 @@ typedef struct pv_sampling {
     float temperature;          /* 0: greedy (argmax, lowest id on ties) */
     float top_p;                /* nucleus mass in (0, 1] when sampling */
     uint64_t seed;              /* per request: the same seed gives the same draws */
-    int32_t max_tokens;         /* tokens to generate; 0 = up to the context limit */
+    int32_t max_tokens;         /* tokens to generate; 0 = until the model's context
+                                 * or the device pool is full (finish "length") */
     const char *const *stop;    /* stop strings (copied at submit); NULL if none */
     size_t n_stop;
     int ignore_eos;             /* 1: keep going past the model's end tokens */
@@ -73,7 +74,7 @@ void pv_sampling_defaults(pv_sampling *s); /* greedy, top_p 1, seed 1, no limit 
 typedef enum pv_finish_reason {
     PV_FINISH_NONE = 0,
     PV_FINISH_STOP,    /* an end token of the model or a stop string */
-    PV_FINISH_LENGTH,  /* max_tokens, or the model's context is full */
+    PV_FINISH_LENGTH,  /* max_tokens, or the model's context or the device pool is full */
     PV_FINISH_ERROR,   /* see the status handed to on_done */
     PV_FINISH_CANCELLED /* pv_engine_cancel (status PV_OK): what ran is history */
 } pv_finish_reason;
@@ -146,9 +147,9 @@ typedef struct pv_engine pv_engine;
  * the model. The DEVICE tier is a pool on the backend (on the CPU backend, a
  * memory budget of its own); HOST is pinned host memory (absent in gpu-only
  * mode). A device budget smaller than one
- * chunk of every layer (n_layers slots) fails with PV_ERR_INVALID_ARG; a
- * turn whose context cannot fit the device fails alone, with
- * PV_ERR_OUT_OF_MEMORY through on_done. */
+ * chunk of every layer (n_layers slots) fails with PV_ERR_INVALID_ARG. A
+ * turn's whole context must fit the device pool (pv_engine_submit checks
+ * it before anything runs); a turn that fits runs, alone if need be. */
 pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const pv_tokenizer *tok,
                          const pv_cache_config *cache_cfg, const pv_engine_config *cfg);
 
@@ -178,7 +179,16 @@ void pv_engine_free(pv_engine *e);
 /* Queue a turn for a session (created on first use). Fails at once, with no
  * callback, for: an empty turn, a session with a turn still running
  * (PV_ERR_BUSY), a turn that would not fit the model's context
- * (PV_ERR_INVALID_ARG naming the lengths and the limit), bad sampling.
+ * (PV_ERR_INVALID_ARG naming the lengths and the limit), a turn whose KV
+ * would not fit the whole device pool (PV_ERR_INVALID_ARG naming the
+ * chunks and slots it needs, the device budget in MiB that would hold them
+ * as "--device-mem NM", and the largest max_tokens that fits now), bad
+ * sampling. A turn's KV is the history, the new prompt and, with
+ * max_tokens set, max_tokens - 1 generated tokens (the last is sampled,
+ * not run), capped at the model's context, in whole chunks of every
+ * layer; with max_tokens 0 only the first generated token is counted and
+ * generation stops with finish "length" when the pool is full, as a
+ * llama.cpp slot stops at its context.
  * *request_id (may be NULL) identifies the turn in its result. A NULL
  * session runs the turn alone, statelessly: a session of its own, ended
  * when the turn ends (session ids starting with byte 0x1f are reserved for
