@@ -666,19 +666,20 @@ static void *run_long_client(void *arg)
  * never run. */
 static void test_abandoned_wait(void)
 {
-    /* Deep enough that the first turn surely outlasts the second's
-     * client (about 2 s of decoding). Both turns fit the 4 MiB device
-     * pool (1024 slots: 42 chunks of 16 tokens in each of 24 layers), or
-     * the engine would refuse the second at submit whatever the client. */
+    /* Deep and long enough that the first turn surely outlasts the
+     * second's client and the watcher's look (0.5 s of decoding here).
+     * Both turns fit the 16 MiB device pool (4096 slots: 120 chunks of 16
+     * tokens in each of 24 layers take 2880), or the engine would refuse
+     * the second at submit whatever the client. */
     rig rg, *g = &rg;
-    if (rig_start(g, 24, NULL, 0, 0, 0, 0) != 0) {
+    if (rig_start(g, 24, NULL, 0, 0, 0, 16) != 0) {
         ok(0, "server for the abandoned-wait test: %s", pv_last_error());
         return;
     }
     stats_call before, after;
     pv_server_engine_call(g->srv, get_stats, &before);
     volatile size_t progress = 0;
-    long_client first = {.port = g->port, .stream = 1, .max_tokens = 500, .session = "queue",
+    long_client first = {.port = g->port, .stream = 1, .session = "queue",
                          .progress = &progress};
     pthread_t t;
     double t0 = wall_s();
