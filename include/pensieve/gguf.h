@@ -269,6 +269,22 @@ pv_status pv_gguf_writer_add_i32s(pv_gguf_writer *w, const char *key,
 pv_status pv_gguf_writer_add_tensor(pv_gguf_writer *w, const char *name, uint32_t type,
                                     uint32_t n_dims, const uint64_t *ne, const float *values);
 
+/* A tensor whose bytes the caller writes itself, after the head (see
+ * pv_gguf_writer_head): only its name, type and shape are held, so a file
+ * larger than memory can be streamed. pv_gguf_writer_to_memory and _write
+ * leave its bytes zero. */
+pv_status pv_gguf_writer_add_tensor_info(pv_gguf_writer *w, const char *name, uint32_t type,
+                                         uint32_t n_dims, const uint64_t *ne);
+
+/* The bytes before the data section (header, metadata, tensor infos,
+ * padding): *head is malloc'd, *head_size long, and the data section starts
+ * right after it. offsets[i] (n_tensors entries) is tensor i's data offset
+ * from the data section's start, so its file position is *head_size +
+ * offsets[i]; *file_size is where the last tensor ends. Bytes between
+ * tensors are zero. */
+pv_status pv_gguf_writer_head(const pv_gguf_writer *w, uint8_t **head, uint64_t *head_size,
+                              uint64_t *offsets, uint64_t *file_size);
+
 /* The file image: *out is malloc'd (free() it). */
 pv_status pv_gguf_writer_to_memory(const pv_gguf_writer *w, uint8_t **out, uint64_t *size);
 pv_status pv_gguf_writer_write(const pv_gguf_writer *w, const char *path);
