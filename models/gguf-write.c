@@ -168,20 +168,24 @@ pv_status pv_gguf_writer_add_i32s(pv_gguf_writer *w, const char *key,
     return st;
 }
 
-pv_status pv_gguf_writer_add_tensor(pv_gguf_writer *w, const char *name, uint32_t type,
-                                    uint32_t n_dims, const uint64_t *ne, const float *values)
+/* Checks a tensor's name and shape and appends its entry, without data;
+ * *bytes is what its data takes. */
+static pv_status add_entry(pv_gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
+                           const uint64_t *ne, struct pv_gguf_writer_tensor **out, uint64_t *n,
+                           uint64_t *bytes)
 {
-    if (!w || !name || !ne || !values)
+    if (!w || !name || !ne)
         return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: NULL argument for tensor '%s'",
                         name ? name : "");
     if (n_dims == 0 || n_dims > PV_GGUF_MAX_DIMS)
         return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: tensor '%s' has %u dims, must be 1..%d",
                         name, n_dims, PV_GGUF_MAX_DIMS);
-    uint64_t n = 1;
+    *n = 1;
     for (uint32_t d = 0; d < n_dims; d++)
-        n *= ne[d];
-    uint64_t bytes;
-    pv_status st = pv_ggml_row_bytes(type, n, &bytes);
+        if (__builtin_mul_overflow(*n, ne[d], n))
+            return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: tensor '%s': element count "
+                            "overflows 64 bits at dim %u (%" PRIu64 ")", name, d, ne[d]);
+    pv_status st = pv_ggml_row_bytes(type, *n, bytes);
     if (st != PV_OK)
         return st;
     if (w->n_tensors == w->tensors_cap) {
@@ -194,27 +198,51 @@ pv_status pv_gguf_writer_add_tensor(pv_gguf_writer *w, const char *name, uint32_
     }
     struct pv_gguf_writer_tensor *t = &w->tensors[w->n_tensors];
     memset(t, 0, sizeof *t);
-    t->name = malloc(strlen(name) + 1);
-    t->data = malloc(bytes ? bytes : 1);
-    if (!t->name || !t->data) {
+    if (!(t->name = strdup(name)))
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "GGUF writer: name of tensor '%s'", name);
+    t->type = type;
+    t->n_dims = n_dims;
+    for (uint32_t d = 0; d < n_dims; d++)
+        t->ne[d] = ne[d];
+    t->n_bytes = *bytes;
+    *out = t;
+    return PV_OK;
+}
+
+pv_status pv_gguf_writer_add_tensor(pv_gguf_writer *w, const char *name, uint32_t type,
+                                    uint32_t n_dims, const uint64_t *ne, const float *values)
+{
+    if (!values)
+        return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: NULL values for tensor '%s'",
+                        name ? name : "");
+    struct pv_gguf_writer_tensor *t;
+    uint64_t n, bytes;
+    pv_status st = add_entry(w, name, type, n_dims, ne, &t, &n, &bytes);
+    if (st != PV_OK)
+        return st;
+    if (!(t->data = malloc(bytes ? bytes : 1))) {
         free(t->name);
-        free(t->data);
         return pv_error(PV_ERR_OUT_OF_MEMORY, "GGUF writer: tensor '%s' of %" PRIu64 " bytes",
                         name, bytes);
     }
-    strcpy(t->name, name);
     if ((st = pv_ggml_quantize(type, values, n, t->data, bytes)) != PV_OK) {
         free(t->name);
         free(t->data);
         return st;
     }
-    t->type = type;
-    t->n_dims = n_dims;
-    for (uint32_t d = 0; d < n_dims; d++)
-        t->ne[d] = ne[d];
-    t->n_bytes = bytes;
     w->n_tensors++;
     return PV_OK;
+}
+
+pv_status pv_gguf_writer_add_tensor_info(pv_gguf_writer *w, const char *name, uint32_t type,
+                                         uint32_t n_dims, const uint64_t *ne)
+{
+    struct pv_gguf_writer_tensor *t;
+    uint64_t n, bytes;
+    pv_status st = add_entry(w, name, type, n_dims, ne, &t, &n, &bytes);
+    if (st == PV_OK)
+        w->n_tensors++;
+    return st;
 }
 
 static uint64_t align_up(uint64_t x, uint64_t a)
@@ -222,28 +250,37 @@ static uint64_t align_up(uint64_t x, uint64_t a)
     return (x + a - 1) / a * a;
 }
 
-pv_status pv_gguf_writer_to_memory(const pv_gguf_writer *w, uint8_t **out, uint64_t *size)
+/* Where the data section starts and where the file ends. */
+static pv_status layout(const pv_gguf_writer *w, uint64_t *data_start, uint64_t *total)
 {
-    if (!w || !out || !size)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_gguf_writer_to_memory: NULL argument");
     uint64_t info_bytes = 0, data_bytes = 0;
     for (uint64_t i = 0; i < w->n_tensors; i++) {
         const struct pv_gguf_writer_tensor *t = &w->tensors[i];
         info_bytes += 8 + strlen(t->name) + 4 + 8 * (uint64_t)t->n_dims + 4 + 8;
-        data_bytes = align_up(data_bytes, w->alignment) + t->n_bytes;
+        data_bytes = align_up(data_bytes, w->alignment);
+        if (__builtin_add_overflow(data_bytes, t->n_bytes, &data_bytes))
+            return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: data past tensor '%s' overflows "
+                            "64 bits", t->name);
     }
     uint64_t header = 4 + 4 + 8 + 8;
-    uint64_t data_start = align_up(header + w->kv_len + info_bytes, w->alignment);
-    uint64_t total = w->n_tensors ? data_start + data_bytes : header + w->kv_len;
-    uint8_t *img = calloc(total, 1);
-    if (!img)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "GGUF writer: image of %" PRIu64 " bytes", total);
+    *data_start = align_up(header + w->kv_len + info_bytes, w->alignment);
+    *total = header + w->kv_len;
+    if (w->n_tensors && __builtin_add_overflow(*data_start, data_bytes, total))
+        return pv_error(PV_ERR_INVALID_ARG, "GGUF writer: file size overflows 64 bits");
+    return PV_OK;
+}
+
+/* Header, metadata and tensor infos into img (zeroed, at least data_start
+ * long); tensor i's data offset (from data_start) into offsets[i] when
+ * offsets is not NULL. */
+static void write_head(const pv_gguf_writer *w, uint8_t *img, uint64_t *offsets)
+{
     uint8_t *p = img;
     memcpy(p, "GGUF", 4);
     put_le(p + 4, w->version, 4);
     put_le(p + 8, w->n_tensors, 8);
     put_le(p + 16, w->n_kv, 8);
-    p += header;
+    p += 24;
     if (w->kv_len)
         memcpy(p, w->kv_bytes, w->kv_len);
     p += w->kv_len;
@@ -262,9 +299,52 @@ pv_status pv_gguf_writer_to_memory(const pv_gguf_writer *w, uint8_t **out, uint6
         offset = align_up(offset, w->alignment);
         put_le(p + 4, offset, 8);
         p += 12;
-        memcpy(img + data_start + offset, t->data, t->n_bytes);
+        if (offsets)
+            offsets[i] = offset;
         offset += t->n_bytes;
     }
+}
+
+pv_status pv_gguf_writer_head(const pv_gguf_writer *w, uint8_t **head, uint64_t *head_size,
+                              uint64_t *offsets, uint64_t *file_size)
+{
+    if (!w || !head || !head_size || !offsets || !file_size)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_gguf_writer_head: NULL argument");
+    uint64_t data_start, total;
+    pv_status st = layout(w, &data_start, &total);
+    if (st != PV_OK)
+        return st;
+    uint8_t *img = calloc(data_start, 1);
+    if (!img)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "GGUF writer: head of %" PRIu64 " bytes",
+                        data_start);
+    write_head(w, img, offsets);
+    *head = img;
+    *head_size = data_start;
+    *file_size = total;
+    return PV_OK;
+}
+
+pv_status pv_gguf_writer_to_memory(const pv_gguf_writer *w, uint8_t **out, uint64_t *size)
+{
+    if (!w || !out || !size)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_gguf_writer_to_memory: NULL argument");
+    uint64_t data_start, total;
+    pv_status st = layout(w, &data_start, &total);
+    if (st != PV_OK)
+        return st;
+    uint64_t *offsets = malloc((w->n_tensors ? w->n_tensors : 1) * sizeof *offsets);
+    uint8_t *img = total <= SIZE_MAX ? calloc(total, 1) : NULL;
+    if (!img || !offsets) {
+        free(img);
+        free(offsets);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "GGUF writer: image of %" PRIu64 " bytes", total);
+    }
+    write_head(w, img, offsets);
+    for (uint64_t i = 0; i < w->n_tensors; i++)
+        if (w->tensors[i].data)
+            memcpy(img + data_start + offsets[i], w->tensors[i].data, w->tensors[i].n_bytes);
+    free(offsets);
     *out = img;
     *size = total;
     return PV_OK;

@@ -1,8 +1,15 @@
 /* pensieve-gguf: inspect GGUF files with the project's own reader, or write
- * the synthetic test model.
+ * synthetic models.
  *   pensieve-gguf info FILE      metadata, tensor types (counts), hyperparameters
  *   pensieve-gguf tensors FILE   one line per tensor: name, type, shape, offset
- *   pensieve-gguf synth FILE     write the default synthetic model
+ *   pensieve-gguf synth FILE [--shape S] [--type T] [--seed N] [--layers N]
+ *                [--threads N]   write a synthetic model: the tiny test
+ *                                model by default, or a real model's shape
+ *                                (llama3-8b, qwen2.5-1.5b, smollm2-135m)
+ *                                with random weights of one type (q4_0,
+ *                                q4_1, q8_0, f16, bf16, f32; "mixed" is the
+ *                                tiny model's mix); --layers shrinks the
+ *                                depth, keeping the widths
  *   pensieve-gguf tokenize FILE  encode stdin lines, each hex-encoded text
  *                                (any bytes), one line of token ids each
  *                                (special-token text is not parsed)
@@ -15,10 +22,13 @@
 #include <pensieve/gguf.h>
 #include <pensieve/tokenizer.h>
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -318,9 +328,85 @@ static int bench(const char *path, int json)
     return 0;
 }
 
+/* GGUF type of a --type argument ("q4_0", "F16", ...; "mixed"), or -2. */
+static int32_t parse_type(const char *name)
+{
+    static const int32_t types[] = {PV_GGML_F32, PV_GGML_F16, PV_GGML_BF16, PV_GGML_Q8_0,
+                                    PV_GGML_Q4_0, PV_GGML_Q4_1};
+    if (strcasecmp(name, "mixed") == 0)
+        return PV_SYNTH_MIXED_TYPES;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strcasecmp(name, pv_ggml_type_name((uint32_t)types[i])) == 0)
+            return types[i];
+    return -2;
+}
+
+static int parse_count(const char *s, uint64_t max, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v > max)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int synth(int argc, char **argv)
+{
+    const char *path = argv[2], *shape = "tiny";
+    /* the shape first: the other options change it */
+    for (int i = 3; i + 1 < argc; i += 2)
+        if (strcmp(argv[i], "--shape") == 0)
+            shape = argv[i + 1];
+    pv_synth_config c;
+    if (pv_synth_config_shape(&c, shape) != PV_OK) {
+        fprintf(stderr, "%s\n", pv_last_error());
+        return 2;
+    }
+    for (int i = 3; i < argc; i += 2) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t v = 0;
+        int good = val != NULL;
+        if (good && strcmp(opt, "--shape") == 0)
+            continue;
+        if (good && strcmp(opt, "--type") == 0)
+            good = (c.weight_type = parse_type(val)) != -2;
+        else if (good && strcmp(opt, "--seed") == 0)
+            good = parse_count(val, UINT64_MAX, &c.seed);
+        else if (good && strcmp(opt, "--layers") == 0)
+            good = parse_count(val, UINT32_MAX, &v) && v > 0 && (c.n_layers = (uint32_t)v);
+        else if (good && strcmp(opt, "--threads") == 0)
+            good = parse_count(val, 1024, &v) && v > 0 && (c.n_threads = (uint32_t)v);
+        else
+            good = 0;
+        if (!good) {
+            fprintf(stderr, "synth: bad option '%s%s%s' (--shape NAME, --type q4_0|q4_1|q8_0|"
+                    "f16|bf16|f32|mixed, --seed N, --layers N, --threads N)\n", opt,
+                    val ? " " : "", val ? val : "");
+            return 2;
+        }
+    }
+    double t0 = seconds();
+    if (pv_synth_write(&c, path) != PV_OK) {
+        fprintf(stderr, "%s\n", pv_last_error());
+        return 1;
+    }
+    double dt = seconds() - t0;
+    struct stat sb;
+    uint64_t bytes = stat(path, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    printf("%s: %s shape, %u layers, %s weights, seed %" PRIu64 ": %" PRIu64 " bytes in %.2f s "
+           "(%.2f GB/s)\n", path, shape, c.n_layers,
+           c.weight_type == PV_SYNTH_MIXED_TYPES ? "mixed" : pv_ggml_type_name((uint32_t)c.weight_type),
+           c.seed, bytes, dt, dt > 0 ? (double)bytes / dt / 1e9 : 0.0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    static const char *const commands[] = {"info", "tensors", "synth", "tokenize",
+    if (argc >= 3 && strcmp(argv[1], "synth") == 0)
+        return synth(argc, argv);
+    static const char *const commands[] = {"info", "tensors", "tokenize",
                                            "tokenize-special", "chat", "bench"};
     int known = 0;
     for (size_t i = 0; argc == 3 && i < sizeof commands / sizeof commands[0]; i++)
@@ -330,18 +416,16 @@ int main(int argc, char **argv)
     if (known && strcmp(argv[1], "bench") == 0)
         return bench(argv[2], 0);
     if (!known) {
-        fprintf(stderr, "usage: %s info|tensors|synth|tokenize|tokenize-special|chat FILE\n"
-                "       %s bench FILE [--json]\n", argv[0], argv[0]);
+        char shapes[256] = "";
+        for (size_t i = 0; pv_synth_shape_name(i); i++)
+            snprintf(shapes + strlen(shapes), sizeof shapes - strlen(shapes), "%s%s", i ? "|" : "",
+                     pv_synth_shape_name(i));
+        fprintf(stderr, "usage: %s info|tensors|tokenize|tokenize-special|chat FILE\n"
+                "       %s bench FILE [--json]\n"
+                "       %s synth FILE [--shape %s]\n"
+                "             [--type q4_0|q4_1|q8_0|f16|bf16|f32|mixed] [--seed N] [--layers N]"
+                " [--threads N]\n", argv[0], argv[0], argv[0], shapes);
         return 2;
-    }
-    if (strcmp(argv[1], "synth") == 0) {
-        pv_synth_config c;
-        pv_synth_config_default(&c);
-        if (pv_synth_write(&c, argv[2]) != PV_OK) {
-            fprintf(stderr, "%s\n", pv_last_error());
-            return 1;
-        }
-        return 0;
     }
     pv_gguf g;
     if (pv_gguf_init(&g, argv[2]) != PV_OK) {

@@ -278,27 +278,79 @@ pv_status pv_gguf_writer_add_i32s(pv_gguf_writer *w, const char *key,
 pv_status pv_gguf_writer_add_tensor(pv_gguf_writer *w, const char *name, uint32_t type,
                                     uint32_t n_dims, const uint64_t *ne, const float *values);
 
+/* A tensor whose bytes the caller writes itself, after the head (see
+ * pv_gguf_writer_head): only its name, type and shape are held, so a file
+ * larger than memory can be streamed. pv_gguf_writer_to_memory and _write
+ * leave its bytes zero. */
+pv_status pv_gguf_writer_add_tensor_info(pv_gguf_writer *w, const char *name, uint32_t type,
+                                         uint32_t n_dims, const uint64_t *ne);
+
+/* The bytes before the data section (header, metadata, tensor infos,
+ * padding): *head is malloc'd, *head_size long, and the data section starts
+ * right after it. offsets[i] (n_tensors entries) is tensor i's data offset
+ * from the data section's start, so its file position is *head_size +
+ * offsets[i]; *file_size is where the last tensor ends. Bytes between
+ * tensors are zero. */
+pv_status pv_gguf_writer_head(const pv_gguf_writer *w, uint8_t **head, uint64_t *head_size,
+                              uint64_t *offsets, uint64_t *file_size);
+
 /* The file image: *out is malloc'd (free() it). */
 pv_status pv_gguf_writer_to_memory(const pv_gguf_writer *w, uint8_t **out, uint64_t *size);
 pv_status pv_gguf_writer_write(const pv_gguf_writer *w, const char *path);
 
 /* ---- the synthetic model --------------------------------------------------- */
 
-/* A tiny random Llama model with the metadata keys of the real SmolLM2 file:
- * a byte-level BPE vocabulary (ChatML specials, 256 byte tokens, a few
- * merges), a ChatML chat template, and tensors in several types. */
+/* Random Llama models with the metadata keys of the real SmolLM2 file (and
+ * what llama.cpp needs to load them): a byte-level BPE vocabulary with
+ * ChatML specials at ids 0-2 (<|endoftext|>, <|im_start|> = bos,
+ * <|im_end|> = eos), a ChatML chat template, and random weights. The same
+ * config always gives the same bytes, whatever n_threads is.
+ *
+ * Two ways of drawing the weights:
+ *  - the tiny test model (n_vocab 0 and PV_SYNTH_MIXED_TYPES, as
+ *    pv_synth_config_default sets them): floats uniform in
+ *    +-1/sqrt(fan_in) (norms 1 +- 0.1) from one stream of the seed, encoded
+ *    by pv_ggml_quantize; tests pin these bytes;
+ *  - any other config: random blocks of each tensor's type written
+ *    directly (random 4- or 8-bit codes under a random f16 scale that
+ *    spreads the decoded weights over about +-1/sqrt(fan_in)), by
+ *    n_threads threads, streamed to the file by pv_synth_write, so an 8B
+ *    model is never held in memory. */
+#define PV_SYNTH_MIXED_TYPES (-1)
+
 typedef struct pv_synth_config {
     uint32_t n_layers, n_embd, n_heads, n_kv_heads, n_ff, n_ctx;
     float rope_base, norm_eps;
     uint64_t seed;
     int tied_embeddings;
     uint32_t version, alignment;  /* of the file written */
+    /* 0: the tiny 293-token vocabulary (256 byte tokens, 34 merges); else
+     * exactly n_vocab tokens (259 .. 2^20): the byte tokens, merges trained
+     * on common English words, then random merges of those tokens. */
+    uint32_t n_vocab;
+    /* PV_SYNTH_MIXED_TYPES: the mix listed below; else the pv_ggml_type
+     * (F32, F16, BF16, Q8_0, Q4_0 or Q4_1) of every matrix, the embedding
+     * and output included. Norms are always F32. */
+    int32_t weight_type;
+    uint32_t n_threads;           /* 0: one per online CPU */
+    const char *name;             /* general.name; NULL: "pensieve synthetic llama" */
 } pv_synth_config;
 
-/* 2 layers, width 64, 4 heads, 2 KV heads, FFN 128, context 256. */
+/* The tiny model: 2 layers, width 64, 4 heads, 2 KV heads, FFN 128,
+ * context 256, tied embeddings, mixed types, seed 42. */
 void pv_synth_config_default(pv_synth_config *c);
 
-/* Tensor types the synthetic model uses, so tests can expect them: token
+/* The dimensions of a real model, as its published config.json gives them
+ * (docs/models.md), with random weights in Q4_0: "llama3-8b" (untied
+ * output), "qwen2.5-1.5b" (written as a Llama: no attention biases),
+ * "smollm2-135m"; "tiny" is pv_synth_config_default. An unknown name is
+ * PV_ERR_NOT_FOUND listing the known ones. */
+pv_status pv_synth_config_shape(pv_synth_config *c, const char *shape);
+
+/* Name of shape i (0, 1, ...), NULL past the last. */
+const char *pv_synth_shape_name(size_t i);
+
+/* Mixed types (PV_SYNTH_MIXED_TYPES), so tests can expect them: token
  * embedding Q8_0, norms F32, attn_q Q4_1, attn_k Q4_0, attn_v F16,
  * attn_output Q8_0, ffn_gate Q4_1, ffn_up Q4_0, ffn_down BF16 (layer 0) or
  * F16, output (when untied) F16. */
