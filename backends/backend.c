@@ -62,6 +62,7 @@ const char *pv_op_name(pv_op op)
     static const char *const op_names[PV_OP_COUNT] = {
         "gemm", "attention", "kv_write", "slot_gather", "slot_scatter", "embed_gather",
         "rmsnorm", "rope", "swiglu", "add", "softmax", "argmax", "sample_top_p", "qmatmul",
+        "add_rmsnorm", "rope_kv_write", "qmatmul_swiglu",
     };
     return (op >= 0 && op < PV_OP_COUNT) ? op_names[op] : "unknown op";
 }
@@ -159,7 +160,8 @@ int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
 
 int pv_backend_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
-    if (!be || (op != PV_OP_QMATMUL && op != PV_OP_EMBED_GATHER) || !pv_wtype_block(t, NULL, NULL) ||
+    if (!be || (op != PV_OP_QMATMUL && op != PV_OP_QMATMUL_SWIGLU && op != PV_OP_EMBED_GATHER) ||
+        !pv_wtype_block(t, NULL, NULL) ||
         !be->ops->supports_weights)
         return 0;
     return be->ops->supports_weights(be, op, t);
@@ -799,6 +801,15 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return empty ? PV_OK : be->ops->qmatmul(be, a);
 }
 
+/* st, with the last error's message prefixed by the op and the part of
+ * its arguments at fault. */
+static pv_status qualified(pv_status st, const char *op, const char *part)
+{
+    char why[512]; /* pv_error writes the buffer pv_last_error reads */
+    snprintf(why, sizeof why, "%s", pv_last_error());
+    return pv_error(st, "%s: %s: %s", op, part, why);
+}
+
 pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
 {
     if (!products)
@@ -818,9 +829,9 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
                             i, a->x_off, a->n_tokens, a->n_in, first->x_off, first->n_tokens, first->n_in);
         pv_status st = check_qmatmul(be, a, &empty);
         if (st != PV_OK) {
-            char why[512]; /* pv_error writes the buffer pv_last_error reads */
-            snprintf(why, sizeof why, "%s", pv_last_error());
-            return pv_error(st, "qmatmul_group: product %d: %s", i, why);
+            char part[32];
+            snprintf(part, sizeof part, "product %d", i);
+            return qualified(st, "qmatmul_group", part);
         }
         /* the products' sizes are checked above, so these products fit */
         for (int j = 0; j < i; j++) {
@@ -978,4 +989,137 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     PV_TRY(PRODUCT(op, "logits", "rows x cols", &n, a->rows, a->cols));
     PV_TRY(need_extent(be, op, "logits", a->logits, a->logits_off, n, 4));
     return be->ops->sample_top_p(be, a);
+}
+
+/* ---- fused ops ------------------------------------------------------------------ */
+
+uint64_t pv_backend_launches(const pv_backend *be)
+{
+    return be ? be->launches : 0;
+}
+
+/* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
+ * not overlap: a fused op writes one while it still reads the other. */
+static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,
+                            const char *b_name, const pv_buffer *b, uint64_t b_begin, uint64_t b_end)
+{
+    if (a == b && a_begin < b_end && b_begin < a_end)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s (bytes %" PRIu64 " to %" PRIu64 ") overlaps %s (bytes %" PRIu64
+                        " to %" PRIu64 ") in the same buffer",
+                        pv_op_name(op), a_name, a_begin, a_end, b_name, b_begin, b_end);
+    return PV_OK;
+}
+
+/* need_apart for f32 ranges given as element offset and count (checked
+ * against their buffers already, so the byte ends fit). */
+static pv_status need_apart_f32(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_off, uint64_t a_n,
+                                const char *b_name, const pv_buffer *b, uint64_t b_off, uint64_t b_n)
+{
+    return need_apart(op, a_name, a, a_off * 4, (a_off + a_n) * 4, b_name, b, b_off * 4, (b_off + b_n) * 4);
+}
+
+pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    const pv_op op = PV_OP_ADD_RMSNORM;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "add_rmsnorm: args is NULL");
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", a->rows));
+    PV_TRY(need_positive(op, "dim", a->dim));
+    if (!(a->eps >= 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "add_rmsnorm: eps = %g must be >= 0", (double)a->eps);
+    uint64_t n = 0, dim = (uint64_t)a->dim;
+    PV_TRY(PRODUCT(op, "x, y and out", "rows x dim", &n, a->rows, a->dim));
+    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(need_extent(be, op, "y", a->y, a->y_off, n, 4));
+    PV_TRY(need_extent(be, op, "weight", a->weight, a->weight_off, dim, 4));
+    PV_TRY(need_extent(be, op, "out", a->out, a->out_off, n, 4));
+    /* x and out are written while the others are still read. */
+    PV_TRY(need_apart_f32(op, "x", a->x, a->x_off, n, "y", a->y, a->y_off, n));
+    PV_TRY(need_apart_f32(op, "x", a->x, a->x_off, n, "weight", a->weight, a->weight_off, dim));
+    PV_TRY(need_apart_f32(op, "x", a->x, a->x_off, n, "out", a->out, a->out_off, n));
+    PV_TRY(need_apart_f32(op, "out", a->out, a->out_off, n, "y", a->y, a->y_off, n));
+    PV_TRY(need_apart_f32(op, "out", a->out, a->out_off, n, "weight", a->weight, a->weight_off, dim));
+    return be->ops->add_rmsnorm(be, a);
+}
+
+pv_status pv_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
+{
+    const pv_op op = PV_OP_ROPE_KV_WRITE;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "rope_kv_write: args is NULL");
+    PV_TRY(need_supported(be, op, a->kv_dtype));
+    if (a->n_tokens < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "rope_kv_write: n_tokens = %d must be >= 0", a->n_tokens);
+    PV_TRY(need_positive(op, "n_heads", a->n_heads));
+    PV_TRY(need_positive(op, "n_kv_heads", a->n_kv_heads));
+    PV_TRY(need_positive(op, "head_dim", a->head_dim));
+    if (a->head_dim % 2)
+        return pv_error(PV_ERR_INVALID_ARG, "rope_kv_write: head_dim = %d must be even", a->head_dim);
+    if (!(a->base > 0.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "rope_kv_write: base = %g must be > 0", (double)a->base);
+    if (a->n_tokens == 0)
+        return PV_OK;
+    PV_TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks,
+                        a->chunk_tokens, a->n_slots, 0));
+    uint64_t q_elems = 0, row_elems = 0, pool_elems = 0;
+    PV_TRY(PRODUCT(op, "q", "n_tokens x n_heads x head_dim", &q_elems, a->n_tokens, a->n_heads, a->head_dim));
+    PV_TRY(PRODUCT(op, "k and v", "n_tokens x n_kv_heads x head_dim", &row_elems, a->n_tokens, a->n_kv_heads,
+                   a->head_dim));
+    PV_TRY(PRODUCT(op, "kv_pool", "n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", &pool_elems, a->n_slots, 2,
+                   a->chunk_tokens, a->n_kv_heads, a->head_dim));
+    const size_t es = pv_dtype_size(a->kv_dtype);
+    PV_TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
+    PV_TRY(need_extent(be, op, "k", a->k, a->k_off, row_elems, 4));
+    PV_TRY(need_extent(be, op, "v", a->v, a->v_off, row_elems, 4));
+    PV_TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, es));
+    /* q and the pool are written while k and v are read. */
+    const uint64_t pool_end = pool_elems * es;
+    PV_TRY(need_apart_f32(op, "q", a->q, a->q_off, q_elems, "k", a->k, a->k_off, row_elems));
+    PV_TRY(need_apart_f32(op, "q", a->q, a->q_off, q_elems, "v", a->v, a->v_off, row_elems));
+    PV_TRY(need_apart(op, "q", a->q, a->q_off * 4, (a->q_off + q_elems) * 4, "kv_pool", a->kv_pool, 0, pool_end));
+    PV_TRY(need_apart(op, "k", a->k, a->k_off * 4, (a->k_off + row_elems) * 4, "kv_pool", a->kv_pool, 0, pool_end));
+    PV_TRY(need_apart(op, "v", a->v, a->v_off * 4, (a->v_off + row_elems) * 4, "kv_pool", a->kv_pool, 0, pool_end));
+    const pv_kv_write_args rows = {
+        .kv_dtype = a->kv_dtype, .n_tokens = a->n_tokens, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .chunk_tokens = a->chunk_tokens, .k = a->k, .k_off = a->k_off, .v = a->v, .v_off = a->v_off,
+        .kv_pool = a->kv_pool, .n_slots = a->n_slots, .token_seq = a->token_seq, .token_pos = a->token_pos,
+        .slot_table = a->slot_table, .n_seqs = a->n_seqs, .max_chunks = a->max_chunks,
+    };
+    pv_status st = need_unique_rows(&rows);
+    if (st != PV_OK)
+        return qualified(st, "rope_kv_write", "its K/V write");
+    return be->ops->rope_kv_write(be, a);
+}
+
+pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    const pv_op op = PV_OP_QMATMUL_SWIGLU;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "qmatmul_swiglu: args is NULL");
+    PV_TRY(need_weights(be, op, a->w_type));
+    const pv_qmatmul_args gate = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in,
+                                  .n_out = a->n_out, .w = a->w_gate, .w_off = a->w_gate_off, .x = a->x,
+                                  .x_off = a->x_off, .y = a->y, .y_off = a->y_off};
+    pv_qmatmul_args up = gate;
+    up.w = a->w_up;
+    up.w_off = a->w_up_off;
+    up.y = a->up;
+    up.y_off = a->up_off;
+    int empty = 1;
+    pv_status st = check_qmatmul(be, &gate, &empty);
+    if (st != PV_OK)
+        return qualified(st, "qmatmul_swiglu", "the gate product (w_gate into y)");
+    if ((st = check_qmatmul(be, &up, &empty)) != PV_OK)
+        return qualified(st, "qmatmul_swiglu", "the up product (w_up into up)");
+    if (empty)
+        return PV_OK;
+    /* Each product's own output and weights are checked above; here the
+     * other's. The sizes fit: check_qmatmul checked their products. */
+    const uint64_t out_elems = (uint64_t)a->n_tokens * (uint64_t)a->n_out;
+    PV_TRY(need_apart_f32(op, "y", a->y, a->y_off, out_elems, "up", a->up, a->up_off, out_elems));
+    PV_TRY(need_apart(op, "y", a->y, a->y_off * 4, (a->y_off + out_elems) * 4, "w_up", a->w_up, 0, a->w_up->bytes));
+    PV_TRY(need_apart(op, "up", a->up, a->up_off * 4, (a->up_off + out_elems) * 4, "w_gate", a->w_gate, 0,
+                      a->w_gate->bytes));
+    return be->ops->qmatmul_swiglu(be, a);
 }

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 7 /* 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 8 /* 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -90,6 +90,11 @@ typedef enum pv_op {
     PV_OP_ARGMAX,
     PV_OP_SAMPLE_TOP_P,
     PV_OP_QMATMUL,       /* y = x W^T with W in a weight type (pv_wtype) */
+    /* Fused ops: each gives what its unfused sequence gives, in fewer
+     * launches (a decode step on a GPU is bound by the host's launches). */
+    PV_OP_ADD_RMSNORM,   /* residual add, then the next RMSNorm */
+    PV_OP_ROPE_KV_WRITE, /* RoPE on q and k, and the K/V write */
+    PV_OP_QMATMUL_SWIGLU, /* silu(x Wg^T) * (x Wu^T) */
     PV_OP_COUNT
 } pv_op;
 
@@ -132,7 +137,8 @@ struct pv_event {
  *
  *   COMPUTE: every op (gemm, attention, kv_write, slot_gather/scatter,
  *            embed_gather, rmsnorm, rope, swiglu, add, softmax, argmax,
- *            sample_top_p), pv_buffer_write, pv_buffer_read, and
+ *            sample_top_p, qmatmul and the fused ops), pv_buffer_write,
+ *            pv_buffer_read, and
  *            pv_copy_async(PV_QUEUE_COMPUTE, ...).
  *   COPY:    pv_copy_async(PV_QUEUE_COPY, ...) only: swap traffic between
  *            the host pool and device staging, overlapping compute.
@@ -301,6 +307,56 @@ typedef struct pv_add_args {
     pv_buffer *out; uint64_t out_off;
 } pv_add_args;
 
+/* x[r][:] += y[r][:], then out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) *
+ * weight[:]: a residual add and the RMSNorm after it, the same values as
+ * pv_add then pv_rmsnorm. x, y, weight and out do not overlap. */
+typedef struct pv_add_rmsnorm_args {
+    int64_t rows, dim;
+    float eps;
+    pv_buffer *x; uint64_t x_off;                 /* [rows][dim], updated */
+    const pv_buffer *y; uint64_t y_off;           /* [rows][dim] */
+    const pv_buffer *weight; uint64_t weight_off; /* [dim] */
+    pv_buffer *out; uint64_t out_off;             /* [rows][dim] */
+} pv_add_rmsnorm_args;
+
+/* pv_rope on q and on k at positions token_pos, then pv_kv_write of the
+ * rotated k and of v, in one op: q is rotated in place; the rotated k goes
+ * to the pool only (k itself is read, not changed). Checked as those ops
+ * are; q overlaps none of k, v and the pool, nor k or v the pool. */
+typedef struct pv_rope_kv_write_args {
+    pv_dtype kv_dtype;
+    int32_t n_tokens, n_heads, n_kv_heads, head_dim, chunk_tokens;
+    float base;
+    int neox;
+    pv_buffer *q; uint64_t q_off;       /* [T][n_heads][head_dim] f32 */
+    const pv_buffer *k; uint64_t k_off; /* [T][n_kv_heads][head_dim] f32 */
+    const pv_buffer *v; uint64_t v_off; /* [T][n_kv_heads][head_dim] f32 */
+    pv_buffer *kv_pool;
+    int64_t n_slots;
+    const int32_t *token_seq;  /* [T] host */
+    const int32_t *token_pos;  /* [T] host: the rotation's positions too */
+    const int32_t *slot_table; /* [n_seqs][max_chunks] host */
+    int32_t n_seqs, max_chunks;
+} pv_rope_kv_write_args;
+
+/* y[T][n_out] = silu(x Wg^T) * (x Wu^T): a SwiGLU feed-forward's gate and
+ * up products and their product, the values pv_qmatmul_group and pv_swiglu
+ * give. Wg and Wu are [n_out][n_in] of the one weight type w_type, each as
+ * pv_qmatmul takes W (the op is supported for the types
+ * pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, t) names). A
+ * backend that runs the two products apart (the CPU; larger batches on the
+ * GPUs) leaves x Wu^T in `up`, whose contents are otherwise unspecified
+ * after the call. y, up, x and the weights do not overlap. */
+typedef struct pv_qmatmul_swiglu_args {
+    pv_wtype w_type;
+    int64_t n_tokens, n_in, n_out;
+    const pv_buffer *w_gate; uint64_t w_gate_off; /* [n_out][n_in] in w_type, elements */
+    const pv_buffer *w_up; uint64_t w_up_off;     /* [n_out][n_in] in w_type, elements */
+    const pv_buffer *x; uint64_t x_off;           /* [n_tokens][n_in] f32 */
+    pv_buffer *y; uint64_t y_off;                 /* [n_tokens][n_out] f32 */
+    pv_buffer *up; uint64_t up_off;               /* [n_tokens][n_out] f32 scratch */
+} pv_qmatmul_swiglu_args;
+
 /* Row-wise softmax of x * scale over rows x cols; in place allowed. */
 typedef struct pv_softmax_args {
     int64_t rows, cols;
@@ -392,6 +448,9 @@ typedef struct pv_backend_ops {
     /* Optional (NULL: qmatmul on each in turn): products sharing x, as one
      * dispatch (pv_qmatmul_group). */
     pv_status (*qmatmul_group)(pv_backend *be, const pv_qmatmul_args *products, int n);
+    pv_status (*add_rmsnorm)(pv_backend *be, const pv_add_rmsnorm_args *a);
+    pv_status (*rope_kv_write)(pv_backend *be, const pv_rope_kv_write_args *a);
+    pv_status (*qmatmul_swiglu)(pv_backend *be, const pv_qmatmul_swiglu_args *a);
     /* 1: the ops run the portable kernels (kernels/) with the parameters
      * of be->tuning, which init may give its own defaults. */
     int tunable_kernels;
@@ -403,6 +462,9 @@ struct pv_backend {
     pv_device_info info;
     void *impl;
     pv_kernel_tuning *tuning; /* owned by the front end */
+    /* Launches since the backend opened (pv_backend_launches): the backend
+     * adds one per device work item it enqueues. */
+    uint64_t launches;
 };
 
 /* ---- front end: validation, then dispatch ---------------------------------
@@ -446,7 +508,8 @@ void pv_backend_free(pv_backend *be);
 
 pv_status pv_backend_device_count(const char *name, int *count);
 int pv_backend_supports(const pv_backend *be, pv_op op, pv_dtype dtype);
-/* Whether op (PV_OP_QMATMUL or PV_OP_EMBED_GATHER) reads weights of type t. */
+/* Whether op (PV_OP_QMATMUL, PV_OP_QMATMUL_SWIGLU or PV_OP_EMBED_GATHER)
+ * reads weights of type t. */
 int pv_backend_supports_weights(const pv_backend *be, pv_op op, pv_wtype t);
 
 pv_status pv_buffer_init(pv_buffer **out, pv_backend *be, pv_mem_kind kind, uint64_t bytes);
@@ -497,6 +560,18 @@ pv_status pv_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
  * pv_qmatmul would give it. Each product is checked as pv_qmatmul checks
  * it, and no y may overlap another. */
 pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n);
+
+pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
+pv_status pv_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
+pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+
+/* Kernel launches be has enqueued since it opened (0 for NULL): what a
+ * step costs the host, where each launch is a driver call of a few
+ * microseconds. A launch is one device work item: on OpenCL each
+ * clEnqueueNDRangeKernel and each CLBlast call; on CUDA each kernel launch
+ * and each cuBLAS call; the CPU backend counts one per op call. Copies,
+ * index-array uploads and waits are not launches. */
+uint64_t pv_backend_launches(const pv_backend *be);
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);

@@ -9,7 +9,20 @@
  *   decode bound  = the host's all-core STREAM-style read bandwidth (best
  *                   of 10 passes before and 10 after the forward passes)
  *                   / bytes of weights a decode step reads (as resident)
- * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak.
+ * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak,
+ * and the kernel launches each kind of step enqueues (pv_backend_launches),
+ * with the model's fused ops (--fuse 1, the default) or without (--fuse 0):
+ *   launches_per_step   the launches of one forward call: the prefill; the
+ *                       first decode step (one token at context prompt + 1)
+ *                       of the last repetition; the first batched step
+ *   launches_per_layer  (launches counted when layer n_layers - 1 starts
+ *                       writing the pool - when layer 0 does) / (n_layers -
+ *                       1): one layer's launches, counted in the steady
+ *                       state between two layers' before_layer hooks (null
+ *                       for a one-layer model)
+ *   launches_outside    launches_per_step - n_layers x launches_per_layer:
+ *                       the embedding, the first norm, the last residual,
+ *                       the picked rows' norm and the output projection
  * Prints a table, or JSON with --json. */
 #include "bench-util.h"
 
@@ -40,6 +53,58 @@ static int fail(const char *what)
 {
     fprintf(stderr, "bench-model: %s: %s\n", what, pv_last_error());
     return 1;
+}
+
+/* Launch counts of one kind of step, taken through the batch's
+ * before_layer hook (see the top). */
+typedef struct launch_probe {
+    pv_backend *be;
+    uint32_t n_layers;
+    uint64_t at_first, at_last; /* when layers 0 and n_layers - 1 started writing the pool */
+} launch_probe;
+
+typedef struct launch_count {
+    uint64_t per_step;
+    double per_layer; /* < 0: not defined (one layer) */
+} launch_count;
+
+static pv_status probe_layer(void *ctx, uint32_t layer)
+{
+    launch_probe *p = ctx;
+    if (layer == 0)
+        p->at_first = pv_backend_launches(p->be);
+    if (layer + 1 == p->n_layers)
+        p->at_last = pv_backend_launches(p->be);
+    return PV_OK;
+}
+
+/* One forward call of b, finished, with its launches counted into *out
+ * (when out is not NULL). */
+static pv_status counted_forward(pv_llama *model, pv_backend *be, pv_llama_batch *b, launch_probe *probe,
+                                 launch_count *out)
+{
+    b->before_layer = probe_layer;
+    b->before_layer_ctx = probe;
+    const uint64_t before = pv_backend_launches(be);
+    pv_status st = pv_llama_forward(model, b);
+    if (st == PV_OK)
+        st = pv_backend_finish(be);
+    if (st == PV_OK && out) {
+        out->per_step = pv_backend_launches(be) - before;
+        out->per_layer = probe->n_layers > 1 ? (double)(probe->at_last - probe->at_first) / (probe->n_layers - 1)
+                                             : -1.0;
+    }
+    return st;
+}
+
+static void launch_count_json(const char *name, const launch_count *c, uint32_t n_layers, int last)
+{
+    printf("\"%s\": {\"launches_per_step\": %" PRIu64, name, c->per_step);
+    if (c->per_layer >= 0)
+        printf(", \"launches_per_layer\": %.2f, \"launches_outside\": %.2f}%s", c->per_layer,
+               (double)c->per_step - n_layers * c->per_layer, last ? "" : ", ");
+    else
+        printf(", \"launches_per_layer\": null, \"launches_outside\": null}%s", last ? "" : ", ");
 }
 
 /* The backend's f32 GEMM rate at m x n x k, GFLOP/s, median of reps. */
@@ -93,7 +158,7 @@ static double gemm_peak(pv_backend *be, const pv_llama_hparams *hp, int prompt, 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *backend = "cpu";
-    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16;
+    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16, fuse = 1;
     pv_llama_weights weights = PV_LLAMA_WEIGHTS_NATIVE;
     pv_dtype kv_dtype = PV_F32;
     static const struct option longopts[] = {
@@ -101,7 +166,8 @@ int main(int argc, char **argv)
         {"prompt", required_argument, 0, 'p'}, {"decode", required_argument, 0, 'd'},
         {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
         {"batch", required_argument, 0, 'B'},  {"weights", required_argument, 0, 'w'},
-        {"kv", required_argument, 0, 'k'},     {0, 0, 0, 0},
+        {"kv", required_argument, 0, 'k'},     {"fuse", required_argument, 0, 'f'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -113,6 +179,25 @@ int main(int argc, char **argv)
         case 'r': reps = atoi(optarg); break;
         case 'j': json = 1; break;
         case 'B': batch = atoi(optarg); break;
+        case 'f':
+            if (strcmp(optarg, "0") == 0 || strcmp(optarg, "1") == 0) {
+                fuse = optarg[0] == '1';
+                break;
+            }
+            goto usage;
+        case 'h':
+            printf("usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] [--kv f32|f16] "
+                   "[--fuse 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n"
+                   "Prefill, decode and batched decode tokens/s (medians of --reps after a warm-up) beside\n"
+                   "their bounds, and the kernel launches of each kind of step (pv_backend_launches):\n"
+                   "  --fuse 1 (default) the model's fused ops where the backend has them; 0 without\n"
+                   "  launches/step   one forward call: the prefill, the first decode step of the last\n"
+                   "                  repetition (context prompt + 1), the first batched step\n"
+                   "  launches/layer  (count when layer n_layers - 1 starts writing the KV pool - count\n"
+                   "                  when layer 0 does) / (n_layers - 1): one layer in the steady state\n"
+                   "  outside         launches/step - n_layers x launches/layer (embedding, first norm,\n"
+                   "                  last residual, the output rows' norm and projection)\n");
+            return 0;
         case 'k':
             if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "f16") == 0) {
                 kv_dtype = optarg[1] == '3' ? PV_F32 : PV_F16;
@@ -128,7 +213,8 @@ int main(int argc, char **argv)
         default:
         usage:
             fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] "
-                            "[--kv f32|f16] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n");
+                            "[--kv f32|f16] [--fuse 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] "
+                            "[--json] [--help]\n");
             return 2;
         }
     }
@@ -154,6 +240,7 @@ int main(int argc, char **argv)
     pv_llama_options_default(&lo);
     lo.weights = weights;
     lo.kv_dtype = kv_dtype;
+    lo.fuse = fuse;
     if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
         return fail("model");
     pv_gguf_free(&file);
@@ -200,13 +287,15 @@ int main(int argc, char **argv)
     double gemm_rate, gemm_rate_after;
     double gemm_best = gemm_peak(be, hp, prompt, reps, &gemm_rate);
     double t_prefill[16], t_decode[16];
+    launch_probe probe = {.be = be, .n_layers = hp->n_layers};
+    launch_count prefill_launches = {0}, decode_launches = {0}, batch_launches = {0, -1.0};
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
         double t0 = bench_now_s();
         b.n_tokens = prompt;
         b.tokens = tokens;
         b.token_pos = pos;
         last = prompt - 1;
-        if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+        if (counted_forward(model, be, &b, &probe, &prefill_launches) != PV_OK)
             return fail("prefill");
         double t1 = bench_now_s();
         last = 0;
@@ -214,7 +303,7 @@ int main(int argc, char **argv)
             b.n_tokens = 1;
             b.tokens = tokens + i;
             b.token_pos = pos + i;
-            if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+            if (counted_forward(model, be, &b, &probe, i == prompt ? &decode_launches : NULL) != PV_OK)
                 return fail("decode");
         }
         double t2 = bench_now_s();
@@ -238,7 +327,7 @@ int main(int argc, char **argv)
             b.tokens = tokens;
             b.token_pos = pos;
             last = prompt - 1;
-            if (pv_llama_forward(model, &b) != PV_OK || pv_backend_finish(be) != PV_OK)
+            if (counted_forward(model, be, &b, &probe, NULL) != PV_OK)
                 return fail("batch prefill");
         }
         double t_batch[16];
@@ -258,7 +347,7 @@ int main(int argc, char **argv)
                 d.token_pos = step_pos;
                 d.n_logits = batch < lo.max_logit_rows ? batch : lo.max_logit_rows;
                 d.logit_rows = step_rows;
-                if (pv_llama_forward(model, &d) != PV_OK || pv_backend_finish(be) != PV_OK)
+                if (counted_forward(model, be, &d, &probe, i == prompt ? &batch_launches : NULL) != PV_OK)
                     return fail("batch decode");
             }
             if (r > 0)
@@ -301,10 +390,15 @@ int main(int argc, char **argv)
                " \"weights\": \"%s\", \"weight_bytes_resident\": %" PRIu64 ", \"weight_bytes_file\": %" PRIu64
                ", \"weight_bytes_per_token\": %" PRIu64 ", \"process_rss_after_load\": %" PRIu64
                ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
-               "\"batch_decode_tps\": %.2f,\n \"cpu\": ",
+               "\"batch_decode_tps\": %.2f,\n \"fuse\": %d, \"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
-               rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps);
+               rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, fuse, hp->n_layers);
+        launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
+        launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
+        if (batch > 1)
+            launch_count_json("batch_decode", &batch_launches, hp->n_layers, 1);
+        printf("},\n \"cpu\": ");
         bench_cpu_json(&cpu);
         printf(",\n \"stream\": ");
         bench_stream_json(&mem);
@@ -328,14 +422,25 @@ int main(int argc, char **argv)
         printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = STREAM read (best) / %.1f MB "
                "read per step\n",
                flops_per_token / 1e6, step_bytes / 1e6);
-        printf("%-26s %12s %12s %10s\n", "measure", "tokens/s", "bound", "of bound");
-        printf("%-26s %12.1f %12.1f %9.0f%%\n", "prefill (one batch)", prefill_tps, prefill_bound,
-               100 * prefill_tps / prefill_bound);
-        printf("%-26s %12.1f %12.1f %9.0f%%\n", "decode (single stream)", decode_tps, decode_bound,
-               100 * decode_tps / decode_bound);
+        printf("launches with fusions %s: per step, per layer (steady state) and outside the %u layers\n",
+               fuse ? "on" : "off", hp->n_layers);
+        printf("%-26s %12s %12s %10s %9s %9s %9s\n", "measure", "tokens/s", "bound", "of bound", "launches",
+               "/layer", "outside");
+        const launch_count *counts[3] = {&prefill_launches, &decode_launches, &batch_launches};
+        char per_layer[3][16], outside[3][16];
+        for (int k = 0; k < 3; k++) {
+            snprintf(per_layer[k], sizeof per_layer[k], counts[k]->per_layer < 0 ? "n/a" : "%.1f",
+                     counts[k]->per_layer);
+            snprintf(outside[k], sizeof outside[k], counts[k]->per_layer < 0 ? "n/a" : "%.1f",
+                     (double)counts[k]->per_step - hp->n_layers * counts[k]->per_layer);
+        }
+        printf("%-26s %12.1f %12.1f %9.0f%% %9" PRIu64 " %9s %9s\n", "prefill (one batch)", prefill_tps,
+               prefill_bound, 100 * prefill_tps / prefill_bound, prefill_launches.per_step, per_layer[0], outside[0]);
+        printf("%-26s %12.1f %12.1f %9.0f%% %9" PRIu64 " %9s %9s\n", "decode (single stream)", decode_tps,
+               decode_bound, 100 * decode_tps / decode_bound, decode_launches.per_step, per_layer[1], outside[1]);
         if (batch > 1)
-            printf("%-26s %12.1f %12s %10s   (%.2fx single stream)\n", "decode (batch)", batch_tps, "", "",
-                   batch_tps / decode_tps);
+            printf("%-26s %12.1f %12s %10s %9" PRIu64 " %9s %9s   (%.2fx single stream)\n", "decode (batch)",
+                   batch_tps, "", "", batch_launches.per_step, per_layer[2], outside[2], batch_tps / decode_tps);
         printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the STREAM read bandwidth (best %.1f GB/s)\n",
                decode_gbs, 100 * decode_gbs / mem.read.best, mem.read.best);
         printf("(timings: median of %d after a warm-up)\n", reps);

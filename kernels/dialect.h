@@ -197,6 +197,21 @@ PV_FUNC int pv_group_min_max_int(PV_LOCAL int *scratch, int v, int take_max)
     return result;
 }
 
+/* RoPE, shared by recompute's pv_rope and gather's pv_rope_kv_write so
+ * both turn a pair the same way: pair i (< head_dim / 2) of a head at
+ * position pos turns by pos * base^(-2i/head_dim), in pv_precise; the pair
+ * is (2i, 2i+1), or (i, i + head_dim/2) with neox. *first and *second get
+ * its elements' indices, *c and *s the angle's cosine and sine. */
+PV_FUNC void pv_rope_pair(int pos, int i, int head_dim, float base, int neox, int *first, int *second,
+                          pv_precise *c, pv_precise *s)
+{
+    const pv_precise angle = (pv_precise)pos * pow((pv_precise)base, (pv_precise)(-2 * i) / (pv_precise)head_dim);
+    *c = cos(angle);
+    *s = sin(angle);
+    *first = neox ? i : 2 * i;
+    *second = neox ? i + head_dim / 2 : 2 * i + 1;
+}
+
 #endif /* PV_KERNELS_DIALECT_H */
 
 /* Storage dtype of the current variant: re-read on every include. */

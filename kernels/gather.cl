@@ -1,7 +1,7 @@
-/* Gather family: K/V row writes into slots, whole-slot gather/scatter for
- * swap-out/in. All built per storage dtype (PV_STORE_F16); offsets are in
- * elements. Embedding rows are gathered by the qmatmul family, which reads
- * every weight type. */
+/* Gather family: K/V row writes into slots (plain, or with RoPE on the
+ * way in), whole-slot gather/scatter for swap-out/in. All built per
+ * storage dtype (PV_STORE_F16); offsets are in elements. Embedding rows
+ * are gathered by the qmatmul family, which reads every weight type. */
 #include "dialect.h"
 
 /* Write the K and V rows of T new tokens into their slots, f32 -> storage.
@@ -25,6 +25,59 @@ PV_KERNEL PV_STORE_NAME(pv_kv_write)(const PV_GLOBAL float *k, pv_long k_off,
     const pv_long dst = slot * 2 * chunk_tokens * row_elems + (pv_long)(pos % chunk_tokens) * row_elems + e;
     PV_STORE_SAVE(k[k_off + i * row_elems + e], kv, dst);
     PV_STORE_SAVE(v[v_off + i * row_elems + e], kv, dst + (pv_long)chunk_tokens * row_elems);
+}
+
+/* pv_rope on q and k, then the K/V write of the rotated k and of v (the
+ * ops pv_rope_kv_write stands for); k itself is not changed. A group takes
+ * one head of one token: groups {n_heads + n_kv_heads, T}, the first
+ * n_heads rotating q's heads in place, the others one K head each into its
+ * slot row, with the V head beside it.
+ * q [T][n_heads][head_dim], k, v [T][n_kv_heads][head_dim] f32;
+ * kv [n_slots][2][chunk_tokens][n_kv_heads][head_dim] */
+PV_KERNEL PV_STORE_NAME(pv_rope_kv_write)(PV_GLOBAL float *q, pv_long q_off,
+                                          const PV_GLOBAL float *k, pv_long k_off,
+                                          const PV_GLOBAL float *v, pv_long v_off,
+                                          PV_GLOBAL PV_STORE_T *kv,
+                                          const PV_GLOBAL int *token_seq,
+                                          const PV_GLOBAL int *token_pos,
+                                          const PV_GLOBAL int *slot_table, int max_chunks,
+                                          int chunk_tokens, int n_heads, int n_kv_heads,
+                                          int head_dim, float base, int neox)
+{
+    const int h = (int)PV_GROUP_ID(0);
+    const pv_long t = PV_GROUP_ID(1);
+    const int pos = token_pos[t];
+    const int half_dim = head_dim / 2;
+    if (h < n_heads) {
+        PV_GLOBAL float *head = q + q_off + (t * n_heads + h) * head_dim;
+        for (int i = PV_LOCAL_ID(); i < half_dim; i += PV_WG) {
+            int first, second;
+            pv_precise c, s;
+            pv_rope_pair(pos, i, head_dim, base, neox, &first, &second, &c, &s);
+            const pv_precise x0 = head[first], x1 = head[second];
+            head[first] = (float)(x0 * c - x1 * s);
+            head[second] = (float)(x0 * s + x1 * c);
+        }
+        return;
+    }
+    const pv_long kv_head = h - n_heads;
+    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
+    const pv_long slot = slot_table[(pv_long)token_seq[t] * max_chunks + pos / chunk_tokens];
+    const pv_long k_dst = slot * 2 * chunk_tokens * row_elems + (pv_long)(pos % chunk_tokens) * row_elems +
+                          kv_head * head_dim;
+    const pv_long v_dst = k_dst + (pv_long)chunk_tokens * row_elems;
+    const PV_GLOBAL float *k_head = k + k_off + t * row_elems + kv_head * head_dim;
+    const PV_GLOBAL float *v_head = v + v_off + t * row_elems + kv_head * head_dim;
+    for (int i = PV_LOCAL_ID(); i < half_dim; i += PV_WG) {
+        int first, second;
+        pv_precise c, s;
+        pv_rope_pair(pos, i, head_dim, base, neox, &first, &second, &c, &s);
+        const pv_precise x0 = k_head[first], x1 = k_head[second];
+        PV_STORE_SAVE((float)(x0 * c - x1 * s), kv, k_dst + first);
+        PV_STORE_SAVE((float)(x0 * s + x1 * c), kv, k_dst + second);
+    }
+    for (int d = PV_LOCAL_ID(); d < head_dim; d += PV_WG)
+        PV_STORE_SAVE(v_head[d], kv, v_dst + d);
 }
 
 /* Copies are bit-exact words of the storage dtype. Each group moves

@@ -129,39 +129,44 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
  * w  [n_out][n_in] in PV_WTYPE, from word w_off
  * x  [T][n_in] f32 from x_off; y [T][n_out] f32 from y_off
  * Local memory: max_t * PV_WG floats. */
-PV_FUNC void pv_qmatmul_fused(const int max_t, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
-                              const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *y, pv_long y_off,
-                              int n_tokens, int n_in, int n_out, int rows_per_group)
-{
-    const int lid = PV_LOCAL_ID();
-    const int per_row = PV_WG / rows_per_group;
-    const int lane = lid % per_row;
-    const pv_long row = PV_GROUP_ID(0) * rows_per_group + lid / per_row;
-    const int n_units = n_in / PV_W_UNIT;
 
-    float acc[PV_QMAX_T];
+/* acc[t] = this work-item's share of row `row`'s dot product with token t
+ * (t < max_t and n_tokens; 0 past them, and for rows past n_out). */
+PV_FUNC void pv_qmatmul_partial(const int max_t, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                                const PV_GLOBAL float *x, pv_long x_off, pv_long row, int lane, int per_row,
+                                int n_tokens, int n_in, int n_out, float *acc)
+{
+    const int n_units = n_in / PV_W_UNIT;
     #pragma unroll
     for (int t = 0; t < PV_QMAX_T; t++)
         acc[t] = 0.0f;
-    if (row < n_out) {
-        const PV_GLOBAL pv_u16 *w_row = w + w_off + row * ((pv_long)n_units * PV_W_UNIT_WORDS);
-        for (int u = lane; u < n_units; u += per_row) {
-            float wv[PV_W_UNIT];
-            pv_w_unit(w_row, u, wv);
-            const PV_GLOBAL float *xu = x + x_off + (pv_long)u * PV_W_UNIT;
-            #pragma unroll
-            for (int t = 0; t < PV_QMAX_T; t++) {
-                if (t < max_t && t < n_tokens) {
-                    const PV_GLOBAL float *xt = xu + (pv_long)t * n_in;
-                    float s = 0.0f;
-                    #pragma unroll
-                    for (int k = 0; k < PV_W_UNIT; k++)
-                        s += wv[k] * xt[k];
-                    acc[t] += s;
-                }
+    if (row >= n_out)
+        return;
+    const PV_GLOBAL pv_u16 *w_row = w + w_off + row * ((pv_long)n_units * PV_W_UNIT_WORDS);
+    for (int u = lane; u < n_units; u += per_row) {
+        float wv[PV_W_UNIT];
+        pv_w_unit(w_row, u, wv);
+        const PV_GLOBAL float *xu = x + x_off + (pv_long)u * PV_W_UNIT;
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++) {
+            if (t < max_t && t < n_tokens) {
+                const PV_GLOBAL float *xt = xu + (pv_long)t * n_in;
+                float s = 0.0f;
+                #pragma unroll
+                for (int k = 0; k < PV_W_UNIT; k++)
+                    s += wv[k] * xt[k];
+                acc[t] += s;
             }
         }
     }
+}
+
+/* Sums acc[t] over the per_row work-items of each row (lane 0 of the row
+ * gets the totals in its acc) through red; every work-item calls it, and
+ * red may be used again only after a barrier. */
+PV_FUNC void pv_qmatmul_reduce(const int max_t, PV_LOCAL float *red, int lane, int per_row, float *acc)
+{
+    const int lid = PV_LOCAL_ID();
     #pragma unroll
     for (int t = 0; t < PV_QMAX_T; t++)
         if (t < max_t)
@@ -176,11 +181,55 @@ PV_FUNC void pv_qmatmul_fused(const int max_t, PV_LOCAL float *red, const PV_GLO
         }
         PV_BARRIER();
     }
+    #pragma unroll
+    for (int t = 0; t < PV_QMAX_T; t++)
+        if (t < max_t)
+            acc[t] = red[t * PV_WG + lid];
+}
+
+PV_FUNC void pv_qmatmul_fused(const int max_t, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                              const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *y, pv_long y_off,
+                              int n_tokens, int n_in, int n_out, int rows_per_group)
+{
+    const int per_row = PV_WG / rows_per_group;
+    const int lane = PV_LOCAL_ID() % per_row;
+    const pv_long row = PV_GROUP_ID(0) * rows_per_group + PV_LOCAL_ID() / per_row;
+    float acc[PV_QMAX_T];
+    pv_qmatmul_partial(max_t, w, w_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, acc);
+    pv_qmatmul_reduce(max_t, red, lane, per_row, acc);
     if (lane == 0 && row < n_out) {
         #pragma unroll
         for (int t = 0; t < PV_QMAX_T; t++)
             if (t < max_t && t < n_tokens)
-                y[y_off + (pv_long)t * n_out + row] = red[t * PV_WG + lid];
+                y[y_off + (pv_long)t * n_out + row] = acc[t];
+    }
+}
+
+/* y = silu(x Wg^T) * (x Wu^T), silu(g) = g / (1 + exp(-g)): the SwiGLU
+ * product in one pass for decode-sized batches, row for row as
+ * pv_qmatmul_fused runs each product (the same sums, the same order), with
+ * the gate's totals kept in registers while the up product's are reduced.
+ * Wg and Wu [n_out][n_in] in PV_WTYPE from words wg_off and wu_off; the
+ * groups and local memory of pv_qmatmul_fused. */
+PV_FUNC void pv_qmatmul_swiglu_fused(const int max_t, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *wg,
+                                     pv_long wg_off, const PV_GLOBAL pv_u16 *wu, pv_long wu_off,
+                                     const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *y, pv_long y_off,
+                                     int n_tokens, int n_in, int n_out, int rows_per_group)
+{
+    const int per_row = PV_WG / rows_per_group;
+    const int lane = PV_LOCAL_ID() % per_row;
+    const pv_long row = PV_GROUP_ID(0) * rows_per_group + PV_LOCAL_ID() / per_row;
+    float gate[PV_QMAX_T], up[PV_QMAX_T];
+    pv_qmatmul_partial(max_t, wg, wg_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, gate);
+    pv_qmatmul_partial(max_t, wu, wu_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, up);
+    pv_qmatmul_reduce(max_t, red, lane, per_row, gate);
+    PV_BARRIER();
+    pv_qmatmul_reduce(max_t, red, lane, per_row, up);
+    if (lane == 0 && row < n_out) {
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++)
+            if (t < max_t && t < n_tokens)
+                y[y_off + (pv_long)t * n_out + row] = gate[t] / (1.0f + PV_EXP(-gate[t])) * up[t];
     }
 }
 
@@ -194,6 +243,16 @@ PV_FUNC void pv_qmatmul_fused(const int max_t, PV_LOCAL float *red, const PV_GLO
         PV_LOCAL_ARRAY(float, red, max_t * PV_WG);                                                 \
         pv_qmatmul_fused(max_t, red, w, w_off, x, x_off, y, y_off, n_tokens, n_in, n_out,         \
                          rows_per_group);                                                          \
+    }                                                                                              \
+    PV_KERNEL pv_qmatmul_swiglu_##max_t(const PV_GLOBAL pv_u16 *wg, pv_long wg_off,               \
+                                        const PV_GLOBAL pv_u16 *wu, pv_long wu_off,               \
+                                        const PV_GLOBAL float *x, pv_long x_off,                  \
+                                        PV_GLOBAL float *y, pv_long y_off, int n_tokens,          \
+                                        int n_in, int n_out, int rows_per_group)                  \
+    {                                                                                              \
+        PV_LOCAL_ARRAY(float, red, max_t * PV_WG);                                                 \
+        pv_qmatmul_swiglu_fused(max_t, red, wg, wg_off, wu, wu_off, x, x_off, y, y_off, n_tokens, \
+                                n_in, n_out, rows_per_group);                                      \
     }
 PV_QMATMUL_FUSED_KERNEL(1)
 PV_QMATMUL_FUSED_KERNEL(4)

@@ -1,5 +1,6 @@
 /* Recompute family: the rest of a transformer layer (RMSNorm, RoPE, SwiGLU,
- * residual add, softmax) and the sampling helpers (argmax, top-p). All f32;
+ * residual add, the add fused with the next RMSNorm, softmax) and the
+ * sampling helpers (argmax, top-p). All f32;
  * offsets in elements. Row kernels run one work-group per row, work-item j
  * taking columns j, j + PV_WG, ... (coalesced), with tree reductions. */
 #include "dialect.h"
@@ -26,6 +27,32 @@ PV_KERNEL pv_rmsnorm(const PV_GLOBAL float *x, pv_long x_off,
         outr[d] = xr[d] * inv_rms * weight[weight_off + d];
 }
 
+/* x[r][:] += y[r][:], then out[r][:] = rmsnorm(x[r][:]) * weight[:] (as
+ * pv_add then pv_rmsnorm: one f32 rounding for the sum, the same sum of
+ * squares). x, y, weight and out do not overlap. groups {rows, 1}. */
+PV_KERNEL pv_add_rmsnorm(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL float *y, pv_long y_off,
+                         const PV_GLOBAL float *weight, pv_long weight_off,
+                         PV_GLOBAL float *out, pv_long out_off, pv_long dim, float eps)
+{
+    PV_LOCAL_ARRAY(float, scratch, PV_WG);
+    const int lid = PV_LOCAL_ID();
+    const pv_long r = PV_GROUP_ID(0);
+    PV_GLOBAL float *xr = x + x_off + r * dim;
+    const PV_GLOBAL float *yr = y + y_off + r * dim;
+    PV_GLOBAL float *outr = out + out_off + r * dim;
+
+    float sum_sq = 0.0f;
+    for (pv_long d = lid; d < dim; d += PV_WG) {
+        const float sum = xr[d] + yr[d];
+        xr[d] = sum;
+        sum_sq += sum * sum;
+    }
+    sum_sq = pv_group_sum(scratch, sum_sq);
+    const float inv_rms = 1.0f / PV_SQRT(sum_sq / (float)dim + eps);
+    for (pv_long d = lid; d < dim; d += PV_WG) /* each work-item reads back what it wrote */
+        outr[d] = xr[d] * inv_rms * weight[weight_off + d];
+}
+
 /* Rotary embedding in place on x[T][n_heads][head_dim] at positions pos[T]:
  * pair i turns by pos * base^(-2i/head_dim); the pair is (2i, 2i+1), or
  * (i, i + head_dim/2) with neox. groups {n_heads, T}. */
@@ -37,11 +64,9 @@ PV_KERNEL pv_rope(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL int *pos,
     const int half_dim = head_dim / 2;
     PV_GLOBAL float *head = x + x_off + (t * n_heads + h) * head_dim;
     for (int i = PV_LOCAL_ID(); i < half_dim; i += PV_WG) {
-        const pv_precise angle = (pv_precise)pos[t] *
-                                 pow((pv_precise)base, (pv_precise)(-2 * i) / (pv_precise)head_dim);
-        const pv_precise c = cos(angle), s = sin(angle);
-        const int first = neox ? i : 2 * i;
-        const int second = neox ? i + half_dim : 2 * i + 1;
+        int first, second;
+        pv_precise c, s;
+        pv_rope_pair(pos[t], i, head_dim, base, neox, &first, &second, &c, &s);
         const pv_precise x0 = head[first], x1 = head[second];
         head[first] = (float)(x0 * c - x1 * s);
         head[second] = (float)(x0 * s + x1 * c);

@@ -43,6 +43,7 @@ struct pv_llama {
     int n_segments;
     pv_llama_weight_bytes weight_bytes;
     int qmatmul_f32;                 /* f32 matrices go through qmatmul, not gemm */
+    int fuse_add_norm, fuse_rope_kv; /* opt.fuse and the backend has the fused op */
     uint64_t identity;               /* pv_gguf_identity of the file */
     /* run state, sized for max_batch_tokens rows */
     pv_buffer *x;                    /* residual stream [T][dim] */
@@ -64,6 +65,7 @@ void pv_llama_options_default(pv_llama_options *o)
     o->max_batch_tokens = 512;
     o->max_logit_rows = 64;
     o->max_weight_buffer_bytes = (uint64_t)256 << 20;
+    o->fuse = 1;
 }
 
 uint64_t pv_llama_identity(const pv_llama *m)
@@ -363,6 +365,8 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g, const 
     }
     m->qmatmul_f32 = m->opt.weights == PV_LLAMA_WEIGHTS_NATIVE &&
                      pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_F32);
+    m->fuse_add_norm = m->opt.fuse && pv_backend_supports(be, PV_OP_ADD_RMSNORM, PV_F32);
+    m->fuse_rope_kv = m->opt.fuse && pv_backend_supports(be, PV_OP_ROPE_KV_WRITE, m->opt.kv_dtype);
     if (m->opt.kv_dtype != PV_F32 && m->opt.kv_dtype != PV_F16) {
         st = pv_error(PV_ERR_INVALID_ARG, "pv_llama_init: kv_dtype %d is neither f32 nor f16",
                       (int)m->opt.kv_dtype);
@@ -478,12 +482,57 @@ static pv_status rmsnorm(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv
     return pv_rmsnorm(m->be, &a);
 }
 
-static pv_status residual_add(pv_llama *m, int64_t T)
+/* x += proj (a block's output joins the residual stream), then, when
+ * `norm` is given, h = rmsnorm(x) * norm for the next block: one fused op
+ * where the model fuses. */
+static pv_status residual(pv_llama *m, int64_t T, const pv_buffer *norm)
 {
+    if (norm && m->fuse_add_norm) {
+        pv_add_rmsnorm_args a = {.rows = T, .dim = m->hp.n_embd, .eps = m->hp.norm_eps, .x = m->x,
+                                 .y = m->proj, .weight = norm, .out = m->h};
+        return pv_add_rmsnorm(m->be, &a);
+    }
     pv_add_args a = {.n = T * m->hp.n_embd, .a = m->x, .b = m->proj, .out = m->x};
-    return pv_add(m->be, &a);
+    pv_status st = pv_add(m->be, &a);
+    return st == PV_OK && norm ? rmsnorm(m, m->x, norm, m->h, T) : st;
 }
 
+/* The new tokens' q and k rotated, then their K/V written to the pool:
+ * one fused op where the model fuses. */
+static pv_status rope_and_write(pv_llama *m, const pv_llama_batch *b, const int32_t *table)
+{
+    const pv_llama_hparams *hp = &m->hp;
+    const int32_t T = b->n_tokens;
+    /* GGUF Llama weights are permuted for adjacent-pair rotation (neox 0). */
+    if (m->fuse_rope_kv) {
+        pv_rope_kv_write_args a = {
+            .kv_dtype = m->opt.kv_dtype, .n_tokens = T, .n_heads = (int32_t)hp->n_heads,
+            .n_kv_heads = (int32_t)hp->n_kv_heads, .head_dim = (int32_t)hp->head_dim,
+            .chunk_tokens = m->opt.chunk_tokens, .base = hp->rope_base, .neox = 0, .q = m->q, .k = m->k,
+            .v = m->v, .kv_pool = b->kv_pool, .n_slots = b->n_slots, .token_seq = b->token_seq,
+            .token_pos = b->token_pos, .slot_table = table, .n_seqs = b->n_seqs, .max_chunks = b->max_chunks,
+        };
+        return pv_rope_kv_write(m->be, &a);
+    }
+    pv_rope_args rq = {.n_tokens = T, .n_heads = (int32_t)hp->n_heads, .head_dim = (int32_t)hp->head_dim,
+                       .base = hp->rope_base, .neox = 0, .x = m->q, .pos = b->token_pos};
+    pv_rope_args rk = rq;
+    rk.n_heads = (int32_t)hp->n_kv_heads;
+    rk.x = m->k;
+    pv_kv_write_args w = {
+        .kv_dtype = m->opt.kv_dtype, .n_tokens = T, .n_kv_heads = (int32_t)hp->n_kv_heads,
+        .head_dim = (int32_t)hp->head_dim, .chunk_tokens = m->opt.chunk_tokens,
+        .k = m->k, .v = m->v, .kv_pool = b->kv_pool, .n_slots = b->n_slots,
+        .token_seq = b->token_seq, .token_pos = b->token_pos, .slot_table = table,
+        .n_seqs = b->n_seqs, .max_chunks = b->max_chunks,
+    };
+    pv_status st;
+    if ((st = pv_rope(m->be, &rq)) != PV_OK || (st = pv_rope(m->be, &rk)) != PV_OK)
+        return st;
+    return pv_kv_write(m->be, &w);
+}
+
+/* h holds the layer's normed input; leaves the next block's in h. */
 static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t l)
 {
     const pv_llama_hparams *hp = &m->hp;
@@ -496,31 +545,14 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
 
     const llama_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
     pv_buffer *qkv_out[3] = {m->q, m->k, m->v};
-    if ((st = rmsnorm(m, m->x, L->attn_norm, m->h, T)) != PV_OK ||
-        (st = linear_group(m, m->h, qkv, qkv_out, (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, T,
+    if ((st = linear_group(m, m->h, qkv, qkv_out, (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, T,
                            hp->n_embd)) != PV_OK)
-        return st;
-
-    /* GGUF Llama weights are permuted for adjacent-pair rotation. */
-    pv_rope_args rq = {.n_tokens = T, .n_heads = (int32_t)hp->n_heads, .head_dim = (int32_t)hp->head_dim,
-                       .base = hp->rope_base, .neox = 0, .x = m->q, .pos = b->token_pos};
-    pv_rope_args rk = rq;
-    rk.n_heads = (int32_t)hp->n_kv_heads;
-    rk.x = m->k;
-    if ((st = pv_rope(m->be, &rq)) != PV_OK || (st = pv_rope(m->be, &rk)) != PV_OK)
         return st;
 
     if (b->before_layer && (st = b->before_layer(b->before_layer_ctx, l)) != PV_OK)
         return st;
     /* This batch's K/V go into the pool first, so its tokens see each other. */
-    pv_kv_write_args w = {
-        .kv_dtype = m->opt.kv_dtype, .n_tokens = T, .n_kv_heads = (int32_t)hp->n_kv_heads,
-        .head_dim = (int32_t)hp->head_dim, .chunk_tokens = m->opt.chunk_tokens,
-        .k = m->k, .v = m->v, .kv_pool = b->kv_pool, .n_slots = b->n_slots,
-        .token_seq = b->token_seq, .token_pos = b->token_pos, .slot_table = table,
-        .n_seqs = b->n_seqs, .max_chunks = b->max_chunks,
-    };
-    if ((st = pv_kv_write(m->be, &w)) != PV_OK)
+    if ((st = rope_and_write(m, b, table)) != PV_OK)
         return st;
 
     pv_attention_args a = {
@@ -534,24 +566,43 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
     if ((st = pv_attention(m->be, &a)) != PV_OK ||
         (st = linear(m, m->att, &L->wo, m->proj, T, q_dim, hp->n_embd)) != PV_OK)
         return st;
-    return residual_add(m, T);
+    return residual(m, T, L->ffn_norm);
 }
 
-static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l)
+/* gate = silu(h Wg^T) * (h Wu^T): one fused op where the model fuses and
+ * both matrices are of one type the backend's qmatmul reads (widened
+ * matrices take the GEMM path, unfused). */
+static pv_status swiglu_product(pv_llama *m, const llama_layer *L, int32_t T)
+{
+    const pv_llama_hparams *hp = &m->hp;
+    const pv_wtype t = L->w_gate.type;
+    if (m->opt.fuse && L->w_up.type == t && (t != PV_W_F32 || m->qmatmul_f32) &&
+        pv_backend_supports_weights(m->be, PV_OP_QMATMUL_SWIGLU, t)) {
+        pv_qmatmul_swiglu_args a = {.w_type = t, .n_tokens = T, .n_in = hp->n_embd, .n_out = hp->n_ff,
+                                    .w_gate = L->w_gate.buf, .w_gate_off = L->w_gate.off, .w_up = L->w_up.buf,
+                                    .w_up_off = L->w_up.off, .x = m->h, .y = m->gate, .up = m->up};
+        return pv_qmatmul_swiglu(m->be, &a);
+    }
+    pv_swiglu_args s = {.n = (int64_t)T * hp->n_ff, .gate = m->gate, .up = m->up, .out = m->gate};
+    const llama_weight *gate_up[2] = {&L->w_gate, &L->w_up};
+    pv_buffer *gate_up_out[2] = {m->gate, m->up};
+    pv_status st = linear_group(m, m->h, gate_up, gate_up_out, (const int64_t[]){hp->n_ff, hp->n_ff}, 2, T,
+                                hp->n_embd);
+    return st == PV_OK ? pv_swiglu(m->be, &s) : st;
+}
+
+/* h holds the block's normed input; leaves the next layer's in h (`next`
+ * is its attention norm), or, after the last layer, x final (next NULL)
+ * for the logits. */
+static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l, const pv_buffer *next)
 {
     const pv_llama_hparams *hp = &m->hp;
     const llama_layer *L = &m->layers[l];
     pv_status st;
-    pv_swiglu_args s = {.n = (int64_t)T * hp->n_ff, .gate = m->gate, .up = m->up, .out = m->gate};
-    const llama_weight *gate_up[2] = {&L->w_gate, &L->w_up};
-    pv_buffer *gate_up_out[2] = {m->gate, m->up};
-    if ((st = rmsnorm(m, m->x, L->ffn_norm, m->h, T)) != PV_OK ||
-        (st = linear_group(m, m->h, gate_up, gate_up_out, (const int64_t[]){hp->n_ff, hp->n_ff}, 2, T,
-                           hp->n_embd)) != PV_OK ||
-        (st = pv_swiglu(m->be, &s)) != PV_OK ||
+    if ((st = swiglu_product(m, L, T)) != PV_OK ||
         (st = linear(m, m->gate, &L->w_down, m->proj, T, hp->n_ff, hp->n_embd)) != PV_OK)
         return st;
-    return residual_add(m, T);
+    return residual(m, T, next);
 }
 
 static pv_status check_batch(const pv_llama *m, const pv_llama_batch *b)
@@ -594,15 +645,21 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
 
     pv_embed_gather_args e = {.table_type = m->tok_embd.type, .n_rows = hp->n_vocab, .dim = hp->n_embd,
                               .table = m->tok_embd.buf, .table_off = m->tok_embd.off, .ids = b->tokens, .n_ids = T, .out = m->x};
-    if ((st = pv_embed_gather(m->be, &e)) != PV_OK)
+    /* Each block's residual add carries the next block's norm (fused where
+     * the backend can), so only the first norm stands alone. */
+    if ((st = pv_embed_gather(m->be, &e)) != PV_OK || (st = rmsnorm(m, m->x, m->layers[0].attn_norm, m->h, T)) != PV_OK)
         return st;
-    for (uint32_t l = 0; l < hp->n_layers; l++)
-        if ((st = attention_block(m, b, l)) != PV_OK || (st = ffn_block(m, T, l)) != PV_OK)
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const pv_buffer *next = l + 1 < hp->n_layers ? m->layers[l + 1].attn_norm : NULL;
+        if ((st = attention_block(m, b, l)) != PV_OK || (st = ffn_block(m, T, l, next)) != PV_OK)
             return st;
+    }
     if (b->n_logits == 0)
         return PV_OK;
 
-    /* Only the rows that want logits go through the output projection. */
+    /* Only the rows that want logits go through the output projection: the
+     * last residual stays a plain add over all rows, as its norm is the
+     * output norm of the picked rows only. */
     pv_embed_gather_args pick = {.table_type = PV_W_F32, .n_rows = T, .dim = hp->n_embd,
                                  .table = m->x, .ids = b->logit_rows, .n_ids = b->n_logits,
                                  .out = m->sel};

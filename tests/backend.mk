@@ -28,6 +28,14 @@ tests_test_backend_async_SOURCES = tests/test-backend-async.c
 tests_test_backend_async_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_async_LDADD = $(PV_LINK)
 
+# Launch counts: a known sequence of ops on every built backend, each
+# adding what its backend enqueues for it.
+check_PROGRAMS += tests/test-backend-launches
+TESTS += tests/test-backend-launches
+tests_test_backend_launches_SOURCES = tests/test-backend-launches.c
+tests_test_backend_launches_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_launches_LDADD = $(PV_LINK)
+
 # qmatmul and embed_gather over GGUF weight types on every built backend:
 # every type x batch size against a double-precision product.
 check_PROGRAMS += tests/test-backend-qmatmul

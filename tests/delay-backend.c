@@ -402,6 +402,11 @@ static pv_status dly_qmatmul_group(pv_backend *be, const pv_qmatmul_args *produc
     return state_of(be)->cpu->ops->qmatmul_group(state_of(be)->cpu, products, n);
 }
 
+static pv_status dly_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    return state_of(be)->cpu->ops->qmatmul_swiglu(state_of(be)->cpu, a);
+}
+
 /* The CPU's weight layout depends on its own state: writes and gathers of
  * weights run on the wrapped backend too. */
 static pv_status dly_weights_write(pv_backend *be, pv_buffer *dst, uint64_t dst_off, pv_wtype t, int64_t n_rows,
@@ -473,6 +478,7 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.slot_scatter = dly_slot_scatter;
     d->ops.qmatmul = dly_qmatmul;
     d->ops.qmatmul_group = d->ops.qmatmul_group ? dly_qmatmul_group : NULL;
+    d->ops.qmatmul_swiglu = dly_qmatmul_swiglu;
     d->ops.weights_write = dly_weights_write;
     d->ops.embed_gather = dly_embed_gather;
     clock_gettime(CLOCK_MONOTONIC, &d->origin);

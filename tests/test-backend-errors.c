@@ -363,6 +363,93 @@ static void other_op_cases(const char *name, pv_backend *be)
     tensor_free(&out);
 }
 
+/* The fused ops: their shapes, their indices, and the aliasing that would
+ * let a kernel read what it has already overwritten. */
+static void fused_op_cases(const char *name, pv_backend *be)
+{
+    tensor x, y, out;
+    float data[256];
+    for (int i = 0; i < 256; i++)
+        data[i] = (float)(i % 17) * 0.25f;
+    memset(&y, 0, sizeof y);
+    memset(&out, 0, sizeof out);
+    if (tensor_init(&x, be, PV_MEM_DEVICE, sizeof(float), 256, data) != PV_OK ||
+        tensor_init(&y, be, PV_MEM_DEVICE, sizeof(float), 256, data) != PV_OK ||
+        tensor_init(&out, be, PV_MEM_DEVICE, sizeof(float), 256, NULL) != PV_OK) {
+        ok(0, "%s: buffers allocate: %s", name, pv_last_error());
+        tensor_free(&x);
+        tensor_free(&y);
+        return;
+    }
+    pv_add_rmsnorm_args an = {.rows = 4, .dim = 64, .eps = 1e-5f, .x = x.buf, .x_off = x.off, .y = y.buf,
+                              .y_off = y.off, .weight = y.buf, .weight_off = y.off, .out = out.buf,
+                              .out_off = out.off};
+    an.eps = -1.0f;
+    expect(name, "add_rmsnorm eps -1", pv_add_rmsnorm(be, &an), PV_ERR_INVALID_ARG, NAMES("eps", "-1"), &out);
+    an.eps = 1e-5f;
+    an.out = x.buf;
+    an.out_off = x.off + 8;
+    expect(name, "add_rmsnorm out overlapping x", pv_add_rmsnorm(be, &an), PV_ERR_INVALID_ARG,
+           NAMES("x (bytes", "overlaps out"), &out);
+    an.out = out.buf;
+    an.out_off = out.off;
+    an.weight = out.buf;
+    an.weight_off = out.off + 300;
+    expect(name, "add_rmsnorm weight past its buffer", pv_add_rmsnorm(be, &an), PV_ERR_INVALID_ARG,
+           NAMES("buffer weight too small"), &out);
+    an.weight_off = out.off + 100;
+    expect(name, "add_rmsnorm writing out over weight", pv_add_rmsnorm(be, &an), PV_ERR_INVALID_ARG,
+           NAMES("out (bytes", "overlaps weight"), NULL);
+    an.weight = y.buf;
+    an.weight_off = y.off;
+    an.rows = (int64_t)1 << 40;
+    an.dim = (int64_t)1 << 24;
+    expect(name, "add_rmsnorm 2^40 rows x dim 2^24", pv_add_rmsnorm(be, &an), PV_ERR_INVALID_ARG,
+           NAMES("rows x dim", "1099511627776"), &out);
+
+    /* rope_kv_write: 2 tokens of one sequence, 1 KV head of 16 in chunks of
+     * 4, into a pool of 2 slots (256 floats) held by out. */
+    int32_t seq[2] = {0, 0}, pos[2] = {1, 6}, table[2] = {1, 0};
+    pv_rope_kv_write_args rk = {
+        .kv_dtype = PV_F32, .n_tokens = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16, .chunk_tokens = 4,
+        .base = 10000.0f, .q = x.buf, .q_off = x.off, .k = y.buf, .k_off = y.off, .v = y.buf, .v_off = y.off + 32,
+        .kv_pool = out.buf, .n_slots = 2, .token_seq = seq, .token_pos = pos, .slot_table = table, .n_seqs = 1,
+        .max_chunks = 2,
+    };
+    rk.head_dim = 15;
+    expect(name, "rope_kv_write head_dim 15", pv_rope_kv_write(be, &rk), PV_ERR_INVALID_ARG,
+           NAMES("head_dim = 15", "even"), &out);
+    rk.head_dim = 16;
+    pos[1] = 8;
+    expect(name, "rope_kv_write token_pos[1] = 8 of 2 chunks of 4", pv_rope_kv_write(be, &rk), PV_ERR_INVALID_ARG,
+           NAMES("token_pos[1]", "8"), &out);
+    pos[1] = 1;
+    expect(name, "rope_kv_write two rows for position 1", pv_rope_kv_write(be, &rk), PV_ERR_INVALID_ARG,
+           NAMES("rope_kv_write", "position 1"), &out);
+    pos[1] = 6;
+    rk.k = x.buf;
+    rk.k_off = x.off + 40;
+    expect(name, "rope_kv_write q overlapping k", pv_rope_kv_write(be, &rk), PV_ERR_INVALID_ARG,
+           NAMES("q (bytes", "overlaps k"), &out);
+    rk.k = y.buf;
+    rk.k_off = y.off;
+    rk.v = out.buf;
+    rk.v_off = out.off;
+    expect(name, "rope_kv_write v inside the pool", pv_rope_kv_write(be, &rk), PV_ERR_INVALID_ARG,
+           NAMES("v (bytes", "overlaps kv_pool"), NULL);
+    rk.v = y.buf;
+    rk.v_off = y.off + 32;
+    rk.kv_dtype = PV_F16;
+    rk.n_slots = (int64_t)1 << 40;
+    rk.chunk_tokens = 1 << 20;
+    rk.n_kv_heads = 1 << 10;
+    expect(name, "rope_kv_write a pool of 2^40 slots x 2 x 2^20 x 2^10 x 16", pv_rope_kv_write(be, &rk),
+           PV_ERR_INVALID_ARG, NAMES("n_slots x 2 x chunk_tokens x n_kv_heads x head_dim", "1099511627776"), &out);
+    tensor_free(&x);
+    tensor_free(&y);
+    tensor_free(&out);
+}
+
 /* Advice is only advice: a buffer advised as streamed (small, and large
  * enough for the CPU backend's 2 MiB pages) keeps what is written to it. */
 static void streamed_advice_case(const char *name, pv_backend *be)
@@ -464,6 +551,7 @@ int main(int argc, char **argv)
         }
         attention_cases(*name, be);
         other_op_cases(*name, be);
+        fused_op_cases(*name, be);
         many_rows_case(*name, be);
         streamed_advice_case(*name, be);
         weights_write_cases(*name, be);

@@ -734,6 +734,254 @@ static void check_rope_closed_form(ctx *c, int neox)
            "rope %s: q.k depends only on the relative position", neox ? "neox" : "normal");
 }
 
+/* ---- fused ops: add_rmsnorm, rope_kv_write -------------------------------------------------
+ * Each fused op must give what the ops it stands for give. In the CPU pass
+ * the CPU's fused op (the reference) is held to the CPU's unfused ops;
+ * elsewhere a backend's fused op is held to the CPU's. */
+
+/* x += y, out = rmsnorm(x) * w, fused or as pv_add then pv_rmsnorm. */
+static pv_status run_add_rmsnorm(pv_backend *be, int fused, int64_t rows, int64_t dim, const float *x, const float *y,
+                                 const float *w, float *x_out, float *out, int *guards_ok)
+{
+    const size_t n = (size_t)(rows * dim);
+    tensor tx, ty, tw, to;
+    memset(&ty, 0, sizeof ty);
+    memset(&tw, 0, sizeof tw);
+    memset(&to, 0, sizeof to);
+    pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, n, x);
+    if (st == PV_OK)
+        st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, n, y);
+    if (st == PV_OK)
+        st = tensor_init(&tw, be, PV_MEM_DEVICE, 4, (size_t)dim, w);
+    if (st == PV_OK)
+        st = tensor_init(&to, be, PV_MEM_DEVICE, 4, n, NULL);
+    if (st == PV_OK && fused) {
+        pv_add_rmsnorm_args a = {.rows = rows, .dim = dim, .eps = 1e-5f, .x = tx.buf, .x_off = tx.off, .y = ty.buf,
+                                 .y_off = ty.off, .weight = tw.buf, .weight_off = tw.off, .out = to.buf,
+                                 .out_off = to.off};
+        st = pv_add_rmsnorm(be, &a);
+    } else if (st == PV_OK) {
+        pv_add_args add = {.n = (int64_t)n, .a = tx.buf, .a_off = tx.off, .b = ty.buf, .b_off = ty.off,
+                           .out = tx.buf, .out_off = tx.off};
+        pv_rmsnorm_args norm = {.rows = rows, .dim = dim, .eps = 1e-5f, .x = tx.buf, .x_off = tx.off,
+                                .weight = tw.buf, .weight_off = tw.off, .out = to.buf, .out_off = to.off};
+        st = pv_add(be, &add);
+        if (st == PV_OK)
+            st = pv_rmsnorm(be, &norm);
+    }
+    if (st == PV_OK)
+        st = tensor_read(&tx, x_out);
+    if (st == PV_OK)
+        st = tensor_read(&to, out);
+    *guards_ok = st == PV_OK && guards_intact(&tx) && guards_intact(&ty) && guards_intact(&tw) && guards_intact(&to);
+    tensor_free(&tx);
+    tensor_free(&ty);
+    tensor_free(&tw);
+    tensor_free(&to);
+    return st;
+}
+
+/* The sum is one f32 rounding (bit-exact everywhere); the norm is held to
+ * pv_rmsnorm's limits. */
+static void check_add_rmsnorm(ctx *c, int64_t rows, int64_t dim)
+{
+    if (!supported(c, PV_OP_ADD_RMSNORM, PV_F32, "add_rmsnorm"))
+        return;
+    const size_t n = (size_t)(rows * dim);
+    float *x = xmalloc(n * sizeof *x), *y = xmalloc(n * sizeof *y), *w = xmalloc((size_t)dim * sizeof *w);
+    rng_fill(&c->rng, x, n, -6.0f, 6.0f);
+    rng_fill(&c->rng, y, n, -2.0f, 2.0f);
+    rng_fill(&c->rng, w, (size_t)dim, -2.0f, 2.0f);
+    float *got_x = xmalloc(n * sizeof *got_x), *got = xmalloc(n * sizeof *got);
+    float *want_x = xmalloc(n * sizeof *want_x), *want = xmalloc(n * sizeof *want);
+    int guards_ok = 0, ref_guards = 1;
+    pv_status st = run_add_rmsnorm(c->be, 1, rows, dim, x, y, w, got_x, got, &guards_ok);
+    if (st == PV_OK)
+        st = run_add_rmsnorm(c->cpu, !c->cpu_pass, rows, dim, x, y, w, want_x, want, &ref_guards);
+    report(c, st, bytes_differing(got_x, want_x, n * sizeof *got_x), 0, guards_ok && ref_guards,
+           "add_rmsnorm %lld x %lld: x + y as %s", (long long)rows, (long long)dim,
+           c->cpu_pass ? "pv_add gives it" : "the CPU's");
+    report(c, st, normalized_error(got, want, n), c->cpu_pass ? 1e-6 : 1e-5, guards_ok && ref_guards,
+           "add_rmsnorm %lld x %lld: the norm as %s", (long long)rows, (long long)dim,
+           c->cpu_pass ? "pv_rmsnorm gives it" : "the CPU's");
+    free(x);
+    free(y);
+    free(w);
+    free(got_x);
+    free(got);
+    free(want_x);
+    free(want);
+}
+
+typedef struct rope_kv_case {
+    const char *what;
+    int32_t n_heads, n_kv_heads, head_dim, chunk_tokens;
+    query_shape shape;
+    int32_t n_query, n_seqs;
+    int32_t seq_len[4];
+} rope_kv_case;
+
+/* q, k, v in; q rotated, the pool and k out: pv_rope_kv_write (fused), or
+ * pv_rope on q and k then pv_kv_write. */
+static pv_status run_rope_kv_write(pv_backend *be, int fused, const kv_scenario *sc, int neox, float base,
+                                   const float *q, const float *k, const float *v, float *q_out, void *pool_out,
+                                   float *k_out, int *guards_ok)
+{
+    const size_t q_n = (size_t)sc->n_tokens * sc->n_heads * sc->head_dim;
+    const size_t kv_n = (size_t)sc->n_tokens * sc->n_kv_heads * sc->head_dim;
+    const size_t pool_bytes = (size_t)sc->pool_elems * pv_dtype_size(sc->kv_dtype);
+    tensor tq, tk, tv;
+    pv_buffer *pool = NULL;
+    memset(&tk, 0, sizeof tk);
+    memset(&tv, 0, sizeof tv);
+    pv_status st = tensor_init(&tq, be, PV_MEM_DEVICE, 4, q_n, q);
+    if (st == PV_OK)
+        st = tensor_init(&tk, be, PV_MEM_DEVICE, 4, kv_n, k);
+    if (st == PV_OK)
+        st = tensor_init(&tv, be, PV_MEM_DEVICE, 4, kv_n, v);
+    if (st == PV_OK)
+        st = pv_buffer_init(&pool, be, PV_MEM_DEVICE, pool_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_write(pool, 0, sc->pool, pool_bytes);
+    pv_rope_kv_write_args a = {
+        .kv_dtype = sc->kv_dtype, .n_tokens = sc->n_tokens, .n_heads = sc->n_heads, .n_kv_heads = sc->n_kv_heads,
+        .head_dim = sc->head_dim, .chunk_tokens = sc->chunk_tokens, .base = base, .neox = neox, .q = tq.buf,
+        .q_off = tq.off, .k = tk.buf, .k_off = tk.off, .v = tv.buf, .v_off = tv.off, .kv_pool = pool,
+        .n_slots = sc->n_slots, .token_seq = sc->token_seq, .token_pos = sc->token_pos,
+        .slot_table = sc->slot_table, .n_seqs = sc->n_seqs, .max_chunks = sc->max_chunks,
+    };
+    if (st == PV_OK && fused) {
+        st = pv_rope_kv_write(be, &a);
+    } else if (st == PV_OK) {
+        pv_rope_args rq = {.n_tokens = sc->n_tokens, .n_heads = sc->n_heads, .head_dim = sc->head_dim, .base = base,
+                           .neox = neox, .x = tq.buf, .x_off = tq.off, .pos = sc->token_pos};
+        pv_rope_args rk = rq;
+        rk.n_heads = sc->n_kv_heads;
+        rk.x = tk.buf;
+        rk.x_off = tk.off;
+        pv_kv_write_args w = {
+            .kv_dtype = sc->kv_dtype, .n_tokens = sc->n_tokens, .n_kv_heads = sc->n_kv_heads,
+            .head_dim = sc->head_dim, .chunk_tokens = sc->chunk_tokens, .k = tk.buf, .k_off = tk.off, .v = tv.buf,
+            .v_off = tv.off, .kv_pool = pool, .n_slots = sc->n_slots, .token_seq = sc->token_seq,
+            .token_pos = sc->token_pos, .slot_table = sc->slot_table, .n_seqs = sc->n_seqs,
+            .max_chunks = sc->max_chunks,
+        };
+        st = pv_rope(be, &rq);
+        if (st == PV_OK)
+            st = pv_rope(be, &rk);
+        if (st == PV_OK)
+            st = pv_kv_write(be, &w);
+        if (st == PV_OK) /* the fused op leaves k as it was: so does this */
+            st = tensor_write(&tk, k);
+    }
+    if (st == PV_OK)
+        st = tensor_read(&tq, q_out);
+    if (st == PV_OK)
+        st = tensor_read(&tk, k_out);
+    if (st == PV_OK)
+        st = pv_buffer_read(pool, 0, pool_out, pool_bytes);
+    *guards_ok = st == PV_OK && guards_intact(&tq) && guards_intact(&tk) && guards_intact(&tv);
+    pv_buffer_free(pool);
+    tensor_free(&tq);
+    tensor_free(&tk);
+    tensor_free(&tv);
+    return st;
+}
+
+/* What a rotated element of pair i at position pos may be off by, for
+ * inputs in [-1, 1): check_rope's allowance. */
+static double rope_allowance(int32_t pos, int32_t i, int32_t head_dim, float base)
+{
+    return 1e-6 + pos * pow((double)base, -2.0 * i / head_dim) * 0x1p-20;
+}
+
+/* Worst |got - want| / allowed over n; an element allowed 0 must be equal. */
+static double worst_over_allowance(const float *got, const float *want, const double *allowed, size_t n)
+{
+    double worst = 0.0;
+    for (size_t e = 0; e < n; e++) {
+        if (isnan(got[e]) != isnan(want[e]))
+            return INFINITY;
+        double diff = isnan(got[e]) ? 0.0 : fabs((double)got[e] - (double)want[e]);
+        if (diff > 0.0)
+            worst = fmax(worst, allowed[e] > 0.0 ? diff / allowed[e] : INFINITY);
+    }
+    return worst;
+}
+
+/* q against the reference within rope's allowance; the pool: the rotated K
+ * elements within it, everything else (V rows, the rows and slots nobody
+ * writes) exact, or with f16 within one unit in the last place; k intact. */
+static void check_rope_kv_write(ctx *c, const rope_kv_case *rc, pv_dtype kv_dtype, int neox)
+{
+    if (!supported(c, PV_OP_ROPE_KV_WRITE, kv_dtype, rc->what))
+        return;
+    const float base = 10000.0f;
+    kv_scenario sc;
+    kv_scenario_init(&sc, &c->rng, kv_dtype, rc->n_heads, rc->n_kv_heads, rc->head_dim, rc->chunk_tokens,
+                     rc->seq_len, rc->n_seqs, rc->shape, rc->n_query);
+    const int32_t half = rc->head_dim / 2;
+    const size_t q_n = (size_t)sc.n_tokens * sc.n_heads * sc.head_dim;
+    const size_t kv_n = (size_t)sc.n_tokens * sc.n_kv_heads * sc.head_dim;
+    const size_t pool_bytes = (size_t)sc.pool_elems * pv_dtype_size(kv_dtype);
+    float *q = xmalloc(q_n * sizeof *q), *k = xmalloc(kv_n * sizeof *k), *v = xmalloc(kv_n * sizeof *v);
+    rng_fill(&c->rng, q, q_n, -1.0f, 1.0f);
+    rng_fill(&c->rng, k, kv_n, -1.0f, 1.0f);
+    rng_fill(&c->rng, v, kv_n, -1.0f, 1.0f);
+    float *got_q = xmalloc(q_n * sizeof *got_q), *want_q = xmalloc(q_n * sizeof *want_q);
+    float *got_k = xmalloc(kv_n * sizeof *got_k), *want_k = xmalloc(kv_n * sizeof *want_k);
+    void *got_pool = xmalloc(pool_bytes), *want_pool = xmalloc(pool_bytes);
+    double *q_allowed = xmalloc(q_n * sizeof *q_allowed);
+    double *pool_allowed = xmalloc((size_t)sc.pool_elems * sizeof *pool_allowed);
+    memset(pool_allowed, 0, (size_t)sc.pool_elems * sizeof *pool_allowed);
+    const size_t row = (size_t)sc.n_kv_heads * sc.head_dim, slot_elems = 2 * (size_t)sc.chunk_tokens * row;
+    for (int32_t t = 0; t < sc.n_tokens; t++) {
+        const int32_t p = sc.token_pos[t];
+        const size_t k_at = (size_t)sc.slot_table[(size_t)sc.token_seq[t] * sc.max_chunks + p / sc.chunk_tokens] *
+                                slot_elems + (size_t)(p % sc.chunk_tokens) * row;
+        for (int32_t i = 0; i < half; i++) {
+            const double allowed = rope_allowance(p, i, sc.head_dim, base);
+            const int32_t first = neox ? i : 2 * i, second = neox ? i + half : 2 * i + 1;
+            for (int32_t h = 0; h < sc.n_heads; h++) {
+                const size_t head = ((size_t)t * sc.n_heads + h) * sc.head_dim;
+                q_allowed[head + first] = q_allowed[head + second] = allowed;
+            }
+            for (int32_t h = 0; h < sc.n_kv_heads; h++)
+                pool_allowed[k_at + (size_t)h * sc.head_dim + first] =
+                    pool_allowed[k_at + (size_t)h * sc.head_dim + second] = allowed;
+        }
+    }
+    int guards_ok = 0, ref_guards = 1;
+    pv_status st = run_rope_kv_write(c->be, 1, &sc, neox, base, q, k, v, got_q, got_pool, got_k, &guards_ok);
+    if (st == PV_OK)
+        st = run_rope_kv_write(c->cpu, !c->cpu_pass, &sc, neox, base, q, k, v, want_q, want_pool, want_k,
+                               &ref_guards);
+    const char *ref = c->cpu_pass ? "rope then kv_write" : "the CPU";
+    report(c, st, worst_over_allowance(got_q, want_q, q_allowed, q_n), 1.0, guards_ok && ref_guards,
+           "rope_kv_write %s %s, %s, T %d: q as %s turns it (error over allowance)", pv_dtype_name(kv_dtype),
+           neox ? "neox" : "normal", rc->what, sc.n_tokens, ref);
+    double pool_err = kv_dtype == PV_F16
+                          ? half_mismatches(got_pool, want_pool, (size_t)sc.pool_elems)
+                          : worst_over_allowance(got_pool, want_pool, pool_allowed, (size_t)sc.pool_elems);
+    report(c, st, pool_err, kv_dtype == PV_F16 ? 0.0 : 1.0, 1,
+           "rope_kv_write %s %s, %s: the whole pool as %s writes it", pv_dtype_name(kv_dtype),
+           neox ? "neox" : "normal", rc->what, ref);
+    report(c, st, bytes_differing(got_k, k, kv_n * sizeof *k), 0, 1, "rope_kv_write %s %s, %s: k unchanged",
+           pv_dtype_name(kv_dtype), neox ? "neox" : "normal", rc->what);
+    free(q);
+    free(k);
+    free(v);
+    free(got_q);
+    free(want_q);
+    free(got_k);
+    free(want_k);
+    free(got_pool);
+    free(want_pool);
+    free(q_allowed);
+    free(pool_allowed);
+    kv_scenario_free(&sc);
+}
+
 /* ---- argmax and top-p sampling ------------------------------------------------------------ */
 
 static pv_status run_pick(pv_backend *be, int sample, int64_t rows, int64_t cols, const float *x, float temperature,
@@ -1039,6 +1287,24 @@ static void run_all(ctx *c)
         check_rope(c, 64, 10000.0f, neox);
         check_rope(c, 128, 500000.0f, neox);
     }
+
+    /* rows of a decode step, a prefill, one shorter than a work-group, and odd sizes */
+    static const int64_t add_norms[][2] = {{1, 576}, {5, 1000}, {33, 17}, {3, 4096}, {7, 333}};
+    for (size_t i = 0; i < sizeof add_norms / sizeof add_norms[0]; i++)
+        check_add_rmsnorm(c, add_norms[i][0], add_norms[i][1]);
+    /* SmolLM2's heads, prefill and recovery batches, and an odd shape: 9
+     * pairs a head, 7 query heads on 1 KV head, chunks of 16. */
+    static const rope_kv_case rope_kvs[] = {
+        {"decode, 9/3 heads of 64", 9, 3, 64, 32, QUERY_DECODE, 1, 4, {1, 33, 64, 70}},
+        {"prefill, 9/3 heads of 64", 9, 3, 64, 32, QUERY_PREFILL, 40, 4, {1, 33, 64, 70}},
+        {"recovery, 4/2 heads of 128", 4, 2, 128, 32, QUERY_RECOVERY, 30, 3, {33, 64, 90}},
+        {"prefill, 7/1 heads of 18, chunk 16", 7, 1, 18, 16, QUERY_PREFILL, 21, 2, {5, 1500}},
+    };
+    for (size_t i = 0; i < sizeof rope_kvs / sizeof rope_kvs[0]; i++)
+        for (int neox = 0; neox < 2; neox++) {
+            check_rope_kv_write(c, &rope_kvs[i], PV_F32, neox);
+            check_rope_kv_write(c, &rope_kvs[i], PV_F16, neox);
+        }
 
     check_argmax(c, 5, 32000);
     check_argmax(c, 1, 3);

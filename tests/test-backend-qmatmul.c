@@ -4,7 +4,9 @@
  * dequantises them (a decoder independent of the backends'), with guard
  * bytes around the output; groups of products sharing x against the same
  * products run one by one; then the shapes GGUF forbids, refused with a
- * message. Usage: test-backend-qmatmul [backend] */
+ * message; the SwiGLU product of two such matrices (pv_qmatmul_swiglu)
+ * against its double value and against the unfused ops. Usage:
+ * test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
 #include "llama-ref.h"
@@ -267,6 +269,108 @@ static void check_group(pv_backend *be, const char *name, const pv_wtype *ts, co
         free_weights(&w[i]);
 }
 
+/* pv_qmatmul_swiglu: y = silu(x Wg^T) * (x Wu^T) against the double
+ * products (x rounded as the backend rounds it), and against
+ * pv_qmatmul_group then pv_swiglu on the same backend, for decode-sized
+ * batches (one pass on the GPUs) and larger ones (two products, then the
+ * element-wise kernel); guards around y and the up scratch. The error of
+ * silu(g) u is that of g and u (ERROR_LIMIT) times silu's slope, at most
+ * 1.1: hence 2 ERROR_LIMIT. */
+static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n_out, int64_t n_in, uint64_t *rng)
+{
+    weights wg = {0}, wu = {0};
+    if (!make_weights(be, t, n_out, n_in, rng, &wg) || !make_weights(be, t, n_out, n_in, rng, &wu)) {
+        ok(0, "%s: qmatmul_swiglu %s: weights upload: %s", name, pv_wtype_name(t), pv_last_error());
+        free_weights(&wg);
+        free_weights(&wu);
+        return;
+    }
+    uint32_t block = 1;
+    pv_wtype_block(t, &block, NULL);
+    const int rounds = block == 32 && be->info.activation_bits == 16;
+    static const int64_t swiglu_batches[] = {1, 3, 16, 17, 300};
+    for (size_t bi = 0; bi < sizeof swiglu_batches / sizeof swiglu_batches[0]; bi++) {
+        const int64_t T = swiglu_batches[bi];
+        const size_t x_n = (size_t)(T * n_in), y_n = (size_t)(T * n_out);
+        float *x = xmalloc(x_n * sizeof *x), *xq = xmalloc(x_n * sizeof *xq);
+        rng_fill(rng, x, x_n, -1.0f, 1.0f);
+        memcpy(xq, x, x_n * sizeof *xq);
+        if (rounds)
+            llama_ref_round16(x, xq, x_n);
+        double *want = xmalloc(y_n * sizeof *want);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t o = 0; o < n_out; o++) {
+                double g = 0, u = 0;
+                for (int64_t k = 0; k < n_in; k++) {
+                    g += (double)xq[i * n_in + k] * (double)wg.deq[o * n_in + k];
+                    u += (double)xq[i * n_in + k] * (double)wu.deq[o * n_in + k];
+                }
+                want[i * n_out + o] = g / (1.0 + exp(-g)) * u;
+            }
+        float *got = xmalloc(y_n * sizeof *got), *unfused = xmalloc(y_n * sizeof *unfused);
+        tensor tx, ty, tup, tg, tu;
+        memset(&ty, 0, sizeof ty);
+        memset(&tup, 0, sizeof tup);
+        memset(&tg, 0, sizeof tg);
+        memset(&tu, 0, sizeof tu);
+        pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, x_n, x);
+        if (st == PV_OK)
+            st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, y_n, NULL);
+        if (st == PV_OK)
+            st = tensor_init(&tup, be, PV_MEM_DEVICE, 4, y_n, NULL);
+        if (st == PV_OK)
+            st = tensor_init(&tg, be, PV_MEM_DEVICE, 4, y_n, NULL);
+        if (st == PV_OK)
+            st = tensor_init(&tu, be, PV_MEM_DEVICE, 4, y_n, NULL);
+        if (st == PV_OK) {
+            pv_qmatmul_swiglu_args a = {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w_gate = wg.buf,
+                                        .w_gate_off = wg.off, .w_up = wu.buf, .w_up_off = wu.off, .x = tx.buf,
+                                        .x_off = tx.off, .y = ty.buf, .y_off = ty.off, .up = tup.buf,
+                                        .up_off = tup.off};
+            st = pv_qmatmul_swiglu(be, &a);
+        }
+        if (st == PV_OK) {
+            pv_qmatmul_args q[2] = {
+                {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w = wg.buf, .w_off = wg.off,
+                 .x = tx.buf, .x_off = tx.off, .y = tg.buf, .y_off = tg.off},
+                {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w = wu.buf, .w_off = wu.off,
+                 .x = tx.buf, .x_off = tx.off, .y = tu.buf, .y_off = tu.off},
+            };
+            pv_swiglu_args sw = {.n = (int64_t)y_n, .gate = tg.buf, .gate_off = tg.off, .up = tu.buf,
+                                 .up_off = tu.off, .out = tg.buf, .out_off = tg.off};
+            st = pv_qmatmul_group(be, q, 2);
+            if (st == PV_OK)
+                st = pv_swiglu(be, &sw);
+        }
+        if (st == PV_OK)
+            st = tensor_read(&ty, got);
+        if (st == PV_OK)
+            st = tensor_read(&tg, unfused);
+        const double err = st == PV_OK ? normalized_error_f64(got, want, y_n) : INFINITY;
+        const double apart = st == PV_OK ? normalized_error(got, unfused, y_n) : INFINITY;
+        const int guards = st == PV_OK && guards_intact(&ty) && guards_intact(&tup);
+        ok(st == PV_OK && err <= 2 * ERROR_LIMIT && guards,
+           "%s: qmatmul_swiglu %s T %lld x n_in %lld -> n_out %lld: error %.3g against %s x (limit %.3g)%s%s", name,
+           pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, err, rounds ? "rounded" : "f32",
+           2 * ERROR_LIMIT, guards ? "" : ", guard bytes of y or up overwritten", st == PV_OK ? "" : pv_last_error());
+        ok(st == PV_OK && apart <= 1e-6,
+           "%s: qmatmul_swiglu %s T %lld: as qmatmul_group then swiglu give it: error %.3g (limit 1e-06)", name,
+           pv_wtype_name(t), (long long)T, apart);
+        tensor_free(&tx);
+        tensor_free(&ty);
+        tensor_free(&tup);
+        tensor_free(&tg);
+        tensor_free(&tu);
+        free(x);
+        free(xq);
+        free(want);
+        free(got);
+        free(unfused);
+    }
+    free_weights(&wg);
+    free_weights(&wu);
+}
+
 static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
 {
     const char *msg = st == PV_OK ? "" : pv_last_error();
@@ -330,6 +434,45 @@ static void check_refusals(pv_backend *be, const char *name)
     g[1].n_out = 1000;
     expect_refused(name, "a group with a product too large for its w", pv_qmatmul_group(be, g, 2),
                    PV_ERR_INVALID_ARG, "product 1: qmatmul: buffer w too small");
+    pv_qmatmul_swiglu_args sw = {.w_type = PV_W_Q4_1, .n_tokens = 1, .n_in = 64, .n_out = 2, .w_gate = w,
+                                 .w_up = w, .w_up_off = 64, .x = x, .y = x, .y_off = 64, .up = x, .up_off = 128};
+    pv_buffer *other = NULL;
+    if (pv_buffer_init(&other, be, PV_MEM_DEVICE, 4096) == PV_OK) {
+        expect_refused(name, "qmatmul_swiglu of NULL", pv_qmatmul_swiglu(be, NULL), PV_ERR_INVALID_ARG,
+                       "args is NULL");
+        sw.up_off = 65;
+        expect_refused(name, "qmatmul_swiglu with y and up overlapping", pv_qmatmul_swiglu(be, &sw),
+                       PV_ERR_INVALID_ARG, "y (bytes 256 to 264) overlaps up");
+        sw.up_off = 128;
+        sw.w_up = other;
+        sw.up = w;
+        expect_refused(name, "qmatmul_swiglu writing up over w_gate", pv_qmatmul_swiglu(be, &sw), PV_ERR_INVALID_ARG,
+                       "up (bytes 512 to 520) overlaps w_gate (bytes 0 to 4096)");
+        sw.up = x;
+        sw.y = other;
+        expect_refused(name, "qmatmul_swiglu writing y over w_up", pv_qmatmul_swiglu(be, &sw), PV_ERR_INVALID_ARG,
+                       "y (bytes 256 to 264) overlaps w_up (bytes 0 to 4096)");
+        sw.y = x;
+        sw.w_up_off = 4096 / 20 * 32;
+        expect_refused(name, "qmatmul_swiglu with w_up too small", pv_qmatmul_swiglu(be, &sw), PV_ERR_INVALID_ARG,
+                       "the up product (w_up into up): qmatmul: buffer w too small");
+        sw.w_up = w;
+        sw.w_up_off = 64;
+        sw.n_in = 48;
+        expect_refused(name, "qmatmul_swiglu Q4_1 with n_in 48", pv_qmatmul_swiglu(be, &sw), PV_ERR_INVALID_ARG,
+                       "n_in = 48 is not a multiple of Q4_1's block");
+        sw.n_in = 64;
+        sw.w_type = (pv_wtype)6;
+        expect_refused(name, "qmatmul_swiglu of weight type 6", pv_qmatmul_swiglu(be, &sw), PV_ERR_INVALID_ARG,
+                       "qmatmul_swiglu: weight type 6 is not a known weight type");
+        sw.w_type = PV_W_Q4_1;
+        sw.n_tokens = (int64_t)1 << 40;
+        expect_refused(name, "qmatmul_swiglu of 2^40 tokens", pv_qmatmul_swiglu(be, &sw), PV_ERR_UNSUPPORTED,
+                       "n_tokens = 1099511627776 exceeds");
+    } else {
+        ok(0, "%s: a buffer for the qmatmul_swiglu refusals: %s", name, pv_last_error());
+    }
+    pv_buffer_free(other);
     pv_embed_gather_args e = {.table_type = PV_W_Q8_0, .n_rows = 4, .dim = 40, .table = w,
                               .ids = (const int32_t[]){0}, .n_ids = 1, .out = x};
     expect_refused(name, "a Q8_0 table of dim 40", pv_embed_gather(be, &e), PV_ERR_INVALID_ARG,
@@ -360,6 +503,13 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
             check_embed(be, name, t, &rng);
         else
             tap_skip("%s: embed_gather %s is not supported by this backend", name, pv_wtype_name(t));
+        if (pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, t)) {
+            /* an odd row count and an odd number of blocks; SmolLM2's FFN rows */
+            check_swiglu(be, name, t, 37, block == 1 ? 37 : 160, &rng);
+            check_swiglu(be, name, t, 1536, 576, &rng);
+        } else {
+            tap_skip("%s: qmatmul_swiglu %s is not supported by this backend", name, pv_wtype_name(t));
+        }
     }
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,

@@ -149,21 +149,25 @@ static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int ar
 
 /* The kernels the launchers (backends/cuda/cuda_launch.c) look up in a
  * program of this set, NULL-terminated. */
-static void expected_kernels(const pv_kernel_params *p, const char *names[8], char storage[8][40])
+#define MAX_KERNEL_NAMES 12
+
+static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KERNEL_NAMES],
+                             char storage[MAX_KERNEL_NAMES][40])
 {
     static const char *const attention[] = {"pv_attention", "pv_attention_combine", NULL};
-    static const char *const gather[] = {"pv_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
-    static const char *const qmatmul[] = {"pv_qmatmul_fused_1", "pv_qmatmul_fused_4", "pv_qmatmul_fused_16",
-                                          "pv_qmatmul_widen",   "pv_embed_gather",    NULL};
-    static const char *const recompute[] = {"pv_rmsnorm", "pv_rope",   "pv_swiglu",       "pv_add",
-                                            "pv_softmax", "pv_argmax", "pv_sample_top_p", NULL};
+    static const char *const gather[] = {"pv_kv_write", "pv_rope_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
+    static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
+                                          "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
+                                          "pv_qmatmul_widen",    "pv_embed_gather",     NULL};
+    static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",   "pv_swiglu",       "pv_add",
+                                            "pv_softmax", "pv_argmax",      "pv_sample_top_p", NULL};
     const char *const *base = p->family == PV_KERNEL_ATTENTION ? attention
                               : p->family == PV_KERNEL_GATHER  ? gather
                               : p->family == PV_KERNEL_QMATMUL ? qmatmul
                                                                : recompute;
     const int stored = p->family == PV_KERNEL_ATTENTION || p->family == PV_KERNEL_GATHER;
     int n = 0;
-    for (; base[n] && n < 7; n++) {
+    for (; base[n] && n < MAX_KERNEL_NAMES - 1; n++) {
         if (stored) {
             snprintf(storage[n], sizeof storage[n], "%s_%s", base[n], p->value[PV_KPARAM_STORE_F16] ? "f16" : "f32");
             names[n] = storage[n];
@@ -201,8 +205,8 @@ static void run_job(job *j)
     if (st != PV_OK) {
         snprintf(j->message, sizeof j->message, "%s", pv_last_error());
     } else {
-        const char *names[8];
-        char storage[8][40];
+        const char *names[MAX_KERNEL_NAMES];
+        char storage[MAX_KERNEL_NAMES][40];
         expected_kernels(&j->params, names, storage);
         j->ok = 1;
         for (int i = 0; names[i] && j->ok; i++)

@@ -45,9 +45,10 @@ static uint32_t rng(void)
     return (uint32_t)(rng_state >> 11);
 }
 
-/* weight_buffer: the model's max_weight_buffer_bytes, 0 for the default. */
+/* weight_buffer: the model's max_weight_buffer_bytes, 0 for the default;
+ * fuse: pv_llama_options.fuse. */
 static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g, pv_dtype kv,
-                              uint64_t weight_buffer)
+                              uint64_t weight_buffer, int fuse)
 {
     memset(f, 0, sizeof *f);
     pv_status st = pv_backend_init(&f->be, backend, 0);
@@ -61,6 +62,7 @@ static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g,
     o.max_logit_rows = 96;
     if (weight_buffer)
         o.max_weight_buffer_bytes = weight_buffer;
+    o.fuse = fuse;
     if ((st = pv_llama_init(&f->model, f->be, g, &o)) != PV_OK)
         return st;
     f->n_layers = pv_llama_hparams_of(f->model)->n_layers;
@@ -205,7 +207,7 @@ static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const i
     double tol = kv == PV_F32 ? 1e-4 : 2e-2;
     char what[96];
     fixture f;
-    pv_status st = fixture_init(&f, name, g, kv, 0);
+    pv_status st = fixture_init(&f, name, g, kv, 0, 1);
     if (st == PV_ERR_NO_DEVICE) {
         tap_skip("backend %s: %s", name, pv_last_error());
         fixture_free(&f);
@@ -295,6 +297,102 @@ static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const i
     fixture_free(&f);
 }
 
+/* ---- fused against unfused ------------------------------------------------- */
+
+/* A fused op gives its unfused ops' values up to f32 rounding in another
+ * order (on the CPU and PoCL, bit for bit); over a whole forward pass that
+ * stays far below the references' limits above. */
+#define FUSION_TOL 1e-5
+
+/* The row's argmax (the lowest index on ties), as greedy sampling takes it. */
+static int argmax_row(const float *row, uint32_t n)
+{
+    int best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (row[i] > row[best])
+            best = (int)i;
+    return best;
+}
+
+#define GREEDY_STEPS 8
+
+/* A prefill of sequence A (logits for every row), then GREEDY_STEPS greedy
+ * decode steps, each feeding back its own argmax: tokens[] gets them,
+ * logits[] every row's logits, *step_launches the launches of the last
+ * decode step. */
+static pv_status greedy_run(fixture *f, const int *prompt, float *logits, int *tokens, uint64_t *step_launches)
+{
+    batch_builder b = {0};
+    assign_slots(f, 0, 0, LEN_A + GREEDY_STEPS);
+    add_tokens(&b, prompt, 0, 0, LEN_A);
+    pv_status st = run(f, &b, logits);
+    int seq[LEN_A + GREEDY_STEPS];
+    memcpy(seq, prompt, sizeof(int) * LEN_A);
+    const float *last = logits + (size_t)(LEN_A - 1) * f->n_vocab;
+    for (int i = 0; st == PV_OK && i < GREEDY_STEPS; i++) {
+        tokens[i] = seq[LEN_A + i] = argmax_row(last, f->n_vocab);
+        batch_builder d = {0};
+        add_tokens(&d, seq, 0, LEN_A + i, LEN_A + i + 1);
+        float *row = logits + (size_t)(LEN_A + i) * f->n_vocab;
+        const uint64_t before = pv_backend_launches(f->be);
+        st = run(f, &d, row);
+        *step_launches = pv_backend_launches(f->be) - before;
+        last = row;
+    }
+    return st;
+}
+
+/* The forward pass with fusions (pv_llama_options.fuse 1, the default)
+ * against the same model without them, on one backend: the prefill's and
+ * every decode step's logits within tol of each other, the same greedy
+ * tokens, and fewer launches a decode step. */
+static void test_fusion(const char *label, const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt,
+                        double tol)
+{
+    fixture fused, plain;
+    pv_status st = fixture_init(&fused, backend, g, kv, 0, 1);
+    if (st == PV_ERR_NO_DEVICE) {
+        tap_skip("%s: backend %s: %s", label, backend, pv_last_error());
+        fixture_free(&fused);
+        return;
+    }
+    if (st == PV_OK)
+        st = fixture_init(&plain, backend, g, kv, 0, 0);
+    else
+        memset(&plain, 0, sizeof plain);
+    const size_t n = (size_t)(LEN_A + GREEDY_STEPS) * (st == PV_OK ? fused.n_vocab : 0);
+    float *logits_fused = malloc(sizeof(float) * (n ? n : 1)), *logits_plain = malloc(sizeof(float) * (n ? n : 1));
+    int tokens_fused[GREEDY_STEPS] = {0}, tokens_plain[GREEDY_STEPS] = {0};
+    uint64_t launches_fused = 0, launches_plain = 0;
+    if (st == PV_OK && (!logits_fused || !logits_plain))
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
+    if (st == PV_OK)
+        st = greedy_run(&fused, prompt, logits_fused, tokens_fused, &launches_fused);
+    if (st == PV_OK)
+        st = greedy_run(&plain, prompt, logits_plain, tokens_plain, &launches_plain);
+    char what[160];
+    snprintf(what, sizeof what, "%s on %s, %s KV: fused and unfused", label, backend, pv_dtype_name(kv));
+    if (ok(st == PV_OK, "%s run (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
+        double worst = 0;
+        for (int r = 0; r < LEN_A + GREEDY_STEPS; r++) {
+            double e = rel_err(logits_fused + (size_t)r * fused.n_vocab, logits_plain + (size_t)r * fused.n_vocab,
+                               fused.n_vocab);
+            worst = e <= worst ? worst : e;
+        }
+        ok(worst <= tol, "%s: logits of %d prefill rows and %d decode steps within %.2e (limit %.2g)", what, LEN_A,
+           GREEDY_STEPS, worst, tol);
+        ok(memcmp(tokens_fused, tokens_plain, sizeof tokens_fused) == 0,
+           "%s: the same %d greedy tokens (%d %d %d ... against %d %d %d ...)", what, GREEDY_STEPS, tokens_fused[0],
+           tokens_fused[1], tokens_fused[2], tokens_plain[0], tokens_plain[1], tokens_plain[2]);
+        ok(launches_fused < launches_plain, "%s: a decode step launches %llu fused, %llu unfused", what,
+           (unsigned long long)launches_fused, (unsigned long long)launches_plain);
+    }
+    free(logits_fused);
+    free(logits_plain);
+    fixture_free(&plain);
+    fixture_free(&fused);
+}
+
 /* ---- files wrong on purpose ------------------------------------------------ */
 
 /* What to change when copying a model file. */
@@ -302,6 +400,8 @@ typedef struct file_edit {
     const char *drop_key;  /* left out, or NULL */
     uint32_t extra_tokens; /* appended to tokenizer.ggml.tokens and token_type */
     const char *tensor;    /* this tensor gets one more row (zeros), or NULL */
+    const char *retype;    /* tensors whose names end so are written as retype_to, or NULL */
+    uint32_t retype_to;
 } file_edit;
 
 static pv_status copy_kv(pv_gguf_writer *w, const pv_gguf_kv *kv, uint32_t extra)
@@ -366,7 +466,8 @@ static pv_status copy_kv(pv_gguf_writer *w, const pv_gguf_kv *kv, uint32_t extra
     return st;
 }
 
-/* An image of `src` with the edit applied; tensors keep their types. */
+/* An image of `src` with the edit applied; tensors keep their types but
+ * those the edit retypes. */
 static pv_status edited_copy(const pv_gguf *src, const file_edit *e, uint8_t **img, uint64_t *size)
 {
     pv_gguf_writer w;
@@ -386,8 +487,10 @@ static pv_status edited_copy(const pv_gguf *src, const file_edit *e, uint8_t **i
         uint64_t n = ne[0] * ne[1] * ne[2] * ne[3];
         float *x = calloc(n, sizeof *x);
         st = !x ? PV_ERR_OUT_OF_MEMORY : grow ? PV_OK : pv_gguf_tensor_f32(t, x, n);
+        const size_t name_len = strlen(t->name), suffix_len = e->retype ? strlen(e->retype) : 0;
+        const int retype = e->retype && name_len >= suffix_len && strcmp(t->name + name_len - suffix_len, e->retype) == 0;
         if (st == PV_OK)
-            st = pv_gguf_writer_add_tensor(&w, t->name, t->type, n_dims, ne, x);
+            st = pv_gguf_writer_add_tensor(&w, t->name, retype ? e->retype_to : t->type, n_dims, ne, x);
         free(x);
     }
     if (st == PV_OK)
@@ -419,6 +522,31 @@ static pv_status init_edited(const pv_gguf *g, const file_edit *e)
 /* Every tensor's shape and the vocabulary are checked against the metadata
  * when the model loads, with a message naming the tensor; a vocabulary
  * larger than the embedding used to load and fail at the first large id. */
+/* The synthetic model's gate and up matrices are of two types, which the
+ * fused SwiGLU product does not take (the forward pass falls back to the
+ * unfused ops, checked above): a copy with both in Q4_1 takes it. */
+static void test_fused_swiglu(const pv_gguf *g, const int *prompt)
+{
+    const file_edit same_types = {.retype = "ffn_up.weight", .retype_to = PV_GGML_Q4_1};
+    uint8_t *img = NULL;
+    uint64_t size = 0;
+    pv_gguf copy;
+    pv_status st = edited_copy(g, &same_types, &img, &size);
+    if (st == PV_OK)
+        st = pv_gguf_init_memory(&copy, img, size);
+    if (!ok(st == PV_OK, "synthetic model with Q4_1 ffn_up (the gate's type) builds (%s)",
+            st == PV_OK ? "ok" : pv_last_error())) {
+        free(img);
+        return;
+    }
+    for (const char *const *name = pv_backend_names(); *name; name++) {
+        test_fusion("synthetic model, gate and up in Q4_1", &copy, *name, PV_F32, prompt, FUSION_TOL);
+        test_fusion("synthetic model, gate and up in Q4_1", &copy, *name, PV_F16, prompt, FUSION_TOL);
+    }
+    pv_gguf_free(&copy);
+    free(img);
+}
+
 static void test_wrong_files(const pv_gguf *g)
 {
     file_edit unchanged = {0};
@@ -463,7 +591,7 @@ static void test_weight_buffers(const pv_gguf *g, const int *tokens)
     int ran = 0;
     for (int k = 0; k < 3; k++) {
         fixture f;
-        pv_status st = fixture_init(&f, "cpu", g, PV_F32, limits[k]);
+        pv_status st = fixture_init(&f, "cpu", g, PV_F32, limits[k], 1);
         if (st == PV_OK) {
             vocab = f.n_vocab;
             logits[k] = malloc(sizeof(float) * LEN_A * vocab);
@@ -512,6 +640,11 @@ static void run_model(const char *label, const pv_gguf *g, int with_f16, double 
             if (with_f16)
                 run_backend(*name, g, PV_F16, tok_a, tok_b, &refs);
         }
+        for (const char *const *name = pv_backend_names(); *name; name++) {
+            test_fusion(label, g, *name, PV_F32, tok_a, FUSION_TOL);
+            if (with_f16)
+                test_fusion(label, g, *name, PV_F16, tok_a, FUSION_TOL);
+        }
         /* The CPU's portable kernels (exact f32), which CPUs without AVX2 run. */
         if (setenv("PV_CPU_KERNELS", "portable", 1) == 0) {
             run_backend("cpu", g, PV_F32, tok_a, tok_b, &refs);
@@ -543,6 +676,7 @@ int main(void)
         for (int i = 0; i < LEN_A; i++)
             tokens[i] = (int)(rng() % hp.n_vocab);
         test_weight_buffers(&g, tokens);
+        test_fused_swiglu(&g, tokens);
     }
     test_wrong_files(&g);
     pv_gguf_free(&g);

@@ -833,14 +833,13 @@ pv_status pv_cpu_attention_contiguous(const pv_cpu_contiguous_attention_args *a)
     return attention_run(&pb, 0);
 }
 
-/* Token i's K and V rows ([n_kv_heads][head_dim] each) go to row
- * token_pos[i] % chunk_tokens of its chunk's slot, as kv_dtype. */
-pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a)
+/* Token i's K and V rows (k, v: [T][n_kv_heads][head_dim]) go to row
+ * token_pos[i] % chunk_tokens of its chunk's slot, as kv_dtype; the rest
+ * of a comes from the caller's checked arguments. */
+static void write_rows(const pv_kv_write_args *a, const float *k, const float *v)
 {
     int64_t row_elems = (int64_t)a->n_kv_heads * a->head_dim;
     int64_t slot_elems = 2 * (int64_t)a->chunk_tokens * row_elems;
-    const float *k = pv_cpu_elem_ptr(a->k, a->k_off, sizeof(float));
-    const float *v = pv_cpu_elem_ptr(a->v, a->v_off, sizeof(float));
     size_t elem = pv_dtype_size(a->kv_dtype);
 
     PV_CPU_OMP("omp parallel for schedule(static) if ((int64_t)a->n_tokens * row_elems >= PV_CPU_PARALLEL_MIN)")
@@ -863,5 +862,33 @@ pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a)
             }
         }
     }
+}
+
+pv_status pv_cpu_kv_write(pv_backend *be, const pv_kv_write_args *a)
+{
+    write_rows(a, pv_cpu_elem_ptr(a->k, a->k_off, sizeof(float)), pv_cpu_elem_ptr(a->v, a->v_off, sizeof(float)));
+    return PV_OK;
+}
+
+/* pv_cpu_rope on q, then on a copy of k, which pv_cpu_kv_write stores with v. */
+pv_status pv_cpu_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
+{
+    float *q = pv_cpu_elem_ptr(a->q, a->q_off, sizeof(float));
+    const size_t k_elems = (size_t)a->n_tokens * (size_t)a->n_kv_heads * (size_t)a->head_dim;
+    float *k_turned = malloc(k_elems * sizeof *k_turned);
+    if (!k_turned)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu rope_kv_write: cannot allocate %zu floats for the rotated k",
+                        k_elems);
+    pv_cpu_rope_rows(q, q, a->n_tokens, a->n_heads, a->head_dim, a->token_pos, a->base, a->neox);
+    pv_cpu_rope_rows(pv_cpu_elem_ptr(a->k, a->k_off, sizeof(float)), k_turned, a->n_tokens, a->n_kv_heads,
+                     a->head_dim, a->token_pos, a->base, a->neox);
+    const pv_kv_write_args rows = {
+        .kv_dtype = a->kv_dtype, .n_tokens = a->n_tokens, .n_kv_heads = a->n_kv_heads, .head_dim = a->head_dim,
+        .chunk_tokens = a->chunk_tokens, .kv_pool = a->kv_pool, .n_slots = a->n_slots,
+        .token_seq = a->token_seq, .token_pos = a->token_pos, .slot_table = a->slot_table, .n_seqs = a->n_seqs,
+        .max_chunks = a->max_chunks,
+    };
+    write_rows(&rows, k_turned, pv_cpu_elem_ptr(a->v, a->v_off, sizeof(float)));
+    free(k_turned);
     return PV_OK;
 }

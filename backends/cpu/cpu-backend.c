@@ -135,7 +135,8 @@ pv_status pv_cpu_scratch(pv_backend *be, uint64_t floats, float **out)
 static int cpu_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
-    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) && pv_cpu_qmatmul_supports(t);
+    return (op == PV_OP_QMATMUL || op == PV_OP_QMATMUL_SWIGLU || op == PV_OP_EMBED_GATHER) &&
+           pv_cpu_qmatmul_supports(t);
 }
 
 static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
@@ -157,7 +158,12 @@ static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
-    case PV_OP_QMATMUL: /* asked through supports_weights */
+    case PV_OP_ADD_RMSNORM:
+        return dtype == PV_F32;
+    case PV_OP_ROPE_KV_WRITE:
+        return dtype == PV_F32 || dtype == PV_F16;
+    case PV_OP_QMATMUL:        /* asked through supports_weights */
+    case PV_OP_QMATMUL_SWIGLU: /* the same */
     case PV_OP_COUNT:
         break;
     }
@@ -275,6 +281,7 @@ static pv_status cpu_finish(pv_backend *be)
 /* C[m x n] = alpha * op(A)[m x k] op(B)[k x n] + beta * C, row-major. */
 static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
 {
+    be->launches++; /* see CPU_OP below */
     const float *A = pv_cpu_elem_ptr(a->a, a->a_off, sizeof(float));
     const float *B = pv_cpu_elem_ptr(a->b, a->b_off, sizeof(float));
     float *C = pv_cpu_elem_ptr(a->c, a->c_off, sizeof(float));
@@ -295,6 +302,39 @@ static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
                 a->trans_b ? CblasTrans : CblasNoTrans, (blasint)a->m, (blasint)a->n, (blasint)a->k,
                 a->alpha, A, (blasint)a->lda, B, (blasint)a->ldb, a->beta, C, (blasint)a->ldc);
     return PV_OK;
+}
+
+/* Each op call is one launch here (pv_backend_launches), counted at the
+ * vtable so that ops which call others internally (a group of products, a
+ * fused op) count once. */
+#define CPU_OP(name, args_type)                                                                    \
+    static pv_status cpu_##name(pv_backend *be, const args_type *a)                                \
+    {                                                                                              \
+        be->launches++;                                                                            \
+        return pv_cpu_##name(be, a);                                                               \
+    }
+CPU_OP(attention, pv_attention_args)
+CPU_OP(kv_write, pv_kv_write_args)
+CPU_OP(slot_gather, pv_slot_copy_args)
+CPU_OP(slot_scatter, pv_slot_copy_args)
+CPU_OP(embed_gather, pv_embed_gather_args)
+CPU_OP(rmsnorm, pv_rmsnorm_args)
+CPU_OP(rope, pv_rope_args)
+CPU_OP(swiglu, pv_swiglu_args)
+CPU_OP(add, pv_add_args)
+CPU_OP(softmax, pv_softmax_args)
+CPU_OP(argmax, pv_argmax_args)
+CPU_OP(sample_top_p, pv_sample_args)
+CPU_OP(qmatmul, pv_qmatmul_args)
+CPU_OP(add_rmsnorm, pv_add_rmsnorm_args)
+CPU_OP(rope_kv_write, pv_rope_kv_write_args)
+CPU_OP(qmatmul_swiglu, pv_qmatmul_swiglu_args)
+#undef CPU_OP
+
+static pv_status cpu_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    be->launches++;
+    return pv_cpu_qmatmul_group(be, products, n);
 }
 
 const pv_backend_ops pv_cpu_backend_ops = {
@@ -320,18 +360,21 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .event_free = cpu_event_free,
     .finish = cpu_finish,
     .gemm = cpu_gemm,
-    .attention = pv_cpu_attention,
-    .kv_write = pv_cpu_kv_write,
-    .slot_gather = pv_cpu_slot_gather,
-    .slot_scatter = pv_cpu_slot_scatter,
-    .embed_gather = pv_cpu_embed_gather,
-    .rmsnorm = pv_cpu_rmsnorm,
-    .rope = pv_cpu_rope,
-    .swiglu = pv_cpu_swiglu,
-    .add = pv_cpu_add,
-    .softmax = pv_cpu_softmax,
-    .argmax = pv_cpu_argmax,
-    .sample_top_p = pv_cpu_sample_top_p,
-    .qmatmul = pv_cpu_qmatmul,
-    .qmatmul_group = pv_cpu_qmatmul_group,
+    .attention = cpu_attention,
+    .kv_write = cpu_kv_write,
+    .slot_gather = cpu_slot_gather,
+    .slot_scatter = cpu_slot_scatter,
+    .embed_gather = cpu_embed_gather,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .softmax = cpu_softmax,
+    .argmax = cpu_argmax,
+    .sample_top_p = cpu_sample_top_p,
+    .qmatmul = cpu_qmatmul,
+    .qmatmul_group = cpu_qmatmul_group,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .rope_kv_write = cpu_rope_kv_write,
+    .qmatmul_swiglu = cpu_qmatmul_swiglu,
 };

@@ -455,6 +455,22 @@ pv_status pv_cpu_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, 
     return PV_OK;
 }
 
+/* The gate and up products as one group (gate into y, up into a->up), then
+ * y = silu(y) * up element-wise. */
+pv_status pv_cpu_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    const pv_qmatmul_args products[2] = {
+        {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in, .n_out = a->n_out, .w = a->w_gate,
+         .w_off = a->w_gate_off, .x = a->x, .x_off = a->x_off, .y = a->y, .y_off = a->y_off},
+        {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in, .n_out = a->n_out, .w = a->w_up,
+         .w_off = a->w_up_off, .x = a->x, .x_off = a->x_off, .y = a->up, .y_off = a->up_off},
+    };
+    PV_TRY(pv_cpu_qmatmul_group(be, products, 2));
+    const pv_swiglu_args s = {.n = a->n_tokens * a->n_out, .gate = a->y, .gate_off = a->y_off, .up = a->up,
+                              .up_off = a->up_off, .out = a->y, .out_off = a->y_off};
+    return pv_cpu_swiglu(be, &s);
+}
+
 int pv_cpu_qmatmul_activation_bits(const pv_backend *be)
 {
     return pv_cpu_avx2_kernels(be) ? 16 : 0; /* the integer kernels come with the AVX2 ones */

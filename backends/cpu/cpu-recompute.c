@@ -8,8 +8,20 @@
 #include <math.h>
 #include <stdlib.h>
 
+/* outr[:] = xr[:] / sqrt(mean(xr^2) + eps) * weight[:] over one row of dim;
+ * outr may be xr (the row is read before it is written). */
+static void rmsnorm_row(const float *xr, const float *weight, float *outr, size_t dim, float eps)
+{
+    double sum_sq = 0.0;
+    for (size_t d = 0; d < dim; d++)
+        sum_sq += (double)xr[d] * xr[d];
+    float inv_rms = (float)(1.0 / sqrt(sum_sq / (double)dim + eps));
+    for (size_t d = 0; d < dim; d++)
+        outr[d] = xr[d] * inv_rms * weight[d];
+}
+
 /* out[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * weight[:], x and out
- * [rows][dim]; in place allowed (the row is read before it is written). */
+ * [rows][dim]; in place allowed. */
 pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 {
     const float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
@@ -18,43 +30,62 @@ pv_status pv_cpu_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
     size_t dim = (size_t)a->dim;
 
     PV_CPU_OMP("omp parallel for schedule(static) if (a->rows * a->dim >= PV_CPU_PARALLEL_MIN)")
+    for (int64_t r = 0; r < a->rows; r++)
+        rmsnorm_row(x + (size_t)r * dim, weight, out + (size_t)r * dim, dim, a->eps);
+    return PV_OK;
+}
+
+/* Per row: x[r][:] += y[r][:] (pv_cpu_add's one f32 rounding), then
+ * out[r][:] = rmsnorm(x[r][:]) * weight[:] (pv_cpu_rmsnorm's row). */
+pv_status pv_cpu_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
+    const float *y = pv_cpu_elem_ptr(a->y, a->y_off, sizeof(float));
+    const float *weight = pv_cpu_elem_ptr(a->weight, a->weight_off, sizeof(float));
+    float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
+    size_t dim = (size_t)a->dim;
+
+    PV_CPU_OMP("omp parallel for schedule(static) if (a->rows * a->dim >= PV_CPU_PARALLEL_MIN)")
     for (int64_t r = 0; r < a->rows; r++) {
-        const float *xr = x + (size_t)r * dim;
-        float *outr = out + (size_t)r * dim;
-        double sum_sq = 0.0;
+        float *xr = x + (size_t)r * dim;
+        const float *yr = y + (size_t)r * dim;
         for (size_t d = 0; d < dim; d++)
-            sum_sq += (double)xr[d] * xr[d];
-        float inv_rms = (float)(1.0 / sqrt(sum_sq / (double)dim + a->eps));
-        for (size_t d = 0; d < dim; d++)
-            outr[d] = xr[d] * inv_rms * weight[d];
+            xr[d] = xr[d] + yr[d];
+        rmsnorm_row(xr, weight, out + (size_t)r * dim, dim, a->eps);
     }
     return PV_OK;
 }
 
-/* x[T][n_heads][head_dim] rotated in place: pair i turns by
+/* dst[T][n_heads][head_dim] = src rotated: pair i turns by
  * pos * base^(-2i/head_dim); pairs are (2i, 2i+1), or (i, i + head_dim/2)
- * with neox. */
-pv_status pv_cpu_rope(pv_backend *be, const pv_rope_args *a)
+ * with neox. dst may be src (each pair is read before it is written). */
+void pv_cpu_rope_rows(const float *src, float *dst, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                      const int32_t *pos, float base, int neox)
 {
-    float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
-    int32_t half = a->head_dim / 2;
-
-    const int64_t elems = (int64_t)a->n_tokens * a->n_heads * a->head_dim;
+    int32_t half = head_dim / 2;
+    const int64_t elems = (int64_t)n_tokens * n_heads * head_dim;
     PV_CPU_OMP("omp parallel for schedule(static) if (elems >= PV_CPU_PARALLEL_MIN)")
-    for (int32_t t = 0; t < a->n_tokens; t++) {
+    for (int32_t t = 0; t < n_tokens; t++) {
         for (int32_t i = 0; i < half; i++) {
-            double angle = (double)a->pos[t] * pow((double)a->base, -2.0 * i / a->head_dim);
+            double angle = (double)pos[t] * pow((double)base, -2.0 * i / head_dim);
             double c = cos(angle), s = sin(angle);
-            int32_t first = a->neox ? i : 2 * i;
-            int32_t second = a->neox ? i + half : 2 * i + 1;
-            for (int32_t h = 0; h < a->n_heads; h++) {
-                float *head = x + ((size_t)t * a->n_heads + h) * a->head_dim;
-                double x0 = head[first], x1 = head[second];
-                head[first] = (float)(x0 * c - x1 * s);
-                head[second] = (float)(x0 * s + x1 * c);
+            int32_t first = neox ? i : 2 * i;
+            int32_t second = neox ? i + half : 2 * i + 1;
+            for (int32_t h = 0; h < n_heads; h++) {
+                size_t head = ((size_t)t * n_heads + h) * head_dim;
+                double x0 = src[head + first], x1 = src[head + second];
+                dst[head + first] = (float)(x0 * c - x1 * s);
+                dst[head + second] = (float)(x0 * s + x1 * c);
             }
         }
     }
+}
+
+/* x[T][n_heads][head_dim] rotated in place. */
+pv_status pv_cpu_rope(pv_backend *be, const pv_rope_args *a)
+{
+    float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
+    pv_cpu_rope_rows(x, x, a->n_tokens, a->n_heads, a->head_dim, a->pos, a->base, a->neox);
     return PV_OK;
 }
 

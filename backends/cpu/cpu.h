@@ -102,6 +102,18 @@ pv_status pv_cpu_add(pv_backend *be, const pv_add_args *a);
 pv_status pv_cpu_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_cpu_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_cpu_sample_top_p(pv_backend *be, const pv_sample_args *a);
+/* dst = src rotated (pv_rope) for n_tokens tokens of n_heads heads at
+ * positions pos; dst may be src. */
+void pv_cpu_rope_rows(const float *src, float *dst, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                      const int32_t *pos, float base, int neox);
+
+/* The fused ops (backend.h), each written as the unfused ops it stands for,
+ * so that it gives their values exactly: add then rmsnorm
+ * (cpu-recompute.c); rope then kv_write (cpu-attention.c); the two
+ * products as a group, then swiglu (cpu-qmatmul.c). */
+pv_status pv_cpu_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
+pv_status pv_cpu_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
+pv_status pv_cpu_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
 
 /* Element pointer into a CPU buffer: byte base + offset in elements. */
 static inline void *pv_cpu_elem_ptr(const pv_buffer *buf, uint64_t off, size_t elem_size)

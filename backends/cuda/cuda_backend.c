@@ -274,14 +274,14 @@ static void cuda_free(pv_backend *be)
 
 /* What NVRTC compiles for on this device, and the kernel cache: fails
  * early, naming the architectures, on a GPU that NVRTC cannot serve. */
-static pv_status init_kernels(cuda_impl *cu, const pv_kernel_tuning *tuning)
+static pv_status init_kernels(cuda_impl *cu, pv_backend *be)
 {
     int major = 0, minor = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device), "device %d",
              cu->device);
     CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device), "device %d",
              cu->device);
-    return pv_cuda_kernels_init(&cu->kernels, major, minor, tuning);
+    return pv_cuda_kernels_init(&cu->kernels, major, minor, be->tuning, &be->launches);
 }
 
 /* Streams, events, the staging ring and cuBLAS: everything an op may need,
@@ -340,7 +340,7 @@ static pv_status cuda_init(pv_backend *be)
     if (st == PV_OK)
         st = enter(cu);
     if (st == PV_OK)
-        st = init_kernels(cu, be->tuning);
+        st = init_kernels(cu, be);
     if (st == PV_OK)
         st = init_resources(cu);
     if (st != PV_OK)
@@ -353,7 +353,7 @@ static int cuda_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
     /* every type kernels/qmatmul.cl is built for */
-    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) &&
+    return (op == PV_OP_QMATMUL || op == PV_OP_QMATMUL_SWIGLU || op == PV_OP_EMBED_GATHER) &&
            pv_kernel_builds_value(PV_KERNEL_QMATMUL, PV_KPARAM_WTYPE, (int)t);
 }
 
@@ -376,7 +376,12 @@ static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
-    case PV_OP_QMATMUL: /* asked through supports_weights */
+    case PV_OP_ADD_RMSNORM:
+        return dtype == PV_F32;
+    case PV_OP_ROPE_KV_WRITE:
+        return dtype == PV_F32 || dtype == PV_F16;
+    case PV_OP_QMATMUL:        /* asked through supports_weights */
+    case PV_OP_QMATMUL_SWIGLU: /* the same */
     case PV_OP_COUNT:
         break;
     }
@@ -797,20 +802,27 @@ static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
                               CUDA_R_16F, lda, &a->beta, pc, CUDA_R_16F, ldc, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
                  "f16 m=%d n=%d k=%d", m, n, k);
+    be->launches++;
     return PV_OK;
 }
 
 /* ---- kernels ----------------------------------------------------------------------------- */
 
+/* The paged index arrays of attention, kv_write and rope_kv_write. */
+static void paging_uploads(upload up[3], int32_t n_tokens, const int32_t *token_seq, const int32_t *token_pos,
+                           const int32_t *slot_table, int32_t n_seqs, int32_t max_chunks)
+{
+    up[0] = (upload){token_seq, (size_t)n_tokens * sizeof(int32_t), NULL};
+    up[1] = (upload){token_pos, (size_t)n_tokens * sizeof(int32_t), NULL};
+    up[2] = (upload){slot_table, (size_t)n_seqs * (size_t)max_chunks * sizeof(int32_t), NULL};
+}
+
 static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
-    upload up[3] = {
-        {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
-        {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
-        {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
-    };
+    upload up[3];
+    paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
     pv_kernel_bucket bucket;
     pv_kernel_bucket_of_attention(a, &bucket);
     const int tuned_splits = pv_kernel_tuned(be->tuning, &bucket).value[PV_KPARAM_SPLITS];
@@ -833,11 +845,8 @@ static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
-    upload up[3] = {
-        {a->token_seq, (size_t)a->n_tokens * sizeof(int32_t), NULL},
-        {a->token_pos, (size_t)a->n_tokens * sizeof(int32_t), NULL},
-        {a->slot_table, (size_t)a->n_seqs * (size_t)a->max_chunks * sizeof(int32_t), NULL},
-    };
+    upload up[3];
+    paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
     staged region;
     PV_TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
@@ -996,15 +1005,17 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
 
 /* y[:, r0 : r0 + n_rows] = x W_tile^T for W_tile [n_rows][n_in] f32 (the
  * row-major product as its column-major transpose, as cuda_gemm does). */
-static pv_status qmatmul_sgemm(cuda_impl *cu, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows,
+static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows,
                                const float *tile)
 {
+    cuda_impl *cu = impl_of(be);
     const float one = 1.0f, zero = 0.0f;
     const int n_in = (int)a->n_in;
     BLAS_TRY(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
                          n_in, (const float *)dev_ptr(a->x, a->x_off, 4), n_in, &zero,
                          (float *)dev_ptr(a->y, a->y_off + (uint64_t)r0, 4), (int)a->n_out),
              "qmatmul T=%" PRId64 " rows=%" PRId64 " n_in=%d", a->n_tokens, n_rows, n_in);
+    be->launches++;
     return PV_OK;
 }
 
@@ -1018,7 +1029,7 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
                                             (float *)dev_ptr(a->y, a->y_off, 4));
     if (a->w_type == PV_W_F32) /* cuBLAS reads f32 weights in place */
-        return qmatmul_sgemm(cu, a, 0, a->n_out, (const float *)w);
+        return qmatmul_sgemm(be, a, 0, a->n_out, (const float *)w);
 
     int64_t tile_rows = (int64_t)(QMATMUL_TILE_BYTES / sizeof(float)) / a->n_in;
     tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
@@ -1029,9 +1040,61 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
         PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, (float *)tile));
-        PV_TRY(qmatmul_sgemm(cu, a, r0, n_rows, (const float *)tile));
+        PV_TRY(qmatmul_sgemm(be, a, r0, n_rows, (const float *)tile));
     }
     return PV_OK;
+}
+
+/* Decode-sized batches: one pass over both matrices. Larger ones: the two
+ * products as cuda_qmatmul runs them (gate into y, up into a->up), then
+ * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32. */
+static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    float *y = dev_ptr(a->y, a->y_off, 4);
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
+        return pv_cuda_launch_qmatmul_swiglu_fused(&cu->kernels, s, a, weight_ptr(a->w_gate, a->w_type, a->w_gate_off),
+                                                   weight_ptr(a->w_up, a->w_type, a->w_up_off),
+                                                   (const float *)dev_ptr(a->x, a->x_off, 4), y);
+    pv_qmatmul_args product = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in, .n_out = a->n_out,
+                               .w = a->w_gate, .w_off = a->w_gate_off, .x = a->x, .x_off = a->x_off, .y = a->y,
+                               .y_off = a->y_off};
+    PV_TRY(cuda_qmatmul(be, &product));
+    product.w = a->w_up;
+    product.w_off = a->w_up_off;
+    product.y = a->up;
+    product.y_off = a->up_off;
+    PV_TRY(cuda_qmatmul(be, &product));
+    const pv_swiglu_args swiglu = {.n = a->n_tokens * a->n_out};
+    return pv_cuda_launch_swiglu(&cu->kernels, s, &swiglu, y, (const float *)dev_ptr(a->up, a->up_off, 4), y);
+}
+
+static pv_status cuda_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    return pv_cuda_launch_add_rmsnorm(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, (float *)dev_ptr(a->x, a->x_off, 4),
+                                      (const float *)dev_ptr(a->y, a->y_off, 4),
+                                      (const float *)dev_ptr(a->weight, a->weight_off, 4),
+                                      (float *)dev_ptr(a->out, a->out_off, 4));
+}
+
+static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    upload up[3];
+    paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
+    staged region;
+    PV_TRY(staging_upload(cu, "rope_kv_write", up, 3, 0, &region, NULL));
+    pv_status st = pv_cuda_launch_rope_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                                (float *)dev_ptr(a->q, a->q_off, 4),
+                                                (const float *)dev_ptr(a->k, a->k_off, 4),
+                                                (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1),
+                                                up[0].dev, up[1].dev, up[2].dev);
+    return staging_done(cu, &region, st);
 }
 
 static const pv_backend_ops cuda_backend_ops = {
@@ -1068,6 +1131,9 @@ static const pv_backend_ops cuda_backend_ops = {
     .argmax = cuda_argmax,
     .sample_top_p = cuda_sample_top_p,
     .qmatmul = cuda_qmatmul,
+    .add_rmsnorm = cuda_add_rmsnorm,
+    .rope_kv_write = cuda_rope_kv_write,
+    .qmatmul_swiglu = cuda_qmatmul_swiglu,
     .tunable_kernels = 1,
 };
 

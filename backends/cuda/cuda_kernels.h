@@ -29,8 +29,8 @@
 pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Kernels looked up in one program at most (the gather family's six). */
-#define PV_CUDA_PROGRAM_KERNELS 8
+/* Kernels looked up in one program at most (the qmatmul family's eight). */
+#define PV_CUDA_PROGRAM_KERNELS 12
 
 /* One loaded program: a family under one parameter set. */
 typedef struct pv_cuda_program {
@@ -50,13 +50,16 @@ typedef struct pv_cuda_kernels {
     /* The backend's tuned sets per bucket (pv_backend.tuning); launchers
      * copy their call's set and fill in the variants. */
     const pv_kernel_tuning *tuning;
+    uint64_t *launches; /* the backend's count (pv_backend.launches): one per kernel launch */
     pv_cuda_program *programs;
     int n_programs, cap_programs;
 } pv_cuda_kernels;
 
 /* The target for a device of compute capability major.minor, the cache
- * directory and the backend's tuned sets; builds nothing yet. */
-pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning);
+ * directory, the backend's tuned sets and its launch count; builds nothing
+ * yet. */
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning,
+                               uint64_t *launches);
 
 /* Unloads every program; the caller has drained the streams. */
 void pv_cuda_kernels_free(pv_cuda_kernels *k);
@@ -90,6 +93,21 @@ pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, 
 /* tile[n_rows][n_in] = rows row0.. of W widened to f32; n_rows <= 65535. */
 pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
                                        const void *w, int64_t row0, int64_t n_rows, float *tile);
+
+/* T <= 16: y = silu(x Wg^T) * (x Wu^T) in one pass over both matrices. */
+pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t stream,
+                                              const pv_qmatmul_swiglu_args *a, const void *w_gate,
+                                              const void *w_up, const float *x, float *y);
+
+/* q rotated in place; k rotated into the pool beside v. */
+pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_rope_kv_write_args *a,
+                                       float *q, const float *kf, const float *vf, void *kv_pool,
+                                       const int32_t *token_seq, const int32_t *token_pos,
+                                       const int32_t *slot_table);
+
+/* x += y, then out = rmsnorm(x) * weight. */
+pv_status pv_cuda_launch_add_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_rmsnorm_args *a, float *x,
+                                     const float *y, const float *weight, float *out);
 
 pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_rmsnorm_args *a,
                                  const float *x, const float *weight, float *out);

@@ -29,13 +29,15 @@
 
 /* ---- programs -------------------------------------------------------------------- */
 
-pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning)
+pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const pv_kernel_tuning *tuning,
+                               uint64_t *launches)
 {
     memset(k, 0, sizeof *k);
     PV_TRY(pv_cuda_target_for(major, minor, &k->target));
     if (!pv_cuda_cache_dir(k->cache_dir, sizeof k->cache_dir))
         k->cache_dir[0] = '\0';
     k->tuning = tuning;
+    k->launches = launches;
     return PV_OK;
 }
 
@@ -153,8 +155,8 @@ static long long rows_in_grid_x(long long total, long long first)
     return total - first < MAX_GRID_X ? total - first : MAX_GRID_X;
 }
 
-static pv_status launch(cudaStream_t stream, const char *what, cudaKernel_t kernel, unsigned int groups0,
-                        unsigned int groups1, int work_group, void **args)
+static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *what, cudaKernel_t kernel,
+                        unsigned int groups0, unsigned int groups1, int work_group, void **args)
 {
     dim3 grid = {groups0, groups1, 1};
     dim3 block = {(unsigned int)work_group, 1, 1};
@@ -162,6 +164,7 @@ static pv_status launch(cudaStream_t stream, const char *what, cudaKernel_t kern
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaLaunchKernel", "%s, %u x %u groups of %d", what, groups0, groups1,
                             work_group);
+    (*k->launches)++;
     return PV_OK;
 }
 
@@ -207,11 +210,11 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
                         &slot_table, &max_chunks, &n_heads,      &n_kv_heads,  &head_dim,
                         &chunk_tokens, &scale,    &heads_per_block, &n_splits, &out,
                         &off,       &part,       &part_off,     &ml_off};
-        PV_TRY(launch(stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
+        PV_TRY(launch(k, stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
                    args));
         if (splits > 1) {
             void *combine_args[] = {&part, &part_off, &ml_off, &n_splits, &n_heads, &head_dim, &out, &off};
-            PV_TRY(launch(stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
+            PV_TRY(launch(k, stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
         }
     }
     return PV_OK;
@@ -236,7 +239,7 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
         const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
         void *args[] = {&kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks, &chunk_tokens,
                         &row_elems};
-        PV_TRY(launch(stream, "kv_write", kernel, groups_of(row_elems, wg),
+        PV_TRY(launch(k, stream, "kv_write", kernel, groups_of(row_elems, wg),
                    (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
     }
     return PV_OK;
@@ -259,7 +262,7 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
         long long off = i0 * slot_elems;
         const int32_t *ids = slots + i0;
         void *args[] = {&pool, &staging, &off, &ids, &slot_elems};
-        PV_TRY(launch(stream, what, kernel, groups_of(slot_elems, per_group),
+        PV_TRY(launch(k, stream, what, kernel, groups_of(slot_elems, per_group),
                    (unsigned int)rows_in_launch(a->n_slots_moved, i0), wg, args));
     }
     return PV_OK;
@@ -272,6 +275,31 @@ static pv_kernel_params weight_params(const pv_cuda_kernels *k, pv_wtype t)
     pv_kernel_params p = family_params(k, PV_KERNEL_QMATMUL);
     p.value[PV_KPARAM_WTYPE] = (int)t;
     return p;
+}
+
+/* groups {n_heads + n_kv_heads, T} */
+pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_rope_kv_write_args *a,
+                                       float *q, const float *kf, const float *vf, void *kv_pool,
+                                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_table)
+{
+    pv_kernel_params p = family_params(k, PV_KERNEL_GATHER);
+    p.value[PV_KPARAM_STORE_F16] = a->kv_dtype == PV_F16;
+    cudaKernel_t kernel;
+    PV_TRY(kernel_get_stored(k, &p, "pv_rope_kv_write", a->kv_dtype == PV_F16, &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    int max_chunks = a->max_chunks, chunk_tokens = a->chunk_tokens, n_heads = a->n_heads;
+    int n_kv_heads = a->n_kv_heads, head_dim = a->head_dim, neox = a->neox ? 1 : 0;
+    float base = a->base;
+    const long long q_elems = (long long)a->n_heads * a->head_dim, row_elems = (long long)a->n_kv_heads * a->head_dim;
+    for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
+        long long q_off = i0 * q_elems, off = i0 * row_elems;
+        const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
+        void *args[] = {&q, &q_off, &kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks,
+                        &chunk_tokens, &n_heads, &n_kv_heads, &head_dim, &base, &neox};
+        PV_TRY(launch(k, stream, "rope_kv_write", kernel, (unsigned int)(a->n_heads + a->n_kv_heads),
+                      (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
+    }
+    return PV_OK;
 }
 
 /* groups {ceil(dim / PV_WG), n_ids} */
@@ -287,36 +315,62 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
         long long out_off = i0 * a->dim;
         const int32_t *first = ids + i0;
         void *args[] = {&table, &table_off, &first, &dim, &out, &out_off};
-        PV_TRY(launch(stream, "embed_gather", kernel, groups_of(a->dim, wg),
+        PV_TRY(launch(k, stream, "embed_gather", kernel, groups_of(a->dim, wg),
                    (unsigned int)rows_in_launch(a->n_ids, i0), wg, args));
     }
     return PV_OK;
 }
 
-/* groups {ceil(n_out / rows_per_group), 1}: the work-items of a row take its
- * units (blocks, or elements of the float types), as many as there are
- * units up to the group, the rest of the group other rows. */
-pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
-                                       const void *w, const float *x, float *y)
+/* The fused kernel "<base>_<max_t>" for the smallest token class max_t >=
+ * T, of weight type t, over W (w_up NULL) or the gate and up matrices of a
+ * SwiGLU: groups {ceil(n_out / rows_per_group), 1}, the work-items of a
+ * row taking its units (blocks, or elements of the float types), as many
+ * as there are units up to the group, the rest of the group other rows. */
+static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const char *base, pv_wtype t, const void *w,
+                              const void *w_up, const float *x, float *y, int64_t n_tokens, int64_t n_in,
+                              int64_t n_out)
 {
-    const pv_kernel_params p = weight_params(k, a->w_type);
-    const char *name = a->n_tokens <= 1 ? "pv_qmatmul_fused_1"
-                       : a->n_tokens <= 4 ? "pv_qmatmul_fused_4"
-                                          : "pv_qmatmul_fused_16";
+    const pv_kernel_params p = weight_params(k, t);
+    char name[40];
+    snprintf(name, sizeof name, "%s_%d", base, n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16);
     cudaKernel_t kernel;
     PV_TRY(kernel_get(k, &p, name, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     uint32_t block_elems = 1;
-    pv_wtype_block(a->w_type, &block_elems, NULL);
-    const long long units = a->n_in / block_elems;
+    pv_wtype_block(t, &block_elems, NULL);
+    const long long units = n_in / block_elems;
     int per_row = 1;
     while (per_row < units && per_row < wg)
         per_row *= 2;
     int rows_per_group = wg / per_row;
     long long zero = 0;
-    int n_tokens = (int)a->n_tokens, n_in = (int)a->n_in, n_out = (int)a->n_out;
-    void *args[] = {&w, &zero, &x, &zero, &y, &zero, &n_tokens, &n_in, &n_out, &rows_per_group};
-    return launch(stream, name + 3, kernel, groups_of(a->n_out, rows_per_group), 1, wg, args);
+    int tokens = (int)n_tokens, in = (int)n_in, out = (int)n_out;
+    void *args[12];
+    int n = 0;
+    args[n++] = &w;
+    args[n++] = &zero;
+    if (w_up) {
+        args[n++] = &w_up;
+        args[n++] = &zero;
+    }
+    void *rest[] = {&x, &zero, &y, &zero, &tokens, &in, &out, &rows_per_group};
+    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+        args[n++] = rest[i];
+    return launch(k, stream, name + 3, kernel, groups_of(n_out, rows_per_group), 1, wg, args);
+}
+
+pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                       const void *w, const float *x, float *y)
+{
+    return launch_fused(k, stream, "pv_qmatmul_fused", a->w_type, w, NULL, x, y, a->n_tokens, a->n_in, a->n_out);
+}
+
+pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t stream,
+                                              const pv_qmatmul_swiglu_args *a, const void *w_gate,
+                                              const void *w_up, const float *x, float *y)
+{
+    return launch_fused(k, stream, "pv_qmatmul_swiglu", a->w_type, w_gate, w_up, x, y, a->n_tokens, a->n_in,
+                        a->n_out);
 }
 
 /* groups {ceil(n_in / PV_WG), n_rows}, n_rows <= 65535 (the caller's tiles) */
@@ -330,7 +384,7 @@ pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, 
     long long w_off = 0, first_row = row0;
     int n_in = (int)a->n_in;
     void *args[] = {&w, &w_off, &n_in, &first_row, &tile};
-    return launch(stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg, args);
+    return launch(k, stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg, args);
 }
 
 /* ---- recompute family ---------------------------------------------------------------- */
@@ -357,7 +411,24 @@ pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const 
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->dim;
         void *args[] = {&x, &off, &weight, &weight_off, &out, &off, &dim, &eps};
-        PV_TRY(launch(stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(k, stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_add_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_rmsnorm_args *a, float *x,
+                                     const float *y, const float *weight, float *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    PV_TRY(recompute_kernel(k, "pv_add_rmsnorm", &kernel, &wg, NULL));
+    long long weight_off = 0, dim = a->dim;
+    float eps = a->eps;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->dim;
+        void *args[] = {&x, &off, &y, &off, &weight, &weight_off, &out, &off, &dim, &eps};
+        PV_TRY(launch(k, stream, "add_rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -376,7 +447,7 @@ pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_
         long long off = i0 * token_elems;
         const int32_t *first = pos + i0;
         void *args[] = {&x, &off, &first, &n_heads, &head_dim, &base, &neox};
-        PV_TRY(launch(stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
+        PV_TRY(launch(k, stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
                    wg, args));
     }
     return PV_OK;
@@ -397,7 +468,7 @@ static pv_status elementwise(pv_cuda_kernels *k, cudaStream_t stream, const char
         const float *xe = x + e0, *ye = y + e0;
         float *oute = out + e0;
         void *args[] = {&xe, &zero, &ye, &zero, &oute, &zero, &n};
-        PV_TRY(launch(stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
+        PV_TRY(launch(k, stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
     }
     return PV_OK;
 }
@@ -426,7 +497,7 @@ pv_status pv_cuda_launch_softmax(pv_cuda_kernels *k, cudaStream_t stream, const 
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
         void *args[] = {&x, &off, &out, &off, &cols, &scale};
-        PV_TRY(launch(stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(k, stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -443,7 +514,7 @@ pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const p
         long long off = r0 * a->cols;
         int32_t *rows_out = out + r0;
         void *args[] = {&x, &off, &cols, &rows_out};
-        PV_TRY(launch(stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(k, stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }
@@ -462,7 +533,7 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
         const float *rows_u = u + r0;
         int32_t *rows_out = out + r0;
         void *args[] = {&logits, &off, &cols, &temperature, &top_p, &rows_u, &rows_out};
-        PV_TRY(launch(stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        PV_TRY(launch(k, stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }

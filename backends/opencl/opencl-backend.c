@@ -339,7 +339,7 @@ static int opencl_supports_weights(const pv_backend *be, pv_op op, pv_wtype t)
 {
     (void)be;
     /* every type kernels/qmatmul.cl is built for */
-    return (op == PV_OP_QMATMUL || op == PV_OP_EMBED_GATHER) &&
+    return (op == PV_OP_QMATMUL || op == PV_OP_QMATMUL_SWIGLU || op == PV_OP_EMBED_GATHER) &&
            pv_kernel_builds_value(PV_KERNEL_QMATMUL, PV_KPARAM_WTYPE, (int)t);
 }
 
@@ -362,7 +362,12 @@ static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
         return dtype == PV_F32;
-    case PV_OP_QMATMUL: /* asked through supports_weights */
+    case PV_OP_ADD_RMSNORM:
+        return dtype == PV_F32;
+    case PV_OP_ROPE_KV_WRITE:
+        return dtype == PV_F32 || dtype == PV_F16;
+    case PV_OP_QMATMUL:        /* asked through supports_weights */
+    case PV_OP_QMATMUL_SWIGLU: /* the same */
     case PV_OP_COUNT:
         break;
     }
@@ -595,11 +600,11 @@ static pv_status opencl_finish(pv_backend *be)
 
 /* k == 0: C = beta * C (CLBlast rejects an empty inner dimension), in one
  * run when C's rows are packed, else row by row; beta = 0 overwrites. */
-static pv_status gemm_scale_only(pv_opencl *cl, const pv_gemm_args *a)
+static pv_status gemm_scale_only(pv_backend *be, const pv_gemm_args *a)
 {
     size_t es = pv_dtype_size(a->dtype);
     cl_mem c = pv_opencl_mem(a->c);
-    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    cl_command_queue queue = pv_opencl_of(be)->queues[PV_QUEUE_COMPUTE];
     int packed = a->ldc == a->n;
     int64_t runs = packed ? 1 : a->m;
     size_t run_elems = (size_t)(packed ? a->m * a->n : a->n);
@@ -618,6 +623,7 @@ static pv_status gemm_scale_only(pv_opencl *cl, const pv_gemm_args *a)
         if (status != CLBlastSuccess)
             return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast scal of run %" PRId64
                             " failed with status %d", r, (int)status);
+        be->launches++;
     }
     return PV_OK;
 }
@@ -626,7 +632,7 @@ static pv_status opencl_gemm(pv_backend *be, const pv_gemm_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (a->k == 0)
-        return gemm_scale_only(cl, a);
+        return gemm_scale_only(be, a);
     cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
     CLBlastTranspose ta = a->trans_a ? CLBlastTransposeYes : CLBlastTransposeNo;
     CLBlastTranspose tb = a->trans_b ? CLBlastTransposeYes : CLBlastTransposeNo;
@@ -646,6 +652,7 @@ static pv_status opencl_gemm(pv_backend *be, const pv_gemm_args *a)
         return pv_error(PV_ERR_BACKEND, "opencl gemm: CLBlast%cgemm (m %" PRId64 ", n %" PRId64 ", k %" PRId64
                         ") failed with status %d", a->dtype == PV_F16 ? 'H' : 'S', a->m, a->n, a->k,
                         (int)status);
+    be->launches++;
     return PV_OK;
 }
 
@@ -683,6 +690,9 @@ static const pv_backend_ops opencl_backend_ops = {
     .argmax = pv_opencl_argmax,
     .sample_top_p = pv_opencl_sample_top_p,
     .qmatmul = pv_opencl_qmatmul,
+    .add_rmsnorm = pv_opencl_add_rmsnorm,
+    .rope_kv_write = pv_opencl_rope_kv_write,
+    .qmatmul_swiglu = pv_opencl_qmatmul_swiglu,
     .tunable_kernels = 1,
 };
 

@@ -230,7 +230,10 @@ static pv_status launch(pv_backend *be, const char *what, const kernel_args *ka,
     size_t local[2] = {(size_t)ka->work_group, 1};
     cl_int err = clEnqueueNDRangeKernel(cl->queues[PV_QUEUE_COMPUTE], ka->kernel, 2, NULL, global, local, 0,
                                         NULL, NULL);
-    return err == CL_SUCCESS ? PV_OK : pv_opencl_fail(what, "clEnqueueNDRangeKernel", err);
+    if (err != CL_SUCCESS)
+        return pv_opencl_fail(what, "clEnqueueNDRangeKernel", err);
+    be->launches++;
+    return PV_OK;
 }
 
 static uint64_t ceil_div(uint64_t n, uint64_t d)
@@ -487,6 +490,37 @@ pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a)
                   (uint64_t)a->n_tokens);
 }
 
+pv_status pv_opencl_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
+{
+    kernel_args ka;
+    pv_status st = kernel_begin_stored(be, a->kv_dtype, "pv_rope_kv_write", &ka);
+    if (st != PV_OK)
+        return st;
+    cl_mem idx[3];
+    st = upload_paging(be, "rope_kv_write", a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
+                       a->max_chunks, idx);
+    if (st != PV_OK)
+        return st;
+    arg_mem(&ka, pv_opencl_mem(a->q));
+    arg_long(&ka, (int64_t)a->q_off);
+    arg_mem(&ka, pv_opencl_mem(a->k));
+    arg_long(&ka, (int64_t)a->k_off);
+    arg_mem(&ka, pv_opencl_mem(a->v));
+    arg_long(&ka, (int64_t)a->v_off);
+    arg_mem(&ka, pv_opencl_mem(a->kv_pool));
+    arg_mem(&ka, idx[0]);
+    arg_mem(&ka, idx[1]);
+    arg_mem(&ka, idx[2]);
+    arg_int(&ka, a->max_chunks);
+    arg_int(&ka, a->chunk_tokens);
+    arg_int(&ka, a->n_heads);
+    arg_int(&ka, a->n_kv_heads);
+    arg_int(&ka, a->head_dim);
+    arg_float(&ka, a->base);
+    arg_int(&ka, a->neox ? 1 : 0);
+    return launch(be, "rope_kv_write", &ka, (uint64_t)a->n_heads + (uint64_t)a->n_kv_heads, (uint64_t)a->n_tokens);
+}
+
 static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, const char *name)
 {
     kernel_args ka;
@@ -564,43 +598,50 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
                   (uint64_t)a->n_ids);
 }
 
-/* T <= PV_OPENCL_QMATMUL_FUSED_MAX_T: the work-items of a row take its
- * units (blocks, or elements of the float types), as many work-items as
- * there are units up to the group, the rest of the group other rows. */
-static pv_status qmatmul_fused(pv_backend *be, const pv_qmatmul_args *a)
+/* The fused kernels (T <= PV_OPENCL_QMATMUL_FUSED_MAX_T), "<base>_<max_t>"
+ * for the smallest token class max_t >= T, over n_w matrices of weight
+ * type t (the product, or the gate and up of a SwiGLU): the work-items of a
+ * row take its units (blocks, or elements of the float types), as many
+ * work-items as there are units up to the group, the rest of the group
+ * other rows. */
+static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, int n_w, const pv_buffer *const *w,
+                                const uint64_t *w_off, const pv_buffer *x, uint64_t x_off, const pv_buffer *y,
+                                uint64_t y_off, int64_t n_tokens, int64_t n_in, int64_t n_out)
 {
-    const int max_t = a->n_tokens <= 1 ? 1 : a->n_tokens <= 4 ? 4 : 16;
-    char name[32];
-    snprintf(name, sizeof name, "pv_qmatmul_fused_%d", max_t);
+    const int max_t = n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;
+    char name[40];
+    snprintf(name, sizeof name, "%s_%d", base, max_t);
     kernel_args ka;
-    pv_status st = kernel_begin_weights(be, a->w_type, name, &ka);
+    pv_status st = kernel_begin_weights(be, t, name, &ka);
     if (st != PV_OK)
         return st;
     uint32_t block_elems = 1;
-    pv_wtype_block(a->w_type, &block_elems, NULL);
-    const int64_t units = a->n_in / block_elems;
+    pv_wtype_block(t, &block_elems, NULL);
+    const int64_t units = n_in / block_elems;
     int per_row = 1;
     while (per_row < units && per_row < ka.work_group)
         per_row *= 2;
     const int rows_per_group = ka.work_group / per_row;
-    arg_mem(&ka, pv_opencl_mem(a->w));
-    arg_long(&ka, weight_words(a->w_type, a->w_off));
-    arg_mem(&ka, pv_opencl_mem(a->x));
-    arg_long(&ka, (int64_t)a->x_off);
-    arg_mem(&ka, pv_opencl_mem(a->y));
-    arg_long(&ka, (int64_t)a->y_off);
-    arg_int(&ka, (int32_t)a->n_tokens);
-    arg_int(&ka, (int32_t)a->n_in);
-    arg_int(&ka, (int32_t)a->n_out);
+    for (int i = 0; i < n_w; i++) {
+        arg_mem(&ka, pv_opencl_mem(w[i]));
+        arg_long(&ka, weight_words(t, w_off[i]));
+    }
+    arg_mem(&ka, pv_opencl_mem(x));
+    arg_long(&ka, (int64_t)x_off);
+    arg_mem(&ka, pv_opencl_mem(y));
+    arg_long(&ka, (int64_t)y_off);
+    arg_int(&ka, (int32_t)n_tokens);
+    arg_int(&ka, (int32_t)n_in);
+    arg_int(&ka, (int32_t)n_out);
     arg_int(&ka, rows_per_group);
-    return launch(be, "qmatmul", &ka, ceil_div((uint64_t)a->n_out, (uint64_t)rows_per_group), 1);
+    return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)rows_per_group), 1);
 }
 
 /* y[:, r0 : r0 + n_rows] = x W_tile^T, W_tile [n_rows][n_in] f32 from b_off of b. */
-static pv_status qmatmul_sgemm(pv_opencl *cl, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows, cl_mem b,
+static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows, cl_mem b,
                                size_t b_off)
 {
-    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    cl_command_queue queue = pv_opencl_of(be)->queues[PV_QUEUE_COMPUTE];
     CLBlastStatusCode status =
         CLBlastSgemm(CLBlastLayoutRowMajor, CLBlastTransposeNo, CLBlastTransposeYes, (size_t)a->n_tokens,
                      (size_t)n_rows, (size_t)a->n_in, 1.0f, pv_opencl_mem(a->x), (size_t)a->x_off,
@@ -610,6 +651,7 @@ static pv_status qmatmul_sgemm(pv_opencl *cl, const pv_qmatmul_args *a, int64_t 
         return pv_error(PV_ERR_BACKEND, "opencl qmatmul: CLBlastSgemm (T %" PRId64 ", rows %" PRId64
                         " from %" PRId64 ", n_in %" PRId64 ") failed with status %d",
                         a->n_tokens, n_rows, r0, a->n_in, (int)status);
+    be->launches++;
     return PV_OK;
 }
 
@@ -617,9 +659,10 @@ pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (a->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T)
-        return qmatmul_fused(be, a);
+        return fused_products(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, a->y,
+                              a->y_off, a->n_tokens, a->n_in, a->n_out);
     if (a->w_type == PV_W_F32) /* GEMM reads f32 weights in place */
-        return qmatmul_sgemm(cl, a, 0, a->n_out, pv_opencl_mem(a->w), (size_t)a->w_off);
+        return qmatmul_sgemm(be, a, 0, a->n_out, pv_opencl_mem(a->w), (size_t)a->w_off);
 
     int64_t tile_rows = (int64_t)(PV_OPENCL_QMATMUL_TILE_BYTES / sizeof(float)) / a->n_in;
     tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
@@ -643,7 +686,7 @@ pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
         st = launch(be, "qmatmul widen", &ka, ceil_div((uint64_t)a->n_in, (uint64_t)ka.work_group),
                     (uint64_t)n_rows);
         if (st == PV_OK)
-            st = qmatmul_sgemm(cl, a, r0, n_rows, tile, 0);
+            st = qmatmul_sgemm(be, a, r0, n_rows, tile, 0);
     }
     return st;
 }
@@ -714,6 +757,53 @@ pv_status pv_opencl_swiglu(pv_backend *be, const pv_swiglu_args *a)
 pv_status pv_opencl_add(pv_backend *be, const pv_add_args *a)
 {
     return elementwise(be, "pv_add", a->a, a->a_off, a->b, a->b_off, a->out, a->out_off, a->n);
+}
+
+/* Decode-sized batches: one pass of pv_qmatmul_swiglu_<max_t> over both
+ * matrices. Larger ones: the two products as pv_opencl_qmatmul runs them
+ * (widened tiles and CLBlast, gate into y and up into a->up), then
+ * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32. */
+pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    if (a->n_tokens > PV_OPENCL_QMATMUL_FUSED_MAX_T) {
+        pv_qmatmul_args product = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in,
+                                   .n_out = a->n_out, .w = a->w_gate, .w_off = a->w_gate_off, .x = a->x,
+                                   .x_off = a->x_off, .y = a->y, .y_off = a->y_off};
+        pv_status st = pv_opencl_qmatmul(be, &product);
+        product.w = a->w_up;
+        product.w_off = a->w_up_off;
+        product.y = a->up;
+        product.y_off = a->up_off;
+        if (st == PV_OK)
+            st = pv_opencl_qmatmul(be, &product);
+        if (st != PV_OK)
+            return st;
+        return elementwise(be, "pv_swiglu", a->y, a->y_off, a->up, a->up_off, a->y, a->y_off,
+                           a->n_tokens * a->n_out);
+    }
+    const pv_buffer *const w[2] = {a->w_gate, a->w_up};
+    const uint64_t w_off[2] = {a->w_gate_off, a->w_up_off};
+    return fused_products(be, "pv_qmatmul_swiglu", a->w_type, 2, w, w_off, a->x, a->x_off, a->y, a->y_off,
+                          a->n_tokens, a->n_in, a->n_out);
+}
+
+pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    kernel_args ka;
+    pv_status st = kernel_begin(be, "pv_add_rmsnorm", &ka);
+    if (st != PV_OK)
+        return st;
+    arg_mem(&ka, pv_opencl_mem(a->x));
+    arg_long(&ka, (int64_t)a->x_off);
+    arg_mem(&ka, pv_opencl_mem(a->y));
+    arg_long(&ka, (int64_t)a->y_off);
+    arg_mem(&ka, pv_opencl_mem(a->weight));
+    arg_long(&ka, (int64_t)a->weight_off);
+    arg_mem(&ka, pv_opencl_mem(a->out));
+    arg_long(&ka, (int64_t)a->out_off);
+    arg_long(&ka, a->dim);
+    arg_float(&ka, a->eps);
+    return launch(be, "add_rmsnorm", &ka, (uint64_t)a->rows, 1);
 }
 
 pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a)

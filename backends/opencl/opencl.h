@@ -116,5 +116,8 @@ pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a);
 pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
+pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
+pv_status pv_opencl_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
+pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
 
 #endif

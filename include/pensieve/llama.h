@@ -33,6 +33,10 @@ typedef struct pv_llama_options {
      * MiB, under OpenCL devices' allocation limits); a larger matrix gets a
      * buffer of its own. */
     uint64_t max_weight_buffer_bytes;
+    /* 1 (default): the fused ops where the backend has them (residual add
+     * with the next RMSNorm, RoPE with the K/V write, the SwiGLU product),
+     * fewer launches for the same values; 0: the unfused ops, to compare. */
+    int fuse;
 } pv_llama_options;
 
 void pv_llama_options_default(pv_llama_options *o);
