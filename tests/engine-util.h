@@ -18,12 +18,14 @@ typedef struct eu_model {
     pv_tokenizer tok;
 } eu_model;
 
-/* The synthetic model (n_layers layers, context n_ctx) on backend `name`.
+/* The synthetic model (n_layers layers, context n_ctx) on backend be (NULL:
+ * open backend `name`), which m owns from now on, also on failure.
  * PV_ERR_NO_DEVICE / PV_ERR_NOT_FOUND when the backend is absent. */
-static inline pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx,
-                               pv_dtype kv, int32_t chunk_tokens)
+static inline pv_status eu_model_init_on(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
+                                         uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens)
 {
     memset(m, 0, sizeof *m);
+    m->be = be;
     pv_synth_config c;
     pv_synth_config_default(&c);
     c.n_layers = n_layers;
@@ -44,11 +46,17 @@ static inline pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_
     o.chunk_tokens = chunk_tokens;
     o.max_batch_tokens = 128;
     o.max_logit_rows = 16;
-    if ((st = pv_tokenizer_init(&m->tok, &g)) == PV_OK && (st = pv_backend_init(&m->be, name, 0)) == PV_OK)
+    if ((st = pv_tokenizer_init(&m->tok, &g)) == PV_OK && (m->be || (st = pv_backend_init(&m->be, name, 0)) == PV_OK))
         st = pv_llama_init(&m->model, m->be, &g, &o);
     pv_gguf_free(&g);
     free(image);
     return st;
+}
+
+static inline pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx,
+                                      pv_dtype kv, int32_t chunk_tokens)
+{
+    return eu_model_init_on(m, NULL, name, n_layers, n_ctx, kv, chunk_tokens);
 }
 
 static inline void eu_model_free(eu_model *m)

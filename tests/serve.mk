@@ -2,7 +2,7 @@
 # the synthetic model).
 check_PROGRAMS += tests/test-serve
 TESTS += tests/test-serve
-tests_test_serve_SOURCES = tests/test-serve.c
+tests_test_serve_SOURCES = tests/test-serve.c tests/delay-backend.c
 tests_test_serve_CPPFLAGS = $(PV_TEST_INCLUDES) $(LIBCURL_CFLAGS) $(JANSSON_CFLAGS) $(MHD_CFLAGS)
 tests_test_serve_LDADD = $(PV_SERVER_LINK) $(LIBCURL_LIBS) $(JANSSON_LIBS) $(PTHREAD_LIBS)
 

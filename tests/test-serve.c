@@ -6,6 +6,7 @@
  * mid-stream (its turn is cancelled, no slot stays held). */
 #include "server/server.h"
 
+#include "delay-backend.h"
 #include "engine-util.h"
 
 #include <curl/curl.h>
@@ -221,17 +222,31 @@ typedef struct rig {
     int port;
 } rig;
 
-/* max_body, timeout_s and device_mib: 0 for the defaults (the server's; a
- * 4 MiB device tier). */
-static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t n_keys, size_t max_body,
-                     unsigned timeout_s, size_t device_mib)
+/* A server's settings; zero fields take the defaults (the server's; a 4
+ * MiB device tier; the CPU backend without delays). */
+typedef struct rig_opts {
+    uint32_t n_layers;
+    const char *const *keys;
+    size_t n_keys, max_body;
+    unsigned timeout_s;
+    size_t device_mib;
+    /* Each attention call sleeps this long (the delay backend): turns that
+     * last without costing CPU, whatever the machine's speed or load. */
+    double attention_delay_s;
+} rig_opts;
+
+static int rig_start(rig *g, const rig_opts *o)
 {
     memset(g, 0, sizeof *g);
-    if (eu_model_init(&g->m, "cpu", n_layers, N_CTX, PV_F32, 16) != PV_OK)
+    pv_backend *be = NULL;
+    const pv_delay_options delay = {.attention_delay_s = o->attention_delay_s};
+    if (o->attention_delay_s > 0 && pv_delay_backend_init(&be, &delay) != PV_OK)
+        return -1;
+    if (eu_model_init_on(&g->m, be, "cpu", o->n_layers, N_CTX, PV_F32, 16) != PV_OK)
         return -1;
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
-    cc.device_bytes = (device_mib ? device_mib : 4) << 20;
+    cc.device_bytes = (o->device_mib ? o->device_mib : 4) << 20;
     cc.host_bytes = 4u << 20;
     pv_engine_config ec;
     pv_engine_config_defaults(&ec);
@@ -240,15 +255,15 @@ static int rig_start(rig *g, uint32_t n_layers, const char *const *keys, size_t 
     pv_server_config sc;
     pv_server_config_defaults(&sc);
     sc.port = 0;
-    sc.api_keys = keys;
-    sc.n_api_keys = n_keys;
+    sc.api_keys = o->keys;
+    sc.n_api_keys = o->n_keys;
     sc.model_id = "synthetic";
     sc.n_ctx = N_CTX;
-    sc.n_layers = n_layers;
-    if (max_body)
-        sc.max_body = max_body;
-    if (timeout_s)
-        sc.connection_timeout_s = timeout_s;
+    sc.n_layers = o->n_layers;
+    if (o->max_body)
+        sc.max_body = o->max_body;
+    if (o->timeout_s)
+        sc.connection_timeout_s = o->timeout_s;
     if (pv_server_start(&g->srv, g->e, &g->m.tok, &sc) != PV_OK)
         return -1;
     g->port = pv_server_port(g->srv);
@@ -461,7 +476,7 @@ static void test_api_keys(void)
 {
     static const char *const keys[] = {"key-alice", "key-bob"};
     rig g;
-    if (rig_start(&g, 2, keys, 2, 0, 0, 0) != 0) {
+    if (rig_start(&g, &(rig_opts){.n_layers = 2, .keys = keys, .n_keys = 2}) != 0) {
         ok(0, "server with API keys: %s", pv_last_error());
         return;
     }
@@ -666,20 +681,18 @@ static void *run_long_client(void *arg)
  * never run. */
 static void test_abandoned_wait(void)
 {
-    /* Deep and long enough that the first turn surely outlasts the
-     * second's client and the watcher's look (0.5 s of decoding here).
-     * Both turns fit the 16 MiB device pool (4096 slots: 120 chunks of 16
-     * tokens in each of 24 layers take 2880), or the engine would refuse
-     * the second at submit whatever the client. */
+    /* The first turn surely outlasts the second's client and the
+     * watcher's look: 300 tokens of 2 layers whose attention sleeps 2 ms
+     * (1.2 s, whatever the machine). */
     rig rg, *g = &rg;
-    if (rig_start(g, 24, NULL, 0, 0, 0, 16) != 0) {
+    if (rig_start(g, &(rig_opts){.n_layers = 2, .attention_delay_s = 0.002}) != 0) {
         ok(0, "server for the abandoned-wait test: %s", pv_last_error());
         return;
     }
     stats_call before, after;
     pv_server_engine_call(g->srv, get_stats, &before);
     volatile size_t progress = 0;
-    long_client first = {.port = g->port, .stream = 1, .session = "queue",
+    long_client first = {.port = g->port, .stream = 1, .max_tokens = 300, .session = "queue",
                          .progress = &progress};
     pthread_t t;
     double t0 = wall_s();
@@ -730,18 +743,19 @@ static void test_abandoned_wait(void)
 static void test_turn_outlasts_timeout(void)
 {
     rig g;
-    if (rig_start(&g, 64, NULL, 0, 0, 1, 40) != 0) {
+    /* 250 tokens of 2 layers whose attention sleeps 5 ms: 2.5 s. */
+    if (rig_start(&g, &(rig_opts){.n_layers = 2, .timeout_s = 1, .attention_delay_s = 0.005}) != 0) {
         ok(0, "server with a 1 s connection timeout: %s", pv_last_error());
         return;
     }
     volatile size_t ignored = 0;
-    long_client plain = {.port = g.port, .stream = 0, .progress = &ignored};
+    long_client plain = {.port = g.port, .stream = 0, .max_tokens = 250, .progress = &ignored};
     double t0 = wall_s();
     run_long_client(&plain);
     double s = wall_s() - t0;
     answer a;
     read_answer(&plain.r, &a);
-    ok(a.status == 200 && a.completion == 1900 && s > 1.0,
+    ok(a.status == 200 && a.completion == 250 && s > 2.0,
        "a plain turn of %.2f s outlasts a 1 s connection timeout: %ld, %ld tokens", s, a.status, a.completion);
     resp_free(&plain.r);
     rig_stop(&g);
@@ -752,7 +766,7 @@ static void test_turn_outlasts_timeout(void)
 static void test_shutdown(void)
 {
     rig g;
-    if (rig_start(&g, 2, NULL, 0, 0, 0, 0) != 0) {
+    if (rig_start(&g, &(rig_opts){.n_layers = 2}) != 0) {
         ok(0, "server for the shutdown test: %s", pv_last_error());
         return;
     }
@@ -787,7 +801,7 @@ int main(void)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return tap_skip_all("libcurl does not initialise");
     rig g;
-    if (rig_start(&g, 2, NULL, 0, 64 * 1024, 0, 0) != 0) {
+    if (rig_start(&g, &(rig_opts){.n_layers = 2, .max_body = 64 * 1024}) != 0) {
         fprintf(stderr, "server: %s\n", pv_last_error());
         return 1;
     }
