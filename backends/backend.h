@@ -587,8 +587,9 @@ int pv_attention_head_dim_supported(int32_t head_dim);
  *     head_dim up to 64, 128 or 256; query heads per KV head rounded up to
  *     a power of two (g8: 8 or more); decode: at most 8 query tokens;
  *     long: the longest context (last position + 1) 1024 or more;
- *   gather (kv_write, slot_gather, slot_scatter), qmatmul (qmatmul,
- *   embed_gather), recompute (the element-wise ops): one bucket each.
+ *   gather (kv_write, rope_kv_write, slot_gather, slot_scatter), qmatmul
+ *   (qmatmul, qmatmul_swiglu, embed_gather), recompute (the element-wise
+ *   ops, add_rmsnorm): one bucket each.
  * Buckets without a set use the backend's defaults. The CPU backend has no
  * such kernels: the calls below that need them return PV_ERR_UNSUPPORTED.
  * pensieve-tune searches the candidates, checking each against the CPU
