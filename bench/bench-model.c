@@ -7,8 +7,12 @@
  *                   512..2048 and the model's FFN shape, before and after
  *                   the forward passes (the FFN shape's rate is printed too)
  *   decode bound  = the host's all-core STREAM-style read bandwidth (best
- *                   of 10 passes before and 10 after the forward passes)
- *                   / bytes of weights a decode step reads (as resident)
+ *                   of 10 passes before and 10 after the forward passes),
+ *                   or on a device backend the device's own copy
+ *                   bandwidth (bench-device.h), / bytes of weights and K/V
+ *                   a decode step reads
+ * the host time of a single-stream decode step (inside pv_llama_forward,
+ * which returns once the step is enqueued) beside the whole step's time,
  * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak,
  * and the kernel launches each kind of step enqueues (pv_backend_launches),
  * with the model's fused ops (--fuse 1, the default) or without (--fuse 0):
@@ -24,6 +28,7 @@
  *                       the embedding, the first norm, the last residual,
  *                       the picked rows' norm and the output projection
  * Prints a table, or JSON with --json. */
+#include "bench-device.h"
 #include "bench-util.h"
 
 #include <pensieve/llama.h>
@@ -61,6 +66,7 @@ typedef struct launch_probe {
     pv_backend *be;
     uint32_t n_layers;
     uint64_t at_first, at_last; /* when layers 0 and n_layers - 1 started writing the pool */
+    double enqueue_s; /* host time inside pv_llama_forward, summed over the calls */
 } launch_probe;
 
 typedef struct launch_count {
@@ -86,7 +92,9 @@ static pv_status counted_forward(pv_llama *model, pv_backend *be, pv_llama_batch
     b->before_layer = probe_layer;
     b->before_layer_ctx = probe;
     const uint64_t before = pv_backend_launches(be);
+    const double t0 = bench_now_s();
     pv_status st = pv_llama_forward(model, b);
+    probe->enqueue_s += bench_now_s() - t0;
     if (st == PV_OK)
         st = pv_backend_finish(be);
     if (st == PV_OK && out) {
@@ -286,7 +294,7 @@ int main(int argc, char **argv)
     }
     double gemm_rate, gemm_rate_after;
     double gemm_best = gemm_peak(be, hp, prompt, reps, &gemm_rate);
-    double t_prefill[16], t_decode[16];
+    double t_prefill[16], t_decode[16], t_enqueue[16];
     launch_probe probe = {.be = be, .n_layers = hp->n_layers};
     launch_count prefill_launches = {0}, decode_launches = {0}, batch_launches = {0, -1.0};
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
@@ -299,6 +307,7 @@ int main(int argc, char **argv)
             return fail("prefill");
         double t1 = bench_now_s();
         last = 0;
+        probe.enqueue_s = 0;
         for (int i = prompt; i < ctx; i++) {
             b.n_tokens = 1;
             b.tokens = tokens + i;
@@ -310,10 +319,16 @@ int main(int argc, char **argv)
         if (r > 0) {
             t_prefill[r - 1] = t1 - t0;
             t_decode[r - 1] = (t2 - t1) / decode;
+            t_enqueue[r - 1] = probe.enqueue_s / decode;
         }
     }
     double prefill_tps = prompt / bench_median(t_prefill, reps);
     double decode_tps = 1.0 / bench_median(t_decode, reps);
+    /* A step's host time is what pv_llama_forward takes to enqueue it (the
+     * bench reads no logits, so the call returns before the device is done);
+     * a step's whole time is that plus the wait. Host time near the step
+     * time means the device waits for the host. */
+    const double enqueue_s = bench_median(t_enqueue, reps), step_s = bench_median(t_decode, reps);
 
     /* Batched decode: every sequence holds the same prompt (prefilled once),
      * then each step decodes one token of each, with logits for all, at the
@@ -374,13 +389,20 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_stream_merge(&mem, &after);
+    /* A device's reference is its own copy bandwidth, not the host's STREAM. */
+    const int on_device = strcmp(backend, "cpu") != 0;
+    bench_device_copy dev = {0};
+    if (on_device && bench_device_copy_measure(be, 10, &dev) != PV_OK)
+        return fail("device copy");
+    const double read_best = on_device ? dev.copy.best : mem.read.best;
+    const char *read_name = on_device ? "device copy" : "STREAM read";
     double prefill_bound = gemm_best * 1e9 / flops_per_token;
     /* A decode step reads the weights and the K and V rows of its context:
      * positions prompt .. ctx - 1 attend over prompt + 1 .. ctx rows. */
     const double mean_context = prompt + (decode + 1) / 2.0;
     const double kv_bytes = hp->n_layers * mean_context * 2.0 * kv_dim * (double)pv_dtype_size(kv_dtype);
     const double step_bytes = (double)wb.per_token + kv_bytes;
-    double decode_bound = mem.read.best * 1e9 / step_bytes;
+    double decode_bound = read_best * 1e9 / step_bytes;
     double decode_gbs = decode_tps * step_bytes / 1e9;
 
     if (json) {
@@ -390,10 +412,13 @@ int main(int argc, char **argv)
                " \"weights\": \"%s\", \"weight_bytes_resident\": %" PRIu64 ", \"weight_bytes_file\": %" PRIu64
                ", \"weight_bytes_per_token\": %" PRIu64 ", \"process_rss_after_load\": %" PRIu64
                ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
-               "\"batch_decode_tps\": %.2f,\n \"fuse\": %d, \"n_layers\": %u, \"launches\": {",
+               "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
+               "\"decode_host_fraction\": %.4f, \"decode_bound_reference\": \"%s\",\n"
+               " \"fuse\": %d, \"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
-               rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, fuse, hp->n_layers);
+               rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
+               enqueue_s / step_s, read_name, fuse, hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
         if (batch > 1)
@@ -402,6 +427,10 @@ int main(int argc, char **argv)
         bench_cpu_json(&cpu);
         printf(",\n \"stream\": ");
         bench_stream_json(&mem);
+        if (on_device) {
+            printf(",\n \"device_copy\": ");
+            bench_device_copy_json(&dev);
+        }
         printf("}\n");
     } else {
         printf("model %s on %s (%s), %.1fM weight parameters\n", model_path, backend, be->info.name,
@@ -414,14 +443,16 @@ int main(int argc, char **argv)
                wb.per_token / 1e6, kv_bytes / 1e6, pv_dtype_name(kv_dtype), mean_context);
         bench_cpu_print(&cpu);
         bench_stream_print(&mem);
+        if (on_device)
+            bench_device_copy_print(&dev);
         printf("GEMM f32 through the backend: %d x %u x %u (FFN) %.1f GFLOP/s; peak (best of it and "
                "512..2048 square) %.1f GFLOP/s",
                prompt, hp->n_ff, hp->n_embd, gemm_rate, gemm_best);
         if (cpu.peak_gflops > 0)
             printf(", %.2f of the nominal FMA peak", gemm_best / cpu.peak_gflops);
-        printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = STREAM read (best) / %.1f MB "
+        printf("\nbounds: prefill = GEMM peak / %.0f MFLOP per token; decode = %s (best) / %.1f MB "
                "read per step\n",
-               flops_per_token / 1e6, step_bytes / 1e6);
+               flops_per_token / 1e6, read_name, step_bytes / 1e6);
         printf("launches with fusions %s: per step, per layer (steady state) and outside the %u layers\n",
                fuse ? "on" : "off", hp->n_layers);
         printf("%-26s %12s %12s %10s %9s %9s %9s\n", "measure", "tokens/s", "bound", "of bound", "launches",
@@ -441,8 +472,10 @@ int main(int argc, char **argv)
         if (batch > 1)
             printf("%-26s %12.1f %12s %10s %9" PRIu64 " %9s %9s   (%.2fx single stream)\n", "decode (batch)",
                    batch_tps, "", "", batch_launches.per_step, per_layer[2], outside[2], batch_tps / decode_tps);
-        printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the STREAM read bandwidth (best %.1f GB/s)\n",
-               decode_gbs, 100 * decode_gbs / mem.read.best, mem.read.best);
+        printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the %s bandwidth (best %.1f GB/s)\n",
+               decode_gbs, 100 * decode_gbs / read_best, read_name, read_best);
+        printf("decode step (single stream): %.1f us on the host enqueueing, %.1f us in all (%.0f%%)\n",
+               enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s);
         printf("(timings: median of %d after a warm-up)\n", reps);
     }
     free(tables);
