@@ -30,6 +30,7 @@
 
 #include "kernels/kernel-sources.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -201,6 +202,20 @@ static inline int pv_kernel_params_defines(const pv_kernel_params *p, char *buf,
         len += n;
     }
     return len;
+}
+
+/* kernels/qmatmul.cl's decode-sized products: the token class of a call
+ * of n_tokens (<= 16), the kernel "pv_qmatmul_fused_<class>" or
+ * "pv_qmatmul_swiglu_<class>", and the rows of W each of its work-groups
+ * takes (as the kernels are instantiated there). */
+static inline int pv_qmv_token_class(int64_t n_tokens)
+{
+    return n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;
+}
+
+static inline int pv_qmv_rows(int token_class)
+{
+    return token_class == 4 ? 4 : 2;
 }
 
 #endif

@@ -46,53 +46,16 @@ PV_FUNC float pv_w_i8(pv_u32 b)
     return (float)((int)((b & 0xffu) ^ 0x80u) - 0x80);
 }
 
-/* Unit u of a row starting at word `row`, widened into out[PV_W_UNIT]. */
-PV_FUNC void pv_w_unit(const PV_GLOBAL pv_u16 *row, pv_long u, float *out)
-{
-    const PV_GLOBAL pv_u16 *b = row + u * PV_W_UNIT_WORDS;
-#if PV_WTYPE == 0
-    out[0] = PV_AS_FLOAT((pv_u32)b[0] | ((pv_u32)b[1] << 16));
-#elif PV_WTYPE == 1
-    out[0] = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-#elif PV_WTYPE == 30
-    out[0] = PV_AS_FLOAT((pv_u32)b[0] << 16);
-#elif PV_WTYPE == 8
-    const float d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-    #pragma unroll
-    for (int k = 0; k < 16; k++) {
-        const pv_u32 word = b[1 + k];
-        out[2 * k] = d * pv_w_i8(word);
-        out[2 * k + 1] = d * pv_w_i8(word >> 8);
-    }
-#else /* Q4_0, Q4_1: byte j holds elements j (low nibble) and j + 16 */
-#if PV_WTYPE == 2
-    const float d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-    const float m = -8.0f * d;
-    const PV_GLOBAL pv_u16 *qs = b + 1;
-#else
-    const float d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-    const float m = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
-    const PV_GLOBAL pv_u16 *qs = b + 2;
-#endif
-    #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const pv_u32 word = qs[k];
-        out[2 * k] = d * (float)(word & 15u) + m;
-        out[2 * k + 1] = d * (float)((word >> 8) & 15u) + m;
-        out[2 * k + 16] = d * (float)((word >> 4) & 15u) + m;
-        out[2 * k + 17] = d * (float)((word >> 12) & 15u) + m;
-    }
-#endif
-}
-
 /* Element e of a row starting at word `row`, widened (the copy kernels:
  * one element per work-item keeps their f32 writes coalesced). */
 PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
 {
-#if PV_W_UNIT == 1
-    float v[1];
-    pv_w_unit(row, e, v);
-    return v[0];
+#if PV_WTYPE == 0
+    return PV_AS_FLOAT((pv_u32)row[2 * e] | ((pv_u32)row[2 * e + 1] << 16));
+#elif PV_WTYPE == 1
+    return PV_LOAD_HALF((const PV_GLOBAL pv_half *)row, e);
+#elif PV_WTYPE == 30
+    return PV_AS_FLOAT((pv_u32)row[e] << 16);
 #else
     const PV_GLOBAL pv_u16 *b = row + (e / 32) * PV_W_UNIT_WORDS;
     const int j = (int)(e % 32);
@@ -115,149 +78,317 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
 
 #define PV_QMAX_T 16 /* the largest token class */
 
-/* Fused dequantize-and-dot for decode-sized batches (T <= max_t <= PV_QMAX_T).
- * A group takes rows_per_group rows of W (a power of two dividing PV_WG);
- * the PV_WG / rows_per_group work-items of a row stride over its units, so
- * neighbouring work-items read neighbouring units (coalesced). Each unit is
- * read once, widened once and dotted with all T rows of x, so each weight
- * byte crosses the memory bus once per call. The per-token sums are then
- * reduced within each row's work-items in local memory (one tree for all
- * tokens). The token loops run to the constant PV_QMAX_T and unroll;
- * max_t is a literal in each kernel below, so after inlining the
- * iterations past it fold away and acc stays in registers.
- * groups {ceil(n_out / rows_per_group), 1}
+/* ---- Decode-sized products (T <= max_t <= PV_QMAX_T) ----------------------
+ * A work-group takes `rows` consecutive rows of W (pv_qmv_rows below) and
+ * its work-items stride together over those rows' octets: 8 weights a
+ * work-item decodes at a time, a quarter of a block of 32 for the block
+ * types (its 4 bytes of nibbles, or 8 of Q8_0's bytes), 8 consecutive
+ * elements for the float types. Neighbouring work-items take neighbouring
+ * octets, so a group's loads cover whole runs of the row (coalesced), and
+ * each work-item loads the 8 x values of its octet once per token for all
+ * its rows: x, which every row reads, costs rows times fewer loads than W
+ * bytes would suggest. Each weight byte crosses the memory bus once per
+ * call. The per-(row, token) sums are then reduced over the group:
+ * through warp shuffles and one exchange of the warps' sums on CUDA, a
+ * tree in local memory on OpenCL. The token loops run to the constant
+ * PV_QMAX_T and unroll; max_t and rows are literals in each kernel below,
+ * so after inlining the iterations past them fold away and the sums stay
+ * in registers.
+ * groups {ceil(n_out / rows), 1}
  * w  [n_out][n_in] in PV_WTYPE, from word w_off
- * x  [T][n_in] f32 from x_off; y [T][n_out] f32 from y_off
- * Local memory: max_t * PV_WG floats. */
+ * x  [T][n_in] f32 from x_off; x4 != 0 lets CUDA load x 16 bytes at a time
+ *    (the host sets it where x + x_off is 16-byte aligned and n_in a
+ *    multiple of 4)
+ * y  [T][n_out] f32 from y_off
+ * Local memory: max_t * rows floats per warp on CUDA, per work-item on
+ * OpenCL (PV_QMV_RED). */
 
-/* acc[t] = this work-item's share of row `row`'s dot product with token t
- * (t < max_t and n_tokens; 0 past them, and for rows past n_out). */
-PV_FUNC void pv_qmatmul_partial(const int max_t, const PV_GLOBAL pv_u16 *w, pv_long w_off,
-                                const PV_GLOBAL float *x, pv_long x_off, pv_long row, int lane, int per_row,
-                                int n_tokens, int n_in, int n_out, float *acc)
+#define PV_QMV_MAX_ROWS 4
+#if defined(__CUDACC__)
+#define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * (PV_WG / 32))
+#else
+#define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * PV_WG)
+#endif
+
+#if PV_W_UNIT == 1
+#define PV_OCTETS(n_in) (((n_in) + 7) / 8)
+#else
+#define PV_OCTETS(n_in) ((n_in) / PV_W_UNIT * 4)
+#endif
+
+/* Octet o of the row starting at word `row`, widened into w[8]; *xa and
+ * *xb get the row elements of w[0..3] and w[4..7] (4 consecutive each).
+ * Float types: elements past n_in widen to 0. */
+PV_FUNC void pv_w_octet(const PV_GLOBAL pv_u16 *row, int o, int n_in, float *w, int *xa, int *xb)
 {
-    const int n_units = n_in / PV_W_UNIT;
+#if PV_W_UNIT == 1
+    *xa = 8 * o;
+    *xb = 8 * o + 4;
     #pragma unroll
-    for (int t = 0; t < PV_QMAX_T; t++)
-        acc[t] = 0.0f;
-    if (row >= n_out)
+    for (int k = 0; k < 8; k++) {
+        const int e = 8 * o + k;
+        w[k] = e < n_in ? pv_w_elem(row, e) : 0.0f;
+    }
+#else
+    const int u = o >> 2, quarter = o & 3;
+    const PV_GLOBAL pv_u16 *b = row + (pv_long)u * PV_W_UNIT_WORDS;
+    const float d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
+#if PV_WTYPE == 8 /* bytes 8q .. 8q + 7: elements 8q .. 8q + 7 */
+    *xa = 32 * u + 8 * quarter;
+    *xb = *xa + 4;
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const pv_u32 word = b[1 + 4 * quarter + k];
+        w[2 * k] = d * pv_w_i8(word);
+        w[2 * k + 1] = d * pv_w_i8(word >> 8);
+    }
+#else /* Q4_0, Q4_1: bytes 4q .. 4q + 3, low nibbles elements 4q .., high 4q + 16 .. */
+#if PV_WTYPE == 2
+    const float m = -8.0f * d;
+    const PV_GLOBAL pv_u16 *qs = b + 1;
+#else
+    const float m = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
+    const PV_GLOBAL pv_u16 *qs = b + 2;
+#endif
+    *xa = 32 * u + 4 * quarter;
+    *xb = *xa + 16;
+    const pv_u32 lo = qs[2 * quarter], hi = qs[2 * quarter + 1];
+    const pv_u32 q = lo | (hi << 16);
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        w[k] = d * (float)((q >> (8 * k)) & 15u) + m;
+        w[k + 4] = d * (float)((q >> (8 * k + 4)) & 15u) + m;
+    }
+#endif
+#endif
+}
+
+/* v[0..3] = p[0..3]. */
+PV_FUNC void pv_x4(const PV_GLOBAL float *p, int x4, float *v)
+{
+#if defined(__CUDACC__)
+    if (x4) {
+        const float4 f = *(const float4 *)p;
+        v[0] = f.x;
+        v[1] = f.y;
+        v[2] = f.z;
+        v[3] = f.w;
         return;
-    const PV_GLOBAL pv_u16 *w_row = w + w_off + row * ((pv_long)n_units * PV_W_UNIT_WORDS);
-    for (int u = lane; u < n_units; u += per_row) {
-        float wv[PV_W_UNIT];
-        pv_w_unit(w_row, u, wv);
-        const PV_GLOBAL float *xu = x + x_off + (pv_long)u * PV_W_UNIT;
+    }
+    #pragma unroll
+    for (int k = 0; k < 4; k++)
+        v[k] = p[k];
+#else
+    const float4 f = vload4(0, p);
+    (void)x4;
+    v[0] = f.x;
+    v[1] = f.y;
+    v[2] = f.z;
+    v[3] = f.w;
+#endif
+}
+
+/* acc[r][t] += this work-item's share of row row0 + r's product with token
+ * t, for r < rows and t < max_t and n_tokens. Rows past n_out read the last
+ * row (their sums are never stored). */
+PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                            const PV_GLOBAL float *x, pv_long x_off, int x4, pv_long row0, int n_tokens, int n_in,
+                            int n_out, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    const pv_long row_words = (pv_long)(n_in / PV_W_UNIT) * PV_W_UNIT_WORDS;
+    const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
+    #pragma unroll
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+        const pv_long row = row0 + r < n_out ? row0 + r : n_out - 1;
+        w_rows[r] = w + w_off + row * row_words;
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++)
+            acc[r][t] = 0.0f;
+    }
+    const int n_octets = PV_OCTETS(n_in);
+    for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
+        float wv[PV_QMV_MAX_ROWS][8];
+        int xa = 0, xb = 0;
+        #pragma unroll
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
+            if (r < rows)
+                pv_w_octet(w_rows[r], o, n_in, wv[r], &xa, &xb);
         #pragma unroll
         for (int t = 0; t < PV_QMAX_T; t++) {
             if (t < max_t && t < n_tokens) {
-                const PV_GLOBAL float *xt = xu + (pv_long)t * n_in;
-                float s = 0.0f;
+                const PV_GLOBAL float *xt = x + x_off + (pv_long)t * n_in;
+                float xv[8];
+#if PV_W_UNIT == 1 /* a row's last octet may be short */
                 #pragma unroll
-                for (int k = 0; k < PV_W_UNIT; k++)
-                    s += wv[k] * xt[k];
-                acc[t] += s;
+                for (int k = 0; k < 4; k++) {
+                    xv[k] = xa + k < n_in ? xt[xa + k] : 0.0f;
+                    xv[k + 4] = xb + k < n_in ? xt[xb + k] : 0.0f;
+                }
+#else
+                pv_x4(xt + xa, x4, xv);
+                pv_x4(xt + xb, x4, xv + 4);
+#endif
+                #pragma unroll
+                for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+                    if (r < rows) {
+                        float s = 0.0f;
+                        #pragma unroll
+                        for (int k = 0; k < 8; k++)
+                            s += wv[r][k] * xv[k];
+                        acc[r][t] += s;
+                    }
+                }
             }
         }
     }
 }
 
-/* Sums acc[t] over the per_row work-items of each row (lane 0 of the row
- * gets the totals in its acc) through red; every work-item calls it, and
- * red may be used again only after a barrier. */
-PV_FUNC void pv_qmatmul_reduce(const int max_t, PV_LOCAL float *red, int lane, int per_row, float *acc)
+/* Sums acc[r][t] over the group; work-item 0 gets the totals in its acc.
+ * Every work-item calls it; red (PV_QMV_RED floats) may be used again only
+ * after a barrier. */
+PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
+                           float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
 {
     const int lid = PV_LOCAL_ID();
+#if defined(__CUDACC__)
+    /* Within each warp by shuffles, then warp 0 sums the warps' totals
+     * (PV_WG is a multiple of 32 for this family). */
+    const int n_warps = PV_WG / 32, warp = lid / 32, lane = lid % 32;
     #pragma unroll
-    for (int t = 0; t < PV_QMAX_T; t++)
-        if (t < max_t)
-            red[t * PV_WG + lid] = acc[t];
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++) {
+            if (r < rows && t < max_t) {
+                float v = acc[r][t];
+                #pragma unroll
+                for (int step = 16; step > 0; step >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, step);
+                if (lane == 0)
+                    red[(r * max_t + t) * n_warps + warp] = v;
+            }
+        }
+    }
     PV_BARRIER();
-    for (int stride = per_row / 2; stride > 0; stride >>= 1) {
-        if (lane < stride) {
+    if (lid == 0) {
+        #pragma unroll
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
             #pragma unroll
-            for (int t = 0; t < PV_QMAX_T; t++)
-                if (t < max_t)
-                    red[t * PV_WG + lid] += red[t * PV_WG + lid + stride];
+            for (int t = 0; t < PV_QMAX_T; t++) {
+                if (r < rows && t < max_t) {
+                    float v = 0.0f;
+                    for (int k = 0; k < n_warps; k++)
+                        v += red[(r * max_t + t) * n_warps + k];
+                    acc[r][t] = v;
+                }
+            }
+        }
+    }
+#else
+    #pragma unroll
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++)
+            if (r < rows && t < max_t)
+                red[(r * max_t + t) * PV_WG + lid] = acc[r][t];
+    }
+    PV_BARRIER();
+    for (int stride = PV_WG / 2; stride > 0; stride >>= 1) {
+        if (lid < stride) {
+            #pragma unroll
+            for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+                #pragma unroll
+                for (int t = 0; t < PV_QMAX_T; t++)
+                    if (r < rows && t < max_t)
+                        red[(r * max_t + t) * PV_WG + lid] += red[(r * max_t + t) * PV_WG + lid + stride];
+            }
         }
         PV_BARRIER();
     }
     #pragma unroll
-    for (int t = 0; t < PV_QMAX_T; t++)
-        if (t < max_t)
-            acc[t] = red[t * PV_WG + lid];
-}
-
-PV_FUNC void pv_qmatmul_fused(const int max_t, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
-                              const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *y, pv_long y_off,
-                              int n_tokens, int n_in, int n_out, int rows_per_group)
-{
-    const int per_row = PV_WG / rows_per_group;
-    const int lane = PV_LOCAL_ID() % per_row;
-    const pv_long row = PV_GROUP_ID(0) * rows_per_group + PV_LOCAL_ID() / per_row;
-    float acc[PV_QMAX_T];
-    pv_qmatmul_partial(max_t, w, w_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, acc);
-    pv_qmatmul_reduce(max_t, red, lane, per_row, acc);
-    if (lane == 0 && row < n_out) {
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
         #pragma unroll
         for (int t = 0; t < PV_QMAX_T; t++)
-            if (t < max_t && t < n_tokens)
-                y[y_off + (pv_long)t * n_out + row] = acc[t];
+            if (r < rows && t < max_t)
+                acc[r][t] = red[(r * max_t + t) * PV_WG + lid];
+    }
+#endif
+}
+
+PV_FUNC void pv_qmv(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                    const PV_GLOBAL float *x, pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,
+                    int n_tokens, int n_in, int n_out)
+{
+    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];
+    pv_qmv_partial(max_t, rows, w, w_off, x, x_off, x4, row0, n_tokens, n_in, n_out, acc);
+    pv_qmv_reduce(max_t, rows, red, acc);
+    if (PV_LOCAL_ID() == 0) {
+        #pragma unroll
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+            #pragma unroll
+            for (int t = 0; t < PV_QMAX_T; t++)
+                if (r < rows && row0 + r < n_out && t < max_t && t < n_tokens)
+                    y[y_off + (pv_long)t * n_out + row0 + r] = acc[r][t];
+        }
     }
 }
 
 /* y = silu(x Wg^T) * (x Wu^T), silu(g) = g / (1 + exp(-g)): the SwiGLU
- * product in one pass for decode-sized batches, row for row as
- * pv_qmatmul_fused runs each product (the same sums, the same order), with
- * the gate's totals kept in registers while the up product's are reduced.
- * Wg and Wu [n_out][n_in] in PV_WTYPE from words wg_off and wu_off; the
- * groups and local memory of pv_qmatmul_fused. */
-PV_FUNC void pv_qmatmul_swiglu_fused(const int max_t, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *wg,
-                                     pv_long wg_off, const PV_GLOBAL pv_u16 *wu, pv_long wu_off,
-                                     const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *y, pv_long y_off,
-                                     int n_tokens, int n_in, int n_out, int rows_per_group)
+ * product in one pass for decode-sized batches, each product summed as
+ * pv_qmv sums it, the gate's totals kept in registers while the up
+ * product's are reduced. Wg and Wu [n_out][n_in] in PV_WTYPE from words
+ * wg_off and wu_off; the groups and local memory of pv_qmv. */
+PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *wg,
+                           pv_long wg_off, const PV_GLOBAL pv_u16 *wu, pv_long wu_off, const PV_GLOBAL float *x,
+                           pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in,
+                           int n_out)
 {
-    const int per_row = PV_WG / rows_per_group;
-    const int lane = PV_LOCAL_ID() % per_row;
-    const pv_long row = PV_GROUP_ID(0) * rows_per_group + PV_LOCAL_ID() / per_row;
-    float gate[PV_QMAX_T], up[PV_QMAX_T];
-    pv_qmatmul_partial(max_t, wg, wg_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, gate);
-    pv_qmatmul_partial(max_t, wu, wu_off, x, x_off, row, lane, per_row, n_tokens, n_in, n_out, up);
-    pv_qmatmul_reduce(max_t, red, lane, per_row, gate);
+    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];
+    pv_qmv_partial(max_t, rows, wg, wg_off, x, x_off, x4, row0, n_tokens, n_in, n_out, gate);
+    pv_qmv_partial(max_t, rows, wu, wu_off, x, x_off, x4, row0, n_tokens, n_in, n_out, up);
+    pv_qmv_reduce(max_t, rows, red, gate);
     PV_BARRIER();
-    pv_qmatmul_reduce(max_t, red, lane, per_row, up);
-    if (lane == 0 && row < n_out) {
+    pv_qmv_reduce(max_t, rows, red, up);
+    if (PV_LOCAL_ID() == 0) {
         #pragma unroll
-        for (int t = 0; t < PV_QMAX_T; t++)
-            if (t < max_t && t < n_tokens)
-                y[y_off + (pv_long)t * n_out + row] = gate[t] / (1.0f + PV_EXP(-gate[t])) * up[t];
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+            #pragma unroll
+            for (int t = 0; t < PV_QMAX_T; t++)
+                if (r < rows && row0 + r < n_out && t < max_t && t < n_tokens)
+                    y[y_off + (pv_long)t * n_out + row0 + r] =
+                        gate[r][t] / (1.0f + PV_EXP(-gate[r][t])) * up[r][t];
+        }
     }
 }
 
-/* One kernel per token class: the host picks the smallest max_t >= T. */
-#define PV_QMATMUL_FUSED_KERNEL(max_t)                                                             \
-    PV_KERNEL pv_qmatmul_fused_##max_t(const PV_GLOBAL pv_u16 *w, pv_long w_off,                  \
-                                       const PV_GLOBAL float *x, pv_long x_off,                   \
-                                       PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in, \
-                                       int n_out, int rows_per_group)                             \
-    {                                                                                              \
-        PV_LOCAL_ARRAY(float, red, max_t * PV_WG);                                                 \
-        pv_qmatmul_fused(max_t, red, w, w_off, x, x_off, y, y_off, n_tokens, n_in, n_out,         \
-                         rows_per_group);                                                          \
-    }                                                                                              \
-    PV_KERNEL pv_qmatmul_swiglu_##max_t(const PV_GLOBAL pv_u16 *wg, pv_long wg_off,               \
-                                        const PV_GLOBAL pv_u16 *wu, pv_long wu_off,               \
-                                        const PV_GLOBAL float *x, pv_long x_off,                  \
-                                        PV_GLOBAL float *y, pv_long y_off, int n_tokens,          \
-                                        int n_in, int n_out, int rows_per_group)                  \
-    {                                                                                              \
-        PV_LOCAL_ARRAY(float, red, max_t * PV_WG);                                                 \
-        pv_qmatmul_swiglu_fused(max_t, red, wg, wg_off, wu, wu_off, x, x_off, y, y_off, n_tokens, \
-                                n_in, n_out, rows_per_group);                                      \
+/* One kernel per token class: the host picks the smallest max_t >= T and
+ * launches ceil(n_out / rows) groups, rows as pv_qmv_rows says. */
+#define PV_QMV_KERNELS(max_t, rows)                                                                       \
+    PV_KERNEL pv_qmatmul_fused_##max_t(const PV_GLOBAL pv_u16 *w, pv_long w_off, const PV_GLOBAL float *x, \
+                                       pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,           \
+                                       int n_tokens, int n_in, int n_out)                                  \
+    {                                                                                                      \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                  \
+        pv_qmv(max_t, rows, red, w, w_off, x, x_off, x4, y, y_off, n_tokens, n_in, n_out);                 \
+    }                                                                                                      \
+    PV_KERNEL pv_qmatmul_swiglu_##max_t(const PV_GLOBAL pv_u16 *wg, pv_long wg_off,                       \
+                                        const PV_GLOBAL pv_u16 *wu, pv_long wu_off,                       \
+                                        const PV_GLOBAL float *x, pv_long x_off, int x4,                  \
+                                        PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in,        \
+                                        int n_out)                                                         \
+    {                                                                                                      \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                  \
+        pv_qmv_swiglu(max_t, rows, red, wg, wg_off, wu, wu_off, x, x_off, x4, y, y_off, n_tokens, n_in,    \
+                      n_out);                                                                              \
     }
-PV_QMATMUL_FUSED_KERNEL(1)
-PV_QMATMUL_FUSED_KERNEL(4)
-PV_QMATMUL_FUSED_KERNEL(16) /* PV_QMAX_T */
-#undef PV_QMATMUL_FUSED_KERNEL
+/* Rows a group takes in each class (the host's pv_qmv_rows must agree):
+ * more rows share each x load, fewer leave registers for the tokens' sums
+ * and more groups to fill the device. */
+PV_QMV_KERNELS(1, 2)
+PV_QMV_KERNELS(4, 4)
+PV_QMV_KERNELS(16, 2) /* PV_QMAX_T */
+#undef PV_QMV_KERNELS
 
 /* out[r][e] = W[row0 + r][e] as f32 for the larger batches, whose product
  * the backend's BLAS GEMM then takes from this scratch tile.

@@ -321,31 +321,24 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
     return PV_OK;
 }
 
-/* The fused kernel "<base>_<max_t>" for the smallest token class max_t >=
- * T, of weight type t, over W (w_up NULL) or the gate and up matrices of a
- * SwiGLU: groups {ceil(n_out / rows_per_group), 1}, the work-items of a
- * row taking its units (blocks, or elements of the float types), as many
- * as there are units up to the group, the rest of the group other rows. */
+/* The fused kernel "<base>_<class>" for T's token class, of weight type
+ * t, over W (w_up NULL) or the gate and up matrices of a SwiGLU: a block
+ * a pv_qmv_rows run of rows. */
 static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const char *base, pv_wtype t, const void *w,
                               const void *w_up, const float *x, float *y, int64_t n_tokens, int64_t n_in,
                               int64_t n_out)
 {
     const pv_kernel_params p = weight_params(k, t);
+    const int token_class = pv_qmv_token_class(n_tokens);
     char name[40];
-    snprintf(name, sizeof name, "%s_%d", base, n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16);
+    snprintf(name, sizeof name, "%s_%d", base, token_class);
     cudaKernel_t kernel;
     PV_TRY(kernel_get(k, &p, name, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
-    uint32_t block_elems = 1;
-    pv_wtype_block(t, &block_elems, NULL);
-    const long long units = n_in / block_elems;
-    int per_row = 1;
-    while (per_row < units && per_row < wg)
-        per_row *= 2;
-    int rows_per_group = wg / per_row;
     long long zero = 0;
     int tokens = (int)n_tokens, in = (int)n_in, out = (int)n_out;
-    void *args[12];
+    int x4 = (uintptr_t)x % 16 == 0 && n_in % 4 == 0;
+    void *args[13];
     int n = 0;
     args[n++] = &w;
     args[n++] = &zero;
@@ -353,10 +346,10 @@ static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const cha
         args[n++] = &w_up;
         args[n++] = &zero;
     }
-    void *rest[] = {&x, &zero, &y, &zero, &tokens, &in, &out, &rows_per_group};
+    void *rest[] = {&x, &zero, &x4, &y, &zero, &tokens, &in, &out};
     for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
         args[n++] = rest[i];
-    return launch(k, stream, name + 3, kernel, groups_of(n_out, rows_per_group), 1, wg, args);
+    return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(token_class)), 1, wg, args);
 }
 
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,

@@ -598,43 +598,33 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
                   (uint64_t)a->n_ids);
 }
 
-/* The fused kernels (T <= PV_OPENCL_QMATMUL_FUSED_MAX_T), "<base>_<max_t>"
- * for the smallest token class max_t >= T, over n_w matrices of weight
- * type t (the product, or the gate and up of a SwiGLU): the work-items of a
- * row take its units (blocks, or elements of the float types), as many
- * work-items as there are units up to the group, the rest of the group
- * other rows. */
+/* The fused kernels (T <= PV_OPENCL_QMATMUL_FUSED_MAX_T), "<base>_<class>"
+ * for T's token class, over n_w matrices of weight type t (the product, or
+ * the gate and up of a SwiGLU): a work-group a pv_qmv_rows run of rows. */
 static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, int n_w, const pv_buffer *const *w,
                                 const uint64_t *w_off, const pv_buffer *x, uint64_t x_off, const pv_buffer *y,
                                 uint64_t y_off, int64_t n_tokens, int64_t n_in, int64_t n_out)
 {
-    const int max_t = n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;
+    const int token_class = pv_qmv_token_class(n_tokens);
     char name[40];
-    snprintf(name, sizeof name, "%s_%d", base, max_t);
+    snprintf(name, sizeof name, "%s_%d", base, token_class);
     kernel_args ka;
     pv_status st = kernel_begin_weights(be, t, name, &ka);
     if (st != PV_OK)
         return st;
-    uint32_t block_elems = 1;
-    pv_wtype_block(t, &block_elems, NULL);
-    const int64_t units = n_in / block_elems;
-    int per_row = 1;
-    while (per_row < units && per_row < ka.work_group)
-        per_row *= 2;
-    const int rows_per_group = ka.work_group / per_row;
     for (int i = 0; i < n_w; i++) {
         arg_mem(&ka, pv_opencl_mem(w[i]));
         arg_long(&ka, weight_words(t, w_off[i]));
     }
     arg_mem(&ka, pv_opencl_mem(x));
     arg_long(&ka, (int64_t)x_off);
+    arg_int(&ka, 0); /* x4: CUDA's 16-byte loads; vload4 needs no more than 4 */
     arg_mem(&ka, pv_opencl_mem(y));
     arg_long(&ka, (int64_t)y_off);
     arg_int(&ka, (int32_t)n_tokens);
     arg_int(&ka, (int32_t)n_in);
     arg_int(&ka, (int32_t)n_out);
-    arg_int(&ka, rows_per_group);
-    return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)rows_per_group), 1);
+    return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)pv_qmv_rows(token_class)), 1);
 }
 
 /* y[:, r0 : r0 + n_rows] = x W_tile^T, W_tile [n_rows][n_in] f32 from b_off of b. */
