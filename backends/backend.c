@@ -998,6 +998,38 @@ uint64_t pv_backend_launches(const pv_backend *be)
     return be ? be->launches : 0;
 }
 
+int pv_backend_graphs(const pv_backend *be)
+{
+    return be && be->ops->graph_begin && be->ops->graph_end;
+}
+
+pv_status pv_backend_graph_begin(pv_backend *be, uint64_t key)
+{
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_graph_begin: backend is NULL");
+    if (!pv_backend_graphs(be))
+        return pv_error(PV_ERR_UNSUPPORTED, "pv_backend_graph_begin: the %s backend has no graphs", be->ops->name);
+    return be->ops->graph_begin(be, key);
+}
+
+pv_status pv_backend_graph_end(pv_backend *be, int run, int *ran)
+{
+    if (!be || !ran)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_graph_end: backend or ran is NULL");
+    *ran = 0;
+    if (!pv_backend_graphs(be))
+        return pv_error(PV_ERR_UNSUPPORTED, "pv_backend_graph_end: the %s backend has no graphs", be->ops->name);
+    pv_status st = be->ops->graph_end(be, run, ran);
+    if (st == PV_OK && *ran)
+        be->graph_runs++;
+    return st;
+}
+
+uint64_t pv_backend_graph_runs(const pv_backend *be)
+{
+    return be ? be->graph_runs : 0;
+}
+
 /* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
  * not overlap: a fused op writes one while it still reads the other. */
 static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,

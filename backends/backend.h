@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 8 /* 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 9 /* 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -451,6 +451,9 @@ typedef struct pv_backend_ops {
     pv_status (*add_rmsnorm)(pv_backend *be, const pv_add_rmsnorm_args *a);
     pv_status (*rope_kv_write)(pv_backend *be, const pv_rope_kv_write_args *a);
     pv_status (*qmatmul_swiglu)(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+    /* Optional (NULL: no graphs): pv_backend_graph_begin / _end. */
+    pv_status (*graph_begin)(pv_backend *be, uint64_t key);
+    pv_status (*graph_end)(pv_backend *be, int run, int *ran);
     /* 1: the ops run the portable kernels (kernels/) with the parameters
      * of be->tuning, which init may give its own defaults. */
     int tunable_kernels;
@@ -465,6 +468,8 @@ struct pv_backend {
     /* Launches since the backend opened (pv_backend_launches): the backend
      * adds one per device work item it enqueues. */
     uint64_t launches;
+    /* Graphs run since the backend opened (pv_backend_graph_runs). */
+    uint64_t graph_runs;
 };
 
 /* ---- front end: validation, then dispatch ---------------------------------
@@ -572,6 +577,33 @@ pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
  * and each cuBLAS call; the CPU backend counts one per op call. Copies,
  * index-array uploads and waits are not launches. */
 uint64_t pv_backend_launches(const pv_backend *be);
+
+/* ---- graphs -------------------------------------------------------------------
+ * A decode step is hundreds of small launches, each a driver call of a few
+ * microseconds: on a GPU the host, not the device, sets the pace. Between
+ * pv_backend_graph_begin and pv_backend_graph_end, the ops enqueued on
+ * COMPUTE are recorded instead of launched (a CUDA stream capture);
+ * pv_backend_graph_end then runs the recording as one unit, updating in
+ * place the instantiated graph kept under `key` (the caller's name for the
+ * step's shape: steps of one key usually differ only in their parameters,
+ * which the update takes), so the host pays one launch and the device runs
+ * the kernels back to back. What runs and in which order is exactly what
+ * the ops would have run.
+ * Between the two calls only ops, pv_copy_async on COMPUTE and
+ * pv_queue_wait belong: blocking reads and writes, pv_backend_finish,
+ * pv_event_wait, pv_event_record on COMPUTE, argmax and sample_top_p
+ * return PV_ERR_UNSUPPORTED, and so may an op that would have to wait for
+ * the host (its staging full). pv_backend_graph_end always ends the
+ * recording, and runs it when `run` (the caller's ops all succeeded);
+ * *ran = 1 when the work ran (is enqueued), 0 when nothing ran (run = 0,
+ * or something could not be recorded): the caller then enqueues the same
+ * work again without a graph, or reports its op's failure. Backends without graphs:
+ * pv_backend_graphs is 0 and _begin returns PV_ERR_UNSUPPORTED. */
+int pv_backend_graphs(const pv_backend *be);
+pv_status pv_backend_graph_begin(pv_backend *be, uint64_t key);
+pv_status pv_backend_graph_end(pv_backend *be, int run, int *ran);
+/* Graphs that ran (*ran = 1) since be opened (0 for NULL). */
+uint64_t pv_backend_graph_runs(const pv_backend *be);
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);

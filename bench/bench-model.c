@@ -166,7 +166,7 @@ static double gemm_peak(pv_backend *be, const pv_llama_hparams *hp, int prompt, 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *backend = "cpu";
-    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16, fuse = 1;
+    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16, fuse = 1, graphs = 1;
     pv_llama_weights weights = PV_LLAMA_WEIGHTS_NATIVE;
     pv_dtype kv_dtype = PV_F32;
     static const struct option longopts[] = {
@@ -175,7 +175,8 @@ int main(int argc, char **argv)
         {"reps", required_argument, 0, 'r'},   {"json", no_argument, 0, 'j'},
         {"batch", required_argument, 0, 'B'},  {"weights", required_argument, 0, 'w'},
         {"kv", required_argument, 0, 'k'},     {"fuse", required_argument, 0, 'f'},
-        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
+        {"graphs", required_argument, 0, 'g'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
@@ -188,17 +189,19 @@ int main(int argc, char **argv)
         case 'j': json = 1; break;
         case 'B': batch = atoi(optarg); break;
         case 'f':
+        case 'g':
             if (strcmp(optarg, "0") == 0 || strcmp(optarg, "1") == 0) {
-                fuse = optarg[0] == '1';
+                *(c == 'f' ? &fuse : &graphs) = optarg[0] == '1';
                 break;
             }
             goto usage;
         case 'h':
             printf("usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] [--kv f32|f16] "
-                   "[--fuse 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n"
+                   "[--fuse 0|1] [--graphs 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n"
                    "Prefill, decode and batched decode tokens/s (medians of --reps after a warm-up) beside\n"
                    "their bounds, and the kernel launches of each kind of step (pv_backend_launches):\n"
                    "  --fuse 1 (default) the model's fused ops where the backend has them; 0 without\n"
+                   "  --graphs 1 (default) decode steps run as graphs where the backend has them; 0 not\n"
                    "  launches/step   one forward call: the prefill, the first decode step of the last\n"
                    "                  repetition (context prompt + 1), the first batched step\n"
                    "  launches/layer  (count when layer n_layers - 1 starts writing the KV pool - count\n"
@@ -221,7 +224,7 @@ int main(int argc, char **argv)
         default:
         usage:
             fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] "
-                            "[--kv f32|f16] [--fuse 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] "
+                            "[--kv f32|f16] [--fuse 0|1] [--graphs 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] "
                             "[--json] [--help]\n");
             return 2;
         }
@@ -249,6 +252,7 @@ int main(int argc, char **argv)
     lo.weights = weights;
     lo.kv_dtype = kv_dtype;
     lo.fuse = fuse;
+    lo.graphs = graphs;
     if (pv_llama_init(&model, be, &file, &lo) != PV_OK)
         return fail("model");
     pv_gguf_free(&file);
@@ -414,11 +418,11 @@ int main(int argc, char **argv)
                ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
                "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
                "\"decode_host_fraction\": %.4f, \"decode_bound_reference\": \"%s\",\n"
-               " \"fuse\": %d, \"n_layers\": %u, \"launches\": {",
+               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
                rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
-               enqueue_s / step_s, read_name, fuse, hp->n_layers);
+               enqueue_s / step_s, read_name, fuse, graphs, pv_backend_graph_runs(be), hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
         if (batch > 1)
@@ -474,8 +478,10 @@ int main(int argc, char **argv)
                    batch_tps, "", "", batch_launches.per_step, per_layer[2], outside[2], batch_tps / decode_tps);
         printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the %s bandwidth (best %.1f GB/s)\n",
                decode_gbs, 100 * decode_gbs / read_best, read_name, read_best);
-        printf("decode step (single stream): %.1f us on the host enqueueing, %.1f us in all (%.0f%%)\n",
-               enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s);
+        printf("decode step (single stream): %.1f us on the host enqueueing, %.1f us in all (%.0f%%); "
+               "graphs %s, %" PRIu64 " run\n",
+               enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s,
+               !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be));
         printf("(timings: median of %d after a warm-up)\n", reps);
     }
     free(tables);

@@ -66,6 +66,7 @@ void pv_llama_options_default(pv_llama_options *o)
     o->max_logit_rows = 64;
     o->max_weight_buffer_bytes = (uint64_t)256 << 20;
     o->fuse = 1;
+    o->graphs = 1;
 }
 
 uint64_t pv_llama_identity(const pv_llama *m)
@@ -633,13 +634,11 @@ static pv_status check_batch(const pv_llama *m, const pv_llama_batch *b)
     return PV_OK;
 }
 
-pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
+/* Everything a forward pass enqueues: the embedding, the layers, and the
+ * logits of the rows that want them (left in m->logits). */
+static pv_status forward_ops(pv_llama *m, const pv_llama_batch *b)
 {
-    if (!m)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_llama_forward: model is NULL");
-    pv_status st = check_batch(m, b);
-    if (st != PV_OK)
-        return st;
+    pv_status st;
     const pv_llama_hparams *hp = &m->hp;
     const int32_t T = b->n_tokens;
 
@@ -667,8 +666,44 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
         (st = rmsnorm(m, m->sel, m->output_norm, m->sel, b->n_logits)) != PV_OK ||
         (st = linear(m, m->sel, &m->output, m->logits, b->n_logits, hp->n_embd, hp->n_vocab)) != PV_OK)
         return st;
-    if (b->logits)
+    return PV_OK;
+}
+
+/* forward_ops recorded as one graph: PV_OK with *ran = 0 when the backend
+ * could not record it (nothing ran; the caller enqueues it op by op). Steps
+ * of one shape (tokens, sequences, chunks, logit rows) share the graph the
+ * backend keeps under their key. */
+static pv_status forward_graph(pv_llama *m, const pv_llama_batch *b, int *ran)
+{
+    *ran = 0;
+    const uint64_t key = (uint64_t)b->n_tokens | (uint64_t)b->n_logits << 16 | (uint64_t)b->n_seqs << 32 |
+                         (uint64_t)(b->max_chunks & 0xffff) << 48;
+    if (pv_backend_graph_begin(m->be, key) != PV_OK)
+        return PV_OK;
+    const pv_status st = forward_ops(m, b);
+    const pv_status end = pv_backend_graph_end(m->be, st == PV_OK, ran);
+    if (end != PV_OK)
+        return end;
+    if (!*ran)
+        pv_clear_error(); /* the failed recording's message: the ops run again */
+    return PV_OK;
+}
+
+pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
+{
+    if (!m)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_llama_forward: model is NULL");
+    pv_status st = check_batch(m, b);
+    if (st != PV_OK)
+        return st;
+    int ran = 0;
+    if (m->opt.graphs && b->n_tokens <= PV_LLAMA_GRAPH_MAX_TOKENS && pv_backend_graphs(m->be) &&
+        (st = forward_graph(m, b, &ran)) != PV_OK)
+        return st;
+    if (!ran && (st = forward_ops(m, b)) != PV_OK)
+        return st;
+    if (b->n_logits > 0 && b->logits)
         return pv_buffer_read(m->logits, 0, b->logits,
-                              (uint64_t)b->n_logits * hp->n_vocab * sizeof(float));
+                              (uint64_t)b->n_logits * m->hp.n_vocab * sizeof(float));
     return PV_OK;
 }

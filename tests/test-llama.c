@@ -46,9 +46,9 @@ static uint32_t rng(void)
 }
 
 /* weight_buffer: the model's max_weight_buffer_bytes, 0 for the default;
- * fuse: pv_llama_options.fuse. */
+ * fuse, graphs: pv_llama_options.fuse, .graphs. */
 static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g, pv_dtype kv,
-                              uint64_t weight_buffer, int fuse)
+                              uint64_t weight_buffer, int fuse, int graphs)
 {
     memset(f, 0, sizeof *f);
     pv_status st = pv_backend_init(&f->be, backend, 0);
@@ -63,6 +63,7 @@ static pv_status fixture_init(fixture *f, const char *backend, const pv_gguf *g,
     if (weight_buffer)
         o.max_weight_buffer_bytes = weight_buffer;
     o.fuse = fuse;
+    o.graphs = graphs;
     if ((st = pv_llama_init(&f->model, f->be, g, &o)) != PV_OK)
         return st;
     f->n_layers = pv_llama_hparams_of(f->model)->n_layers;
@@ -207,7 +208,7 @@ static void run_backend(const char *name, const pv_gguf *g, pv_dtype kv, const i
     double tol = kv == PV_F32 ? 1e-4 : 2e-2;
     char what[96];
     fixture f;
-    pv_status st = fixture_init(&f, name, g, kv, 0, 1);
+    pv_status st = fixture_init(&f, name, g, kv, 0, 1, 1);
     if (st == PV_ERR_NO_DEVICE) {
         tap_skip("backend %s: %s", name, pv_last_error());
         fixture_free(&f);
@@ -350,14 +351,14 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
                         double tol)
 {
     fixture fused, plain;
-    pv_status st = fixture_init(&fused, backend, g, kv, 0, 1);
+    pv_status st = fixture_init(&fused, backend, g, kv, 0, 1, 1);
     if (st == PV_ERR_NO_DEVICE) {
         tap_skip("%s: backend %s: %s", label, backend, pv_last_error());
         fixture_free(&fused);
         return;
     }
     if (st == PV_OK)
-        st = fixture_init(&plain, backend, g, kv, 0, 0);
+        st = fixture_init(&plain, backend, g, kv, 0, 0, 1);
     else
         memset(&plain, 0, sizeof plain);
     const size_t n = (size_t)(LEN_A + GREEDY_STEPS) * (st == PV_OK ? fused.n_vocab : 0);
@@ -391,6 +392,73 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
     free(logits_plain);
     fixture_free(&plain);
     fixture_free(&fused);
+}
+
+/* ---- graphs ------------------------------------------------------------------ */
+
+/* On a backend with graphs, the model with graphs (pv_llama_options.graphs
+ * 1, the default) against the same model launching op by op: the same
+ * kernels in the same order, so the same logits bit for bit, for the
+ * prefill (not recorded: more than PV_LLAMA_GRAPH_MAX_TOKENS rows when
+ * LEN_A is) and every decode step, each of which ran as a graph. */
+static void test_graphs(const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt)
+{
+    fixture graph, plain;
+    pv_status st = fixture_init(&graph, backend, g, kv, 0, 1, 1);
+    if (st == PV_ERR_NO_DEVICE || (st == PV_OK && !pv_backend_graphs(graph.be))) {
+        tap_skip("graphs on %s: %s", backend, st == PV_OK ? "the backend has none" : pv_last_error());
+        fixture_free(&graph);
+        return;
+    }
+    if (st == PV_OK)
+        st = fixture_init(&plain, backend, g, kv, 0, 1, 0);
+    else
+        memset(&plain, 0, sizeof plain);
+    const size_t n = (size_t)(LEN_A + GREEDY_STEPS) * (st == PV_OK ? graph.n_vocab : 0);
+    float *logits_graph = calloc(n ? n : 1, sizeof(float)), *logits_plain = calloc(n ? n : 1, sizeof(float));
+    int tokens_graph[GREEDY_STEPS] = {0}, tokens_plain[GREEDY_STEPS] = {0};
+    uint64_t launches_graph = 0, launches_plain = 0;
+    if (st == PV_OK && (!logits_graph || !logits_plain))
+        st = pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
+    uint64_t runs_before = pv_backend_graph_runs(graph.be);
+    if (st == PV_OK)
+        st = greedy_run(&graph, prompt, logits_graph, tokens_graph, &launches_graph);
+    const uint64_t runs = pv_backend_graph_runs(graph.be) - runs_before;
+    if (st == PV_OK)
+        st = greedy_run(&plain, prompt, logits_plain, tokens_plain, &launches_plain);
+    char what[160];
+    snprintf(what, sizeof what, "graphs on %s, %s KV", backend, pv_dtype_name(kv));
+    if (ok(st == PV_OK, "%s: run with and without (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
+        const int prefill_recorded = LEN_A <= PV_LLAMA_GRAPH_MAX_TOKENS;
+        ok(runs == (uint64_t)(GREEDY_STEPS + prefill_recorded), "%s: %llu of %d forward passes ran as graphs",
+           what, (unsigned long long)runs, GREEDY_STEPS + prefill_recorded);
+        ok(memcmp(logits_graph, logits_plain, sizeof(float) * n) == 0,
+           "%s: the logits of %d prefill rows and %d decode steps equal op by op's, bit for bit", what, LEN_A,
+           GREEDY_STEPS);
+        ok(memcmp(tokens_graph, tokens_plain, sizeof tokens_graph) == 0, "%s: the same %d greedy tokens", what,
+           GREEDY_STEPS);
+        ok(pv_backend_graph_runs(plain.be) == 0, "%s: graphs 0 runs none", what);
+    }
+    free(logits_graph);
+    free(logits_plain);
+    fixture_free(&plain);
+    fixture_free(&graph);
+}
+
+/* The front end of graphs on a backend without them. */
+static void test_graph_front_end(void)
+{
+    pv_backend *be = NULL;
+    if (!ok(pv_backend_init(&be, "cpu", 0) == PV_OK, "cpu backend opens"))
+        return;
+    int ran = 1;
+    ok(!pv_backend_graphs(be) && pv_backend_graph_begin(be, 1) == PV_ERR_UNSUPPORTED &&
+           strstr(pv_last_error(), "cpu"),
+       "graphs: the CPU backend has none, and begin says so: %s", pv_last_error());
+    ok(pv_backend_graph_end(be, 1, &ran) == PV_ERR_UNSUPPORTED && ran == 0, "graphs: end on it runs nothing");
+    ok(pv_backend_graph_end(be, 1, NULL) == PV_ERR_INVALID_ARG && pv_backend_graph_begin(NULL, 1) == PV_ERR_INVALID_ARG,
+       "graphs: NULL arguments are refused");
+    pv_backend_free(be);
 }
 
 /* ---- files wrong on purpose ------------------------------------------------ */
@@ -591,7 +659,7 @@ static void test_weight_buffers(const pv_gguf *g, const int *tokens)
     int ran = 0;
     for (int k = 0; k < 3; k++) {
         fixture f;
-        pv_status st = fixture_init(&f, "cpu", g, PV_F32, limits[k], 1);
+        pv_status st = fixture_init(&f, "cpu", g, PV_F32, limits[k], 1, 1);
         if (st == PV_OK) {
             vocab = f.n_vocab;
             logits[k] = malloc(sizeof(float) * LEN_A * vocab);
@@ -677,6 +745,11 @@ int main(void)
             tokens[i] = (int)(rng() % hp.n_vocab);
         test_weight_buffers(&g, tokens);
         test_fused_swiglu(&g, tokens);
+        for (const char *const *name = pv_backend_names(); *name; name++) {
+            test_graphs(&g, *name, PV_F32, tokens);
+            test_graphs(&g, *name, PV_F16, tokens);
+        }
+        test_graph_front_end();
     }
     test_wrong_files(&g);
     pv_gguf_free(&g);

@@ -47,11 +47,23 @@
  * for any load width. */
 #define STAGING_ALIGN 16
 
-/* One op's staging region [start, end), busy until `done` completes. */
+/* One op's staging region [start, end), busy until `done` completes.
+ * pending: the op was recorded into a graph that has not run yet, and
+ * `done` is recorded when graph_end enqueues it. */
 typedef struct staged {
     size_t start, end;
     cudaEvent_t done;
+    int pending;
 } staged;
+
+/* Instantiated graphs kept, each under its caller's key; the least
+ * recently run makes room. */
+#define GRAPH_EXECS 8
+typedef struct graph_slot {
+    uint64_t key;
+    cudaGraphExec_t exec;
+    uint64_t last_run;
+} graph_slot;
 
 /* A freed pinned host buffer, released once both streams pass `after`. */
 typedef struct host_release {
@@ -80,6 +92,9 @@ typedef struct cuda_impl {
     int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
     pv_cuda_kernels kernels;
+    int capturing; /* between graph_begin and graph_end */
+    uint64_t capture_key, graph_clock;
+    graph_slot graphs[GRAPH_EXECS];
 } cuda_impl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
@@ -158,6 +173,14 @@ static pv_status enter(cuda_impl *cu)
 
 /* Device address of element `off` (of elem_size bytes) of a buffer. Host
  * buffers are mapped pinned memory, so their handle is a device address too. */
+/* What may not happen while a graph is recorded (backend.h, "graphs"). */
+static pv_status not_capturing(const cuda_impl *cu, const char *what)
+{
+    if (cu->capturing)
+        return pv_error(PV_ERR_UNSUPPORTED, "cuda: %s while a graph is being recorded", what);
+    return PV_OK;
+}
+
 static void *dev_ptr(const pv_buffer *buf, uint64_t off, size_t elem_size)
 {
     return (char *)buf->handle + off * elem_size;
@@ -242,6 +265,14 @@ static void cuda_free(pv_backend *be)
     if (!cu)
         return;
     cudaSetDevice(cu->device);
+    if (cu->capturing) {
+        cudaGraph_t graph = NULL;
+        if (cudaStreamEndCapture(cu->stream[PV_QUEUE_COMPUTE], &graph) == cudaSuccess && graph)
+            cudaGraphDestroy(graph);
+    }
+    for (int i = 0; i < GRAPH_EXECS; i++)
+        if (cu->graphs[i].exec)
+            cudaGraphExecDestroy(cu->graphs[i].exec);
     /* Nothing may still read the staging memory or use the streams. */
     cudaStream_t all[4] = {cu->stream[0], cu->stream[1], cu->alloc, cu->release};
     for (int q = 0; q < 4; q++)
@@ -501,6 +532,7 @@ static pv_status cuda_buffer_write(pv_backend *be, pv_buffer *dst, uint64_t dst_
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "a blocking write"));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), src, bytes, cudaMemcpyDefault, s),
              "dst offset %" PRIu64 ", %" PRIu64 " bytes", dst_off, bytes);
@@ -513,6 +545,7 @@ static pv_status cuda_buffer_read(pv_backend *be, const pv_buffer *src, uint64_t
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "a blocking read"));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     CUDA_TRY(cudaMemcpyAsync(dst, dev_ptr(src, src_off, 1), bytes, cudaMemcpyDefault, s),
              "src offset %" PRIu64 ", %" PRIu64 " bytes", src_off, bytes);
@@ -551,6 +584,8 @@ static pv_status cuda_event_record(pv_backend *be, pv_queue q, pv_event **out)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    if (q == PV_QUEUE_COMPUTE)
+        PV_TRY(not_capturing(cu, "an event on the compute stream"));
     pv_event *ev = NULL;
     PV_TRY(event_new(be, &ev));
     cudaError_t err = cudaEventRecord((cudaEvent_t)ev->handle, cu->stream[q]);
@@ -566,7 +601,11 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
-    CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, 0), "%s stream",
+    /* Recorded into a graph, a wait for an event from outside it is an
+     * external wait node: it waits, when the graph runs, for the event's
+     * last record before then. */
+    const unsigned int flags = cu->capturing && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
+    CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, flags), "%s stream",
              q == PV_QUEUE_COPY ? "copy" : "compute");
     return PV_OK;
 }
@@ -574,6 +613,7 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
 static pv_status cuda_event_wait(pv_backend *be, pv_event *ev)
 {
     PV_TRY(enter(impl_of(be)));
+    PV_TRY(not_capturing(impl_of(be), "a wait for an event"));
     CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev->handle), "%s", "event");
     return PV_OK;
 }
@@ -608,6 +648,7 @@ static pv_status cuda_finish(pv_backend *be)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "finish"));
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COPY]), "%s", "copy stream");
     CUDA_TRY(cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]), "%s", "compute stream");
     reap_host_releases(cu, 0);
@@ -626,6 +667,9 @@ static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
 {
     staged *r = &cu->records[cu->first];
     int done = 0;
+    if (r->pending) /* its op has not run: the ring is full of this recording */
+        return pv_error(PV_ERR_UNSUPPORTED, "cuda: the %zu-byte staging ring filled while a graph was recorded",
+                        STAGING_BYTES);
     if (wait)
         CUDA_TRY(cudaEventSynchronize(r->done), "%s", "staging event");
     else
@@ -719,7 +763,8 @@ static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, in
 static pv_status staging_done(cuda_impl *cu, const staged *region, pv_status launched)
 {
     staged *r = &cu->records[(cu->first + cu->count) % STAGING_RECORDS];
-    cudaError_t err = cudaEventRecord(r->done, cu->stream[PV_QUEUE_COMPUTE]);
+    r->pending = cu->capturing;
+    cudaError_t err = cu->capturing ? cudaSuccess : cudaEventRecord(r->done, cu->stream[PV_QUEUE_COMPUTE]);
     if (err == cudaSuccess) {
         r->start = region->start;
         r->end = region->end;
@@ -744,6 +789,8 @@ static pv_status staging_done(cuda_impl *cu, const staged *region, pv_status lau
 static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_t bytes, void **out)
 {
     if (cu->scratch_bytes[which] < bytes || !cu->scratch[which]) {
+        /* An allocation recorded into a graph would belong to the graph. */
+        PV_TRY(not_capturing(cu, "growing the scratch"));
         size_t grown = bytes > 2 * cu->scratch_bytes[which] ? bytes : 2 * cu->scratch_bytes[which];
         cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
         void *mem = NULL;
@@ -972,6 +1019,7 @@ static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "argmax"));
     staged region;
     size_t result_off = 0;
     PV_TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
@@ -985,6 +1033,7 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "sample_top_p"));
     upload up[1] = {{a->u, (size_t)a->rows * sizeof(float), NULL}};
     staged region;
     size_t result_off = 0;
@@ -1097,6 +1146,99 @@ static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args 
     return staging_done(cu, &region, st);
 }
 
+/* ---- graphs (backend.h) ------------------------------------------------------------------ */
+
+static pv_status cuda_graph_begin(pv_backend *be, uint64_t key)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "graph_begin"));
+    /* Relaxed: the ops' host-side calls (event queries of the staging ring,
+     * the first load of a kernel) stay legal while the stream records. */
+    CUDA_TRY(cudaStreamBeginCapture(cu->stream[PV_QUEUE_COMPUTE], cudaStreamCaptureModeRelaxed), "%s",
+             "compute stream");
+    cu->capturing = 1;
+    cu->capture_key = key;
+    return PV_OK;
+}
+
+/* The slot of key, or the least recently run one (emptied) for it. */
+static graph_slot *graph_slot_for(cuda_impl *cu, uint64_t key)
+{
+    graph_slot *oldest = &cu->graphs[0];
+    for (int i = 0; i < GRAPH_EXECS; i++) {
+        if (cu->graphs[i].exec && cu->graphs[i].key == key)
+            return &cu->graphs[i];
+        if (!cu->graphs[i].exec || (oldest->exec && cu->graphs[i].last_run < oldest->last_run))
+            oldest = &cu->graphs[i];
+    }
+    if (oldest->exec)
+        cudaGraphExecDestroy(oldest->exec);
+    oldest->exec = NULL;
+    oldest->key = key;
+    return oldest;
+}
+
+/* Runs the recording through the slot's instantiated graph: updated in
+ * place when the recording has its shape, instantiated anew when not. */
+static cudaError_t graph_run(cuda_impl *cu, cudaGraph_t graph)
+{
+    graph_slot *slot = graph_slot_for(cu, cu->capture_key);
+    if (slot->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(slot->exec, graph, &info) != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaGraphExecDestroy(slot->exec);
+            slot->exec = NULL;
+        }
+    }
+    if (!slot->exec) {
+        cudaError_t err = cudaGraphInstantiate(&slot->exec, graph, 0);
+        if (err != cudaSuccess) {
+            slot->exec = NULL;
+            return err;
+        }
+    }
+    slot->last_run = ++cu->graph_clock;
+    return cudaGraphLaunch(slot->exec, cu->stream[PV_QUEUE_COMPUTE]);
+}
+
+static pv_status cuda_graph_end(pv_backend *be, int run, int *ran)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    *ran = 0;
+    if (!cu->capturing)
+        return pv_error(PV_ERR_INVALID_ARG, "cuda: graph_end without graph_begin");
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    cudaGraph_t graph = NULL;
+    cudaError_t err = cudaStreamEndCapture(s, &graph);
+    cu->capturing = 0;
+    /* A recording that an op broke (an illegal call invalidates the
+     * capture) or that the caller drops (run = 0: an op failed) runs
+     * nothing; the caller enqueues the work again. */
+    if (err == cudaSuccess && graph && run)
+        *ran = graph_run(cu, graph) == cudaSuccess;
+    (void)cudaGetLastError();
+    if (graph)
+        cudaGraphDestroy(graph);
+    /* The recorded ops' staging regions are busy until the graph has run
+     * (or free now, when it did not run). */
+    pv_status st = PV_OK;
+    for (int i = 0; i < cu->count; i++) {
+        staged *r = &cu->records[(cu->first + i) % STAGING_RECORDS];
+        if (!r->pending)
+            continue;
+        r->pending = 0;
+        err = cudaEventRecord(r->done, s);
+        if (err != cudaSuccess && st == PV_OK) {
+            cudaStreamSynchronize(s);
+            st = pv_cuda_fail(err, "cudaEventRecord", "%s", "staging event after a graph");
+        }
+    }
+    return st;
+}
+
 static const pv_backend_ops cuda_backend_ops = {
     .api_version = PV_BACKEND_API_VERSION,
     .name = "cuda",
@@ -1134,6 +1276,8 @@ static const pv_backend_ops cuda_backend_ops = {
     .add_rmsnorm = cuda_add_rmsnorm,
     .rope_kv_write = cuda_rope_kv_write,
     .qmatmul_swiglu = cuda_qmatmul_swiglu,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
     .tunable_kernels = 1,
 };
 

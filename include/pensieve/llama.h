@@ -37,7 +37,16 @@ typedef struct pv_llama_options {
      * with the next RMSNorm, RoPE with the K/V write, the SwiGLU product),
      * fewer launches for the same values; 0: the unfused ops, to compare. */
     int fuse;
+    /* 1 (default): a forward pass of at most PV_LLAMA_GRAPH_MAX_TOKENS
+     * tokens is recorded and run as one graph where the backend has graphs
+     * (pv_backend_graph_begin): one launch for the host, the same values;
+     * 0: launched op by op, to compare. */
+    int graphs;
 } pv_llama_options;
+
+/* The largest forward pass recorded as a graph: decode steps; a prefill's
+ * few large launches gain nothing from it. */
+#define PV_LLAMA_GRAPH_MAX_TOKENS 64
 
 void pv_llama_options_default(pv_llama_options *o);
 
