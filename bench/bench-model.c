@@ -409,6 +409,12 @@ int main(int argc, char **argv)
     double decode_bound = read_best * 1e9 / step_bytes;
     double decode_gbs = decode_tps * step_bytes / 1e9;
 
+    /* For the JSON string: the message's quotes and backslashes as spaces. */
+    char graph_failure[256];
+    snprintf(graph_failure, sizeof graph_failure, "%s", pv_llama_graph_failure(model));
+    for (char *ch = graph_failure; *ch; ch++)
+        if (*ch == '"' || *ch == '\\' || (unsigned char)*ch < 0x20)
+            *ch = ' ';
     if (json) {
         printf("{\"backend\": \"%s\", \"model\": \"%s\", \"prompt_tokens\": %d, \"decode_tokens\": %d, "
                "\"reps\": %d, \"prefill_tps\": %.2f, \"decode_tps\": %.2f, \"gemm_ffn_gflops\": %.2f, "
@@ -418,11 +424,12 @@ int main(int argc, char **argv)
                ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
                "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
                "\"decode_host_fraction\": %.4f, \"decode_bound_reference\": \"%s\",\n"
-               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"n_layers\": %u, \"launches\": {",
+               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"graph_failure\": \"%s\", "
+               "\"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
                rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
-               enqueue_s / step_s, read_name, fuse, graphs, pv_backend_graph_runs(be), hp->n_layers);
+               enqueue_s / step_s, read_name, fuse, graphs, pv_backend_graph_runs(be), graph_failure, hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
         if (batch > 1)
@@ -482,6 +489,8 @@ int main(int argc, char **argv)
                "graphs %s, %" PRIu64 " run\n",
                enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s,
                !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be));
+        if (graph_failure[0])
+            printf("the last step that did not run as a graph: %s\n", graph_failure);
         printf("(timings: median of %d after a warm-up)\n", reps);
     }
     free(tables);

@@ -116,48 +116,62 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
 #define PV_OCTETS(n_in) ((n_in) / PV_W_UNIT * 4)
 #endif
 
-/* Octet o of the row starting at word `row`, widened into w[8]; *xa and
- * *xb get the row elements of w[0..3] and w[4..7] (4 consecutive each).
- * Float types: elements past n_in widen to 0. */
-PV_FUNC void pv_w_octet(const PV_GLOBAL pv_u16 *row, int o, int n_in, float *w, int *xa, int *xb)
+/* The small integer n (0 <= n < 2^23) as a float, without an int-to-float
+ * conversion (a quarter-rate instruction on GPUs): n's bits in the
+ * mantissa of 2^23, less 2^23, and less `bias` in the same subtraction. */
+PV_FUNC float pv_small_int(pv_u32 n, float bias)
+{
+    return PV_AS_FLOAT(0x4B000000u | n) - (8388608.0f + bias);
+}
+
+/* Octet o of the row starting at word `row`: weight k is d * q[k] + m,
+ * q[k] a small integer (the block types) or the weight itself (the float
+ * types: d = 1, m = 0, elements past n_in 0); *xa and *xb get the row
+ * elements of q[0..3] and q[4..7] (4 consecutive each). */
+PV_FUNC void pv_w_octet(const PV_GLOBAL pv_u16 *row, int o, int n_in, float *q, float *d, float *m, int *xa,
+                        int *xb)
 {
 #if PV_W_UNIT == 1
     *xa = 8 * o;
     *xb = 8 * o + 4;
+    *d = 1.0f;
+    *m = 0.0f;
     #pragma unroll
     for (int k = 0; k < 8; k++) {
         const int e = 8 * o + k;
-        w[k] = e < n_in ? pv_w_elem(row, e) : 0.0f;
+        q[k] = e < n_in ? pv_w_elem(row, e) : 0.0f;
     }
 #else
     const int u = o >> 2, quarter = o & 3;
     const PV_GLOBAL pv_u16 *b = row + (pv_long)u * PV_W_UNIT_WORDS;
-    const float d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-#if PV_WTYPE == 8 /* bytes 8q .. 8q + 7: elements 8q .. 8q + 7 */
+    *d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
+#if PV_WTYPE == 8 /* bytes 8q .. 8q + 7: elements 8q .. 8q + 7, signed */
+    *m = 0.0f;
     *xa = 32 * u + 8 * quarter;
     *xb = *xa + 4;
     #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const pv_u32 word = b[1 + 4 * quarter + k];
-        w[2 * k] = d * pv_w_i8(word);
-        w[2 * k + 1] = d * pv_w_i8(word >> 8);
+        const pv_u32 word = (pv_u32)b[1 + 4 * quarter + k] ^ 0x8080u; /* byte + 128 */
+        q[2 * k] = pv_small_int(word & 0xffu, 128.0f);
+        q[2 * k + 1] = pv_small_int(word >> 8, 128.0f);
     }
 #else /* Q4_0, Q4_1: bytes 4q .. 4q + 3, low nibbles elements 4q .., high 4q + 16 .. */
-#if PV_WTYPE == 2
-    const float m = -8.0f * d;
+#if PV_WTYPE == 2 /* d * (nibble - 8) */
+    const float bias = 8.0f;
+    *m = 0.0f;
     const PV_GLOBAL pv_u16 *qs = b + 1;
 #else
-    const float m = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
+    const float bias = 0.0f;
+    *m = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
     const PV_GLOBAL pv_u16 *qs = b + 2;
 #endif
     *xa = 32 * u + 4 * quarter;
     *xb = *xa + 16;
-    const pv_u32 lo = qs[2 * quarter], hi = qs[2 * quarter + 1];
-    const pv_u32 q = lo | (hi << 16);
+    const pv_u32 bits = (pv_u32)qs[2 * quarter] | ((pv_u32)qs[2 * quarter + 1] << 16);
     #pragma unroll
     for (int k = 0; k < 4; k++) {
-        w[k] = d * (float)((q >> (8 * k)) & 15u) + m;
-        w[k + 4] = d * (float)((q >> (8 * k + 4)) & 15u) + m;
+        q[k] = pv_small_int((bits >> (8 * k)) & 15u, bias);
+        q[k + 4] = pv_small_int((bits >> (8 * k + 4)) & 15u, bias);
     }
 #endif
 #endif
@@ -207,12 +221,12 @@ PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_
     }
     const int n_octets = PV_OCTETS(n_in);
     for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
-        float wv[PV_QMV_MAX_ROWS][8];
+        float wq[PV_QMV_MAX_ROWS][8], wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
         int xa = 0, xb = 0;
         #pragma unroll
         for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
             if (r < rows)
-                pv_w_octet(w_rows[r], o, n_in, wv[r], &xa, &xb);
+                pv_w_octet(w_rows[r], o, n_in, wq[r], &wd[r], &wm[r], &xa, &xb);
         #pragma unroll
         for (int t = 0; t < PV_QMAX_T; t++) {
             if (t < max_t && t < n_tokens) {
@@ -228,14 +242,23 @@ PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_
                 pv_x4(xt + xa, x4, xv);
                 pv_x4(xt + xb, x4, xv + 4);
 #endif
+#if PV_WTYPE == 3 /* the minimum times the sum of x, once for all rows */
+                const float x_sum = ((xv[0] + xv[1]) + (xv[2] + xv[3])) + ((xv[4] + xv[5]) + (xv[6] + xv[7]));
+#endif
                 #pragma unroll
                 for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
                     if (r < rows) {
                         float s = 0.0f;
                         #pragma unroll
                         for (int k = 0; k < 8; k++)
-                            s += wv[r][k] * xv[k];
+                            s += wq[r][k] * xv[k];
+#if PV_WTYPE == 3
+                        acc[r][t] += wd[r] * s + wm[r] * x_sum;
+#elif PV_W_UNIT == 1
                         acc[r][t] += s;
+#else
+                        acc[r][t] += wd[r] * s;
+#endif
                     }
                 }
             }

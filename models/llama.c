@@ -55,6 +55,7 @@ struct pv_llama {
     pv_buffer *gate, *up;            /* [T][n_ff] */
     pv_buffer *sel;                  /* rows that want logits [max_logit_rows][dim] */
     pv_buffer *logits;               /* [max_logit_rows][vocab] */
+    char graph_failure[256];         /* why the last recording did not run, or "" */
 };
 
 void pv_llama_options_default(pv_llama_options *o)
@@ -67,6 +68,11 @@ void pv_llama_options_default(pv_llama_options *o)
     o->max_weight_buffer_bytes = (uint64_t)256 << 20;
     o->fuse = 1;
     o->graphs = 1;
+}
+
+const char *pv_llama_graph_failure(const pv_llama *m)
+{
+    return m ? m->graph_failure : "";
 }
 
 uint64_t pv_llama_identity(const pv_llama *m)
@@ -684,8 +690,11 @@ static pv_status forward_graph(pv_llama *m, const pv_llama_batch *b, int *ran)
     const pv_status end = pv_backend_graph_end(m->be, st == PV_OK, ran);
     if (end != PV_OK)
         return end;
-    if (!*ran)
-        pv_clear_error(); /* the failed recording's message: the ops run again */
+    if (!*ran) { /* the ops run again; the reason is kept for pv_llama_graph_failure */
+        snprintf(m->graph_failure, sizeof m->graph_failure, "%s",
+                 pv_last_error()[0] ? pv_last_error() : "the backend recorded nothing");
+        pv_clear_error();
+    }
     return PV_OK;
 }
 

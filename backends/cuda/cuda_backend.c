@@ -667,9 +667,13 @@ static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
 {
     staged *r = &cu->records[cu->first];
     int done = 0;
-    if (r->pending) /* its op has not run: the ring is full of this recording */
+    if (r->pending) { /* its op is in the recording, which has not run */
+        *retired = 0;
+        if (!wait)
+            return PV_OK;
         return pv_error(PV_ERR_UNSUPPORTED, "cuda: the %zu-byte staging ring filled while a graph was recorded",
                         STAGING_BYTES);
+    }
     if (wait)
         CUDA_TRY(cudaEventSynchronize(r->done), "%s", "staging event");
     else

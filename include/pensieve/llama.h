@@ -60,6 +60,9 @@ pv_status pv_llama_init(pv_llama **out, pv_backend *be, const pv_gguf *g,
 void pv_llama_free(pv_llama *m);
 
 const pv_llama_hparams *pv_llama_hparams_of(const pv_llama *m);
+/* Why the last forward pass that was to run as a graph ran op by op
+ * instead (the backend's message), or "" when none has. */
+const char *pv_llama_graph_failure(const pv_llama *m);
 /* pv_gguf_identity of the file the model was loaded from. */
 uint64_t pv_llama_identity(const pv_llama *m);
 
