@@ -55,6 +55,15 @@ static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_hea
     return (group + blocks - 1) / blocks;
 }
 
+/* The attention kernel of a build (kernels/attention.cl, without the
+ * _f16/_f32 suffix): pv_attention_teams, the GPU kernel, where a
+ * work-group of wg work-items holds a team of max_head_dim / 8 (the
+ * build's PV_MAX_HEAD_DIM); else pv_attention, which serves any wg. */
+static inline const char *pv_attention_kernel_base(int wg, int max_head_dim)
+{
+    return wg >= max_head_dim / 8 ? "pv_attention_teams" : "pv_attention";
+}
+
 /* S for one call: `forced`, the PV_ATTENTION_SPLITS value, if set; else
  * `tuned`, the call's bucket's PV_SPLITS (backends/kernel-tuning.h), if
  * set; else the rule above. */
