@@ -18,11 +18,14 @@
  * that write partial (max, sum, unnormalised output) rows, which a second
  * kernel combines. It pays when the call has too few groups to fill the
  * device (decode: one or two tokens over long contexts). The default S:
- *   S = min(ceil(2 * compute_units / groups), chunks / 4, 64), at least 1,
+ *   S = min(ceil(4 * compute_units / groups), chunks / 2, 64), at least 1,
  * with groups = T * n_kv_heads * head blocks and chunks the longest
- * context's chunk count: two groups per compute unit, and no range shorter
- * than 4 chunks (128 positions at 32-token chunks), below which the combine
- * costs more than the parallelism gains. The environment variable
+ * context's chunk count: four groups per compute unit, as the GPU kernel
+ * (pv_attention_teams) keeps only a few rows in flight per work-item and
+ * a compute unit needs several groups' loads to cover the memory latency;
+ * and no range shorter than 2 chunks (64 positions at 32-token chunks, 4
+ * steps of that kernel at 64 work-items), below which the combine (a
+ * head_dim row per split and head) costs more than the parallelism gains. The environment variable
  * PV_ATTENTION_SPLITS, read when the backend opens, overrides it: a value
  * N in [1, 64] makes every call use S = N (tuning and tests); 0 or unset
  * keeps the default. */
@@ -38,7 +41,9 @@
  * outputs in registers (PV_ATT_MAX_GROUP). */
 #define PV_ATTENTION_GROUP_MAX 8
 #define PV_ATTENTION_MAX_SPLITS 64
-#define PV_ATTENTION_SPLIT_MIN_CHUNKS 4
+#define PV_ATTENTION_SPLIT_MIN_CHUNKS 2
+/* Work-groups per compute unit the default S aims at. */
+#define PV_ATTENTION_GROUPS_PER_UNIT 4
 
 /* Blocks of query heads per KV head, and the query heads in each, for
  * blocks of at most max_group. */
@@ -53,6 +58,15 @@ static inline int pv_attention_heads_per_block(int32_t n_heads, int32_t n_kv_hea
     const int32_t group = n_heads / n_kv_heads;
     const int blocks = pv_attention_head_blocks(n_heads, n_kv_heads, max_group);
     return (group + blocks - 1) / blocks;
+}
+
+/* The attention kernel of a build (kernels/attention.cl, without the
+ * _f16/_f32 suffix): pv_attention_teams, the GPU kernel, where a
+ * work-group of wg work-items holds a team of max_head_dim / 8 (the
+ * build's PV_MAX_HEAD_DIM); else pv_attention, which serves any wg. */
+static inline const char *pv_attention_kernel_base(int wg, int max_head_dim)
+{
+    return wg >= max_head_dim / 8 ? "pv_attention_teams" : "pv_attention";
 }
 
 /* S for one call: `forced`, the PV_ATTENTION_SPLITS value, if set; else
@@ -71,7 +85,7 @@ static inline int pv_attention_splits(int forced, int tuned, uint32_t compute_un
     const int64_t chunks = (longest + a->chunk_tokens - 1) / a->chunk_tokens;
     const int64_t groups =
         (int64_t)a->n_tokens * a->n_kv_heads * pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
-    int64_t s = (2 * (int64_t)(compute_units ? compute_units : 1) + groups - 1) / groups;
+    int64_t s = (PV_ATTENTION_GROUPS_PER_UNIT * (int64_t)(compute_units ? compute_units : 1) + groups - 1) / groups;
     if (s > chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS)
         s = chunks / PV_ATTENTION_SPLIT_MIN_CHUNKS;
     if (s > PV_ATTENTION_MAX_SPLITS)

@@ -50,7 +50,9 @@ typedef enum pv_kparam {
      * threads fill the 64K-register file). Attention needs PV_WG >=
      * PV_ATT_MAX_GROUP (a tile has PV_WG / heads rows) and holds
      * PV_WG * (PV_WG + 1) + 2 * PV_WG floats and PV_WG longs of local
-     * memory, so at most 64 under CUDA's 48 KiB of static shared memory;
+     * memory, so at most 64 under CUDA's 48 KiB of static shared memory
+     * (its GPU kernel, pv_attention_teams, PV_WG * 8 * PV_ATT_MAX_GROUP
+     * floats);
      * qmatmul holds 16 * PV_WG floats. */
     PV_KPARAM_WG = 0,
     /* PV_ITEM_ELEMS, tuned: elements each work-item moves in the slot copies

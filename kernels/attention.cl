@@ -7,9 +7,13 @@
  * of whole chunks of token i's context 0..token_pos[i] (split s of
  * n_splits): groups {n_kv_heads * n_blocks * n_splits, T}, split fastest.
  * The group streams over its positions in tiles, following the slot table.
- * Work-item w owns the head dims w, w + PV_WG, ... throughout, so every K
- * and V row is read contiguously across work-items (coalesced; vectorisable
- * on CPUs), and read once for all n_g query heads:
+ * Two kernels compute it: pv_attention_teams (below), cut for GPUs, where
+ * a work-group holds a team of PV_MAX_HEAD_DIM / 8 work-items, and this
+ * one, pv_attention, for smaller work-groups (backends/attention-split.h
+ * picks). In pv_attention, work-item w owns the head dims w, w + PV_WG,
+ * ... throughout, so every K and V row is read contiguously across
+ * work-items (coalesced; vectorisable on CPUs), and read once for all n_g
+ * query heads:
  *   1. scores: work-item w forms, for each tile row j and query head g, the
  *      partial dot product of q_g and K[j] over its dims; work-item
  *      (g, j) then sums that row's partials: s = scale * q_g . K[j];
@@ -48,15 +52,45 @@
 /* Head dims each work-item owns. */
 #define PV_ATT_DIMS ((PV_MAX_HEAD_DIM + PV_WG - 1) / PV_WG)
 
-PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
-                                      const PV_GLOBAL PV_STORE_T *kv,
-                                      const PV_GLOBAL int *token_seq,
-                                      const PV_GLOBAL int *token_pos,
-                                      const PV_GLOBAL int *slot_table, int max_chunks,
-                                      int n_heads, int n_kv_heads, int head_dim,
-                                      int chunk_tokens, float scale, int heads_per_block,
-                                      int n_splits, PV_GLOBAL float *out, pv_long out_off,
-                                      PV_GLOBAL float *part, pv_long part_off, pv_long ml_off)
+/* The positions [*begin, *end) of split `split` of n_splits over the
+ * context 0..pos: ranges of whole chunks. */
+PV_FUNC void pv_att_range(int pos, int chunk_tokens, int split, int n_splits, int *begin, int *end)
+{
+    const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
+#if defined(PV_TEST_BREAK_WG) && PV_TEST_BREAK_WG == PV_WG
+    /* Tests only (tests/test-tune-kernels.sh): this build skips the first
+     * half of every context, a faster and wrong candidate that
+     * pensieve-tune's kernel search must reject. */
+    *begin = split * per_split * chunk_tokens > (pos + 1) / 2 ? split * per_split * chunk_tokens : (pos + 1) / 2;
+#else
+    *begin = split * per_split * chunk_tokens;
+#endif
+    *end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens : pos + 1;
+}
+
+/* Both kernels' arguments (layouts above). */
+#define PV_ATT_ARGS                                                                                           \
+    const PV_GLOBAL float *q, pv_long q_off, const PV_GLOBAL PV_STORE_T *kv, const PV_GLOBAL int *token_seq, \
+        const PV_GLOBAL int *token_pos, const PV_GLOBAL int *slot_table, int max_chunks, int n_heads,        \
+        int n_kv_heads, int head_dim, int chunk_tokens, float scale, int heads_per_block, int n_splits,      \
+        PV_GLOBAL float *out, pv_long out_off, PV_GLOBAL float *part, pv_long part_off, pv_long ml_off
+
+/* The work-group's split, KV head and block of n_g query heads from h0:
+ * groups {n_kv_heads * n_blocks * n_splits, T}, split fastest. */
+PV_FUNC void pv_att_heads(int n_heads, int n_kv_heads, int heads_per_block, int n_splits, int *split, int *kv_head,
+                          int *h0, int *n_g)
+{
+    const int group = n_heads / n_kv_heads;
+    const int n_blocks = (group + heads_per_block - 1) / heads_per_block;
+    const pv_long g0 = PV_GROUP_ID(0);
+    const int block = (int)(g0 / n_splits % n_blocks);
+    *split = (int)(g0 % n_splits);
+    *kv_head = (int)(g0 / n_splits / n_blocks);
+    *h0 = *kv_head * group + block * heads_per_block;
+    *n_g = group - block * heads_per_block < heads_per_block ? group - block * heads_per_block : heads_per_block;
+}
+
+PV_KERNEL PV_STORE_NAME(pv_attention)(PV_ATT_ARGS)
 {
     PV_LOCAL_ARRAY(float, partial, PV_WG * (PV_WG + 1)); /* [head][tile row][work-item] */
     PV_LOCAL_ARRAY(float, score, PV_WG);                 /* [head][tile row] */
@@ -64,34 +98,16 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
     PV_LOCAL_ARRAY(pv_long, k_row, PV_WG);               /* element offset of each tile row's K */
 
     const int lid = PV_LOCAL_ID();
-    const int group = n_heads / n_kv_heads;
-    const int n_blocks = (group + heads_per_block - 1) / heads_per_block;
-    const pv_long g0 = PV_GROUP_ID(0);
-    const int split = (int)(g0 % n_splits);
-    const int block = (int)(g0 / n_splits % n_blocks);
-    const int kv_head = (int)(g0 / n_splits / n_blocks);
-    const int h0 = kv_head * group + block * heads_per_block; /* the block's first query head */
-    const int n_g = group - block * heads_per_block < heads_per_block ? group - block * heads_per_block
-                                                                      : heads_per_block;
+    int split, kv_head, h0, n_g; /* h0: the block's first query head */
+    pv_att_heads(n_heads, n_kv_heads, heads_per_block, n_splits, &split, &kv_head, &h0, &n_g);
     int g_pad = 1;
     while (g_pad < n_g)
         g_pad <<= 1;
     const int tile = PV_WG / g_pad;
 
     const pv_long i = PV_GROUP_ID(1);
-    const int pos = token_pos[i];
-    const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
-#if defined(PV_TEST_BREAK_WG) && PV_TEST_BREAK_WG == PV_WG
-    /* Tests only (tests/test-tune-kernels.sh): this build skips the first
-     * half of every context, a faster and wrong candidate that
-     * pensieve-tune's kernel search must reject. */
-    const int begin = split * per_split * chunk_tokens > (pos + 1) / 2 ? split * per_split * chunk_tokens
-                                                                        : (pos + 1) / 2;
-#else
-    const int begin = split * per_split * chunk_tokens;
-#endif
-    const int end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens
-                                                                      : pos + 1;
+    int begin, end;
+    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
     const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
     const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
     const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
@@ -225,6 +241,169 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
         }
     }
 }
+
+/* ---- Teams: the GPU kernel ------------------------------------------------------
+ * The same arguments, groups and results as pv_attention, cut for GPUs;
+ * the host takes it where a work-group holds a team (PV_WG >=
+ * PV_MAX_HEAD_DIM / 8: backends/attention-split.h). A team of PV_ATT_TEAM =
+ * PV_MAX_HEAD_DIM / 8 adjacent work-items holds one K or V row, member k
+ * its dims 8k..8k+7, read by one 16-byte load (f16; two for f32); members
+ * past head_dim idle. The group's PV_ATT_TEAMS teams take different
+ * positions, PV_ATT_ROWS each per step, all loaded before any is used, so
+ * a work-item has 2 * PV_ATT_ROWS loads in flight and one load instruction
+ * of the group covers PV_ATT_TEAMS rows. Each member dots its 8 dims with
+ * every query head's, the team sums them (pv_team_sums: warp shuffles on
+ * CUDA), and each team keeps its own online softmax (running max and sum,
+ * and its members' 8 output dims of every head) over the positions it
+ * took, in registers; no barrier on CUDA until the end, where the teams'
+ * states merge through local memory as pv_attention_combine merges
+ * splits. Local memory: PV_WG * 8 * PV_ATT_MAX_GROUP floats (16 KiB at
+ * PV_WG = 64 and 8 heads), which OpenCL's team sums borrow as scratch. */
+#define PV_ATT_TEAM (PV_MAX_HEAD_DIM / 8)
+#if PV_WG >= PV_ATT_TEAM
+#define PV_ATT_TEAMS (PV_WG / PV_ATT_TEAM)
+/* Positions per team and step: as many as registers allow next to the
+ * queries and outputs of PV_ATT_MAX_GROUP heads. */
+#define PV_ATT_ROWS (PV_ATT_MAX_GROUP <= 4 ? 4 : 2)
+#define PV_ATT_SUMS (PV_ATT_ROWS * PV_ATT_MAX_GROUP) /* a step's scores: [row][head] */
+
+PV_KERNEL PV_STORE_NAME(pv_attention_teams)(PV_ATT_ARGS)
+{
+    /* [team][head][dim]; the team sums' scratch until the merge */
+    PV_LOCAL_ARRAY(float, merged, PV_ATT_TEAMS * PV_ATT_MAX_GROUP * PV_MAX_HEAD_DIM);
+    PV_LOCAL_ARRAY(float, merged_ml, 2 * PV_ATT_TEAMS * PV_ATT_MAX_GROUP); /* [team][head] (m, l) */
+
+    const int lid = PV_LOCAL_ID(), team = lid / PV_ATT_TEAM, member = lid % PV_ATT_TEAM;
+    int split, kv_head, h0, n_g; /* h0: the block's first query head */
+    pv_att_heads(n_heads, n_kv_heads, heads_per_block, n_splits, &split, &kv_head, &h0, &n_g);
+    const pv_long i = PV_GROUP_ID(1);
+    int begin, end;
+    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
+    const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
+    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
+    const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
+    const pv_long slot_elems = 2 * v_from_k;
+    const int active = 8 * member < head_dim; /* head_dim is a multiple of 16: whole slices */
+    const pv_long my_dims = (pv_long)kv_head * head_dim + 8 * member;
+
+    /* Heads past n_g and idle members have a zero query, and are never
+     * stored. */
+    float q_reg[PV_ATT_MAX_GROUP][8], acc[PV_ATT_MAX_GROUP][8], m[PV_ATT_MAX_GROUP], l[PV_ATT_MAX_GROUP];
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        const int live = g < n_g && active;
+        const PV_GLOBAL float *q_head =
+            q + q_off + (i * n_heads + h0 + (live ? g : 0)) * head_dim + (live ? 8 * member : 0);
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            q_reg[g][k] = live ? q_head[k] * scale : 0.0f;
+            acc[g][k] = 0.0f;
+        }
+        m[g] = -PV_INF;
+        l[g] = 0.0f;
+    }
+
+    /* Every team runs the same steps (OpenCL's team sums hold barriers). */
+    for (int p0 = begin; p0 < end; p0 += PV_ATT_ROWS * PV_ATT_TEAMS) {
+        float key[PV_ATT_ROWS][8], value[PV_ATT_ROWS][8];
+        int valid[PV_ATT_ROWS]; /* row r's position is before end; rows grow with r */
+        #pragma unroll
+        for (int r = 0; r < PV_ATT_ROWS; r++) {
+            const int p = p0 + team + r * PV_ATT_TEAMS;
+            valid[r] = p < end;
+            if (valid[r] && active) {
+                const pv_long at = (pv_long)slots[p / chunk_tokens] * slot_elems +
+                                   (pv_long)(p % chunk_tokens) * row_elems + my_dims;
+                PV_STORE_LOAD8(kv + at, key[r]);
+                PV_STORE_LOAD8(kv + at + v_from_k, value[r]);
+            } else {
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    key[r][k] = value[r][k] = 0.0f;
+            }
+        }
+        float score[PV_ATT_SUMS];
+        #pragma unroll
+        for (int r = 0; r < PV_ATT_ROWS; r++) {
+            #pragma unroll
+            for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+                float dot = 0.0f;
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    dot += q_reg[g][k] * key[r][k];
+                score[r * PV_ATT_MAX_GROUP + g] = dot;
+            }
+        }
+        pv_team_sums(merged, score, PV_ATT_SUMS, PV_ATT_TEAM);
+        #pragma unroll
+        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+            if (g < n_g && valid[0]) { /* else no row of this step is valid */
+                float m_new = m[g];
+                #pragma unroll
+                for (int r = 0; r < PV_ATT_ROWS; r++)
+                    if (valid[r])
+                        m_new = PV_FMAX(m_new, score[r * PV_ATT_MAX_GROUP + g]);
+                const float rescale = PV_EXP(m[g] - m_new); /* m_new is finite: row 0 is valid */
+                l[g] *= rescale;
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    acc[g][k] *= rescale;
+                #pragma unroll
+                for (int r = 0; r < PV_ATT_ROWS; r++) {
+                    if (valid[r]) {
+                        const float w = PV_EXP(score[r * PV_ATT_MAX_GROUP + g] - m_new);
+                        l[g] += w;
+                        #pragma unroll
+                        for (int k = 0; k < 8; k++)
+                            acc[g][k] += w * value[r][k];
+                    }
+                }
+                m[g] = m_new;
+            }
+        }
+    }
+
+    /* The teams' states merged, as pv_attention_combine merges splits. */
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        #pragma unroll
+        for (int k = 0; k < 8; k++)
+            merged[(team * PV_ATT_MAX_GROUP + g) * PV_MAX_HEAD_DIM + 8 * member + k] = acc[g][k];
+        if (member == 0) {
+            merged_ml[2 * (team * PV_ATT_MAX_GROUP + g)] = m[g];
+            merged_ml[2 * (team * PV_ATT_MAX_GROUP + g) + 1] = l[g];
+        }
+    }
+    PV_BARRIER();
+    for (int idx = lid; idx < n_g * head_dim; idx += PV_WG) {
+        const int g = idx / head_dim, d = idx % head_dim;
+        float big = -PV_INF;
+        #pragma unroll
+        for (int t = 0; t < PV_ATT_TEAMS; t++)
+            big = PV_FMAX(big, merged_ml[2 * (t * PV_ATT_MAX_GROUP + g)]);
+        float total = 0.0f, sum = 0.0f;
+        if (big != -PV_INF) { /* else an empty range: nothing seen */
+            #pragma unroll
+            for (int t = 0; t < PV_ATT_TEAMS; t++) {
+                const float w = PV_EXP(merged_ml[2 * (t * PV_ATT_MAX_GROUP + g)] - big);
+                total += w * merged_ml[2 * (t * PV_ATT_MAX_GROUP + g) + 1];
+                sum += w * merged[(t * PV_ATT_MAX_GROUP + g) * PV_MAX_HEAD_DIM + d];
+            }
+        }
+        const pv_long h = h0 + g;
+        if (n_splits == 1) {
+            out[out_off + (i * n_heads + h) * head_dim + d] = sum / total;
+        } else {
+            const pv_long row = (i * n_splits + split) * n_heads + h;
+            part[part_off + row * head_dim + d] = sum;
+            if (d == 0) {
+                part[ml_off + 2 * row] = big; /* -inf for an empty range */
+                part[ml_off + 2 * row + 1] = total;
+            }
+        }
+    }
+}
+#endif /* PV_WG >= PV_ATT_TEAM */
 
 /* Split-K's second pass: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
  * with M = max_s m_s; empty ranges (m_s = -inf) weigh nothing, and range 0

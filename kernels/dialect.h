@@ -197,6 +197,78 @@ PV_FUNC int pv_group_min_max_int(PV_LOCAL int *scratch, int v, int take_max)
     return result;
 }
 
+/* 16-byte loads: v[0..7] = the 8 halves (one 16-byte load) or 8 floats
+ * (two) at p, as floats; p is aligned to its load's size. OpenCL: vload8
+ * forms, which GPUs issue as vector loads; CUDA: uint4 / float4 through a
+ * cast. */
+#if defined(__OPENCL_VERSION__)
+PV_FUNC void pv_load8_half(const PV_GLOBAL pv_half *p, float *v)
+{
+    const float8 f = vload_half8(0, p);
+    v[0] = f.s0; v[1] = f.s1; v[2] = f.s2; v[3] = f.s3;
+    v[4] = f.s4; v[5] = f.s5; v[6] = f.s6; v[7] = f.s7;
+}
+PV_FUNC void pv_load8_float(const PV_GLOBAL float *p, float *v)
+{
+    const float8 f = vload8(0, p);
+    v[0] = f.s0; v[1] = f.s1; v[2] = f.s2; v[3] = f.s3;
+    v[4] = f.s4; v[5] = f.s5; v[6] = f.s6; v[7] = f.s7;
+}
+#else
+PV_FUNC void pv_load8_half(const pv_half *p, float *v)
+{
+    const uint4 raw = *(const uint4 *)p;
+    const unsigned int w[4] = {raw.x, raw.y, raw.z, raw.w};
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = pv_half_to_float((pv_half)(w[k] & 0xffffu));
+        v[2 * k + 1] = pv_half_to_float((pv_half)(w[k] >> 16));
+    }
+}
+PV_FUNC void pv_load8_float(const float *p, float *v)
+{
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+#endif
+
+/* Sums across teams: the group's work-items form teams of `team` adjacent
+ * ones (a power of two, at most 32 and PV_WG), and v[j] (j < n) becomes
+ * the sum of v[j] over the caller's team, the same bits in every member.
+ * Every work-item of the group must call it with the same n and team.
+ * CUDA: warp shuffles (a team lies within a warp), scratch unused; OpenCL
+ * 1.2: through scratch, PV_WG * n floats, free again on return (barriers).
+ * Call with constant n and team so the loops unroll and v stays in
+ * registers. */
+PV_FUNC void pv_team_sums(PV_LOCAL float *scratch, float *v, int n, int team)
+{
+#if defined(__OPENCL_VERSION__)
+    const int lid = PV_LOCAL_ID(), first = lid & ~(team - 1);
+    #pragma unroll
+    for (int j = 0; j < n; j++)
+        scratch[lid * n + j] = v[j];
+    PV_BARRIER();
+    #pragma unroll
+    for (int j = 0; j < n; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < team; k++)
+            s += scratch[(first + k) * n + j];
+        v[j] = s;
+    }
+    PV_BARRIER();
+#else
+    (void)scratch;
+    const unsigned int lanes = PV_WG < 32 ? (1u << PV_WG) - 1u : 0xffffffffu;
+    #pragma unroll
+    for (int j = 0; j < n; j++) {
+        #pragma unroll
+        for (int step = team / 2; step > 0; step >>= 1)
+            v[j] += __shfl_xor_sync(lanes, v[j], step);
+    }
+#endif
+}
+
 /* RoPE, shared by recompute's pv_rope and gather's pv_rope_kv_write so
  * both turn a pair the same way: pair i (< head_dim / 2) of a head at
  * position pos turns by pos * base^(-2i/head_dim), in pv_precise; the pair
@@ -218,18 +290,21 @@ PV_FUNC void pv_rope_pair(int pos, int i, int head_dim, float base, int neox, in
 #undef PV_STORE_T
 #undef PV_STORE_WORD
 #undef PV_STORE_LOAD
+#undef PV_STORE_LOAD8
 #undef PV_STORE_SAVE
 #undef PV_STORE_NAME
 #if defined(PV_STORE_F16) && PV_STORE_F16
 #define PV_STORE_T pv_half
 #define PV_STORE_WORD pv_u16 /* bit-exact copies */
 #define PV_STORE_LOAD(p, i) PV_LOAD_HALF(p, i)
+#define PV_STORE_LOAD8(p, v) pv_load8_half(p, v)
 #define PV_STORE_SAVE(x, p, i) PV_STORE_HALF(x, p, i)
 #define PV_STORE_NAME(base) PV_CAT(base, _f16)
 #else
 #define PV_STORE_T float
 #define PV_STORE_WORD pv_u32
 #define PV_STORE_LOAD(p, i) ((p)[i])
+#define PV_STORE_LOAD8(p, v) pv_load8_float(p, v)
 #define PV_STORE_SAVE(x, p, i) ((p)[i] = (x))
 #define PV_STORE_NAME(base) PV_CAT(base, _f32)
 #endif

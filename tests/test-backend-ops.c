@@ -1231,6 +1231,55 @@ static void check_attention_splits(ctx *c)
     }
 }
 
+/* The GPU backends' attention has two kernels (kernels/attention.cl):
+ * pv_attention_teams where a work-group holds a team of PV_MAX_HEAD_DIM / 8
+ * work-items (backends/attention-split.h), pv_attention below that. These
+ * cases set every work-group size the tuner may pick on their buckets, with
+ * and without split-K, so both kernels meet 1 to 8 teams a group: head dims
+ * filling their class (128 at Llama 3's 4 query heads a KV head; 256, a
+ * team of 32), and 96 and 48, which leave team members idle. */
+static const attention_case work_group_cases[] = {
+    {"decode, Llama 3 grouping", 8, 2, 128, 32, QUERY_DECODE, 1, 3, {1, 300, 1100}},
+    {"decode, head_dim 256, chunk 16", 4, 1, 256, 16, QUERY_DECODE, 1, 2, {500, 47}},
+    {"prefill, head_dim 96", 6, 2, 96, 32, QUERY_PREFILL, 20, 2, {33, 90}},
+    {"decode, head_dim 48", 9, 3, 48, 32, QUERY_DECODE, 1, 2, {700, 5}},
+};
+
+static void check_attention_work_groups(ctx *c)
+{
+    static const char *const phases[] = {"decode.short", "decode.long", "prefill.short", "prefill.long"};
+    for (int wg = 16; wg <= 64; wg *= 2)
+        for (int splits = 0; splits <= 4; splits += 4)
+            for (size_t i = 0; i < sizeof work_group_cases / sizeof work_group_cases[0]; i++) {
+                const attention_case *ac = &work_group_cases[i];
+                const int hd = ac->head_dim <= 64 ? 64 : ac->head_dim <= 128 ? 128 : 256;
+                int gqa = 1;
+                while (gqa < ac->n_heads / ac->n_kv_heads && gqa < 8)
+                    gqa *= 2;
+                char set[64], bucket[64], name[96];
+                snprintf(set, sizeof set, "PV_WG=%d PV_SPLITS=%d", wg, splits);
+                pv_status st = PV_OK;
+                for (size_t f = 0; f < sizeof phases / sizeof phases[0] && st == PV_OK; f++) {
+                    snprintf(bucket, sizeof bucket, "attention.hd%d.g%d.%s", hd, gqa, phases[f]);
+                    st = pv_backend_kernel_set(c->be, bucket, set);
+                }
+                if (!ok(st == PV_OK, "%s: %s on %s", c->name, set, bucket)) {
+                    tap_diag("%s", pv_last_error());
+                    continue;
+                }
+                ctx set_ctx = *c;
+                snprintf(name, sizeof name, "%s (%s)", c->name, set);
+                set_ctx.name = name;
+                check_attention(&set_ctx, ac, PV_F32);
+                check_attention(&set_ctx, ac, PV_F16);
+                c->rng = set_ctx.rng;
+                for (size_t f = 0; f < sizeof phases / sizeof phases[0]; f++) {
+                    snprintf(bucket, sizeof bucket, "attention.hd%d.g%d.%s", hd, gqa, phases[f]);
+                    pv_backend_kernel_set(c->be, bucket, NULL);
+                }
+            }
+}
+
 /* ---- the run ------------------------------------------------------------------------------------ */
 
 static void run_all(ctx *c)
@@ -1360,6 +1409,7 @@ int main(int argc, char **argv)
         c = (ctx){.cpu = c.cpu, .be = be, .name = *name, .cpu_pass = 0, .rng = seed};
         run_all(&c);
         check_attention_splits(&c);
+        check_attention_work_groups(&c);
         pv_backend_free(be);
     }
     if (!found)

@@ -13,6 +13,7 @@
  * further architecture. The compiles run on up to 4 threads. */
 #include "config.h"
 
+#include "backends/attention-split.h"
 #include "backends/cuda/cuda_nvrtc.h"
 #include "kernels/kernel-sources.h"
 #include "tap.h"
@@ -154,7 +155,8 @@ static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int ar
 static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KERNEL_NAMES],
                              char storage[MAX_KERNEL_NAMES][40])
 {
-    static const char *const attention[] = {"pv_attention", "pv_attention_combine", NULL};
+    const char *const attention[] = {
+        pv_attention_kernel_base(p->value[PV_KPARAM_WG], p->value[PV_KPARAM_MAX_HEAD_DIM]), "pv_attention_combine", NULL};
     static const char *const gather[] = {"pv_kv_write", "pv_rope_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
     static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
