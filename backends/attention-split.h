@@ -40,6 +40,14 @@
 #define PV_ATTENTION_MAX_SPLITS 64
 #define PV_ATTENTION_SPLIT_MIN_CHUNKS 4
 
+/* The kernel of a call: "pv_attention_teams" (a team of head_dim / 8
+ * work-items a row, 16-byte loads) where the build's head-dim class is the
+ * call's head_dim and a work-group holds a team, else "pv_attention". */
+static inline const char *pv_attention_kernel_base(int32_t head_dim, int max_head_dim, int work_group)
+{
+    return head_dim == max_head_dim && work_group >= max_head_dim / 8 ? "pv_attention_teams" : "pv_attention";
+}
+
 /* Blocks of query heads per KV head, and the query heads in each, for
  * blocks of at most max_group. */
 static inline int pv_attention_head_blocks(int32_t n_heads, int32_t n_kv_heads, int max_group)

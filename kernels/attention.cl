@@ -48,6 +48,22 @@
 /* Head dims each work-item owns. */
 #define PV_ATT_DIMS ((PV_MAX_HEAD_DIM + PV_WG - 1) / PV_WG)
 
+/* The positions [*begin, *end) of split `split` of n_splits over the
+ * context 0..pos: ranges of whole chunks. */
+PV_FUNC void pv_att_range(int pos, int chunk_tokens, int split, int n_splits, int *begin, int *end)
+{
+    const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
+#if defined(PV_TEST_BREAK_WG) && PV_TEST_BREAK_WG == PV_WG
+    /* Tests only (tests/test-tune-kernels.sh): this build skips the first
+     * half of every context, a faster and wrong candidate that
+     * pensieve-tune's kernel search must reject. */
+    *begin = split * per_split * chunk_tokens > (pos + 1) / 2 ? split * per_split * chunk_tokens : (pos + 1) / 2;
+#else
+    *begin = split * per_split * chunk_tokens;
+#endif
+    *end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens : pos + 1;
+}
+
 PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
                                       const PV_GLOBAL PV_STORE_T *kv,
                                       const PV_GLOBAL int *token_seq,
@@ -79,19 +95,8 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
     const int tile = PV_WG / g_pad;
 
     const pv_long i = PV_GROUP_ID(1);
-    const int pos = token_pos[i];
-    const int per_split = (pos / chunk_tokens + n_splits) / n_splits; /* chunks of each range */
-#if defined(PV_TEST_BREAK_WG) && PV_TEST_BREAK_WG == PV_WG
-    /* Tests only (tests/test-tune-kernels.sh): this build skips the first
-     * half of every context, a faster and wrong candidate that
-     * pensieve-tune's kernel search must reject. */
-    const int begin = split * per_split * chunk_tokens > (pos + 1) / 2 ? split * per_split * chunk_tokens
-                                                                        : (pos + 1) / 2;
-#else
-    const int begin = split * per_split * chunk_tokens;
-#endif
-    const int end = (split + 1) * per_split * chunk_tokens < pos + 1 ? (split + 1) * per_split * chunk_tokens
-                                                                      : pos + 1;
+    int begin, end;
+    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
     const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
     const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
     const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
@@ -225,6 +230,225 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(const PV_GLOBAL float *q, pv_long q_off,
         }
     }
 }
+
+/* ---- Teams: the kernel for head_dim == PV_MAX_HEAD_DIM ----------------------
+ * The same work-group and results as pv_attention (the same arguments,
+ * groups and outputs), cut for GPUs: a team of PV_ATT_TEAM = head_dim / 8
+ * work-items holds one K or V row, 8 consecutive dims each, loaded 16 bytes
+ * (f16) or 32 (f32) at a time; the PV_ATT_TEAMS teams of the group take
+ * different positions, two each per step, so a group keeps 4 rows of K and
+ * V per team in flight and no work-item waits on a row of its own. A team
+ * sums its members' partial dot products for every query head (warp
+ * shuffles on CUDA, local memory on OpenCL) and keeps its own online
+ * softmax (running max, sum and 8 output dims per member) over the
+ * positions it took; at the end the teams' states merge through local
+ * memory as split-K's ranges do. The host takes this kernel when the
+ * group holds a team (PV_WG >= PV_ATT_TEAM).
+ * Local memory: PV_WG * 8 * PV_ATT_MAX_GROUP floats and 2 per team and
+ * head (+ PV_WG * 2 * PV_ATT_MAX_GROUP on OpenCL). */
+#define PV_ATT_TEAM (PV_MAX_HEAD_DIM / 8)
+#if PV_WG >= PV_ATT_TEAM
+#define PV_ATT_TEAMS (PV_WG / PV_ATT_TEAM)
+
+/* v[0..7] = p[0..7] as f32; p is 16-byte (f16) or 32-byte (f32) aligned. */
+PV_FUNC void pv_att_load8(const PV_GLOBAL PV_STORE_T *p, float *v)
+{
+#if defined(__CUDACC__) && PV_STORE_F16
+    const uint4 raw = *(const uint4 *)p;
+    const pv_u32 w[4] = {raw.x, raw.y, raw.z, raw.w};
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = pv_half_to_float((pv_half)(w[k] & 0xffffu));
+        v[2 * k + 1] = pv_half_to_float((pv_half)(w[k] >> 16));
+    }
+#elif defined(__CUDACC__)
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+#else
+#if PV_STORE_F16
+    const float8 f = vload_half8(0, p);
+#else
+    const float8 f = vload8(0, p);
+#endif
+    v[0] = f.s0; v[1] = f.s1; v[2] = f.s2; v[3] = f.s3;
+    v[4] = f.s4; v[5] = f.s5; v[6] = f.s6; v[7] = f.s7;
+#endif
+}
+
+/* dot[j] = the sum of dot[j] over the team (j < 2 * PV_ATT_MAX_GROUP: two
+ * rows' scores for every query head), for every member; every work-item of
+ * the group calls it (OpenCL: barriers in scratch, PV_WG * 2 *
+ * PV_ATT_MAX_GROUP floats). */
+#define PV_ATT_SUMS (2 * PV_ATT_MAX_GROUP)
+PV_FUNC void pv_att_team_sum(PV_LOCAL float *scratch, float *dot)
+{
+#if defined(__CUDACC__)
+    (void)scratch;
+    const unsigned int mask = PV_WG < 32 ? (1u << PV_WG) - 1u : 0xffffffffu;
+    #pragma unroll
+    for (int j = 0; j < PV_ATT_SUMS; j++) {
+        #pragma unroll
+        for (int step = PV_ATT_TEAM / 2; step > 0; step >>= 1)
+            dot[j] += __shfl_xor_sync(mask, dot[j], step);
+    }
+#else
+    const int lid = PV_LOCAL_ID(), first = lid / PV_ATT_TEAM * PV_ATT_TEAM;
+    #pragma unroll
+    for (int j = 0; j < PV_ATT_SUMS; j++)
+        scratch[lid * PV_ATT_SUMS + j] = dot[j];
+    PV_BARRIER();
+    #pragma unroll
+    for (int j = 0; j < PV_ATT_SUMS; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < PV_ATT_TEAM; k++)
+            s += scratch[(first + k) * PV_ATT_SUMS + j];
+        dot[j] = s;
+    }
+    PV_BARRIER();
+#endif
+}
+
+PV_KERNEL PV_STORE_NAME(pv_attention_teams)(const PV_GLOBAL float *q, pv_long q_off,
+                                            const PV_GLOBAL PV_STORE_T *kv,
+                                            const PV_GLOBAL int *token_seq,
+                                            const PV_GLOBAL int *token_pos,
+                                            const PV_GLOBAL int *slot_table, int max_chunks,
+                                            int n_heads, int n_kv_heads, int head_dim,
+                                            int chunk_tokens, float scale, int heads_per_block,
+                                            int n_splits, PV_GLOBAL float *out, pv_long out_off,
+                                            PV_GLOBAL float *part, pv_long part_off, pv_long ml_off)
+{
+    PV_LOCAL_ARRAY(float, merged, PV_WG * 8 * PV_ATT_MAX_GROUP); /* [team][head][dim] */
+    PV_LOCAL_ARRAY(float, merged_ml, 2 * PV_ATT_TEAMS * PV_ATT_MAX_GROUP);
+#if defined(__CUDACC__)
+    PV_LOCAL float *scratch = merged; /* unused: shuffles */
+#else
+    PV_LOCAL_ARRAY(float, scratch, PV_WG * PV_ATT_SUMS);
+#endif
+    const int lid = PV_LOCAL_ID(), team = lid / PV_ATT_TEAM, member = lid % PV_ATT_TEAM;
+    const int group = n_heads / n_kv_heads;
+    const int n_blocks = (group + heads_per_block - 1) / heads_per_block;
+    const pv_long g0 = PV_GROUP_ID(0);
+    const int split = (int)(g0 % n_splits);
+    const int block = (int)(g0 / n_splits % n_blocks);
+    const int kv_head = (int)(g0 / n_splits / n_blocks);
+    const int h0 = kv_head * group + block * heads_per_block;
+    const int n_g = group - block * heads_per_block < heads_per_block ? group - block * heads_per_block
+                                                                      : heads_per_block;
+    const pv_long i = PV_GROUP_ID(1);
+    int begin, end;
+    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
+    const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
+    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
+    const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
+    const pv_long slot_elems = 2 * v_from_k;
+    const pv_long my_dims = (pv_long)kv_head * head_dim + 8 * member;
+
+    /* Heads past n_g have a zero query and are never stored. */
+    float q_reg[PV_ATT_MAX_GROUP][8], acc[PV_ATT_MAX_GROUP][8], m[PV_ATT_MAX_GROUP], l[PV_ATT_MAX_GROUP];
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        const PV_GLOBAL float *q_head = q + q_off + (i * n_heads + h0 + (g < n_g ? g : 0)) * head_dim + 8 * member;
+        #pragma unroll
+        for (int k = 0; k < 8; k++) {
+            q_reg[g][k] = g < n_g ? q_head[k] * scale : 0.0f;
+            acc[g][k] = 0.0f;
+        }
+        m[g] = -PV_INF;
+        l[g] = 0.0f;
+    }
+
+    /* Every team runs the same number of steps (OpenCL's barriers). */
+    for (int p0 = begin; p0 < end; p0 += 2 * PV_ATT_TEAMS) {
+        const int pa = p0 + team, pb = pa + PV_ATT_TEAMS;
+        const int va = pa < end, vb = pb < end;
+        float ka[8], kb[8], xa[8], xb[8];
+        #pragma unroll
+        for (int k = 0; k < 8; k++)
+            ka[k] = kb[k] = xa[k] = xb[k] = 0.0f;
+        if (va) {
+            const pv_long at = (pv_long)slots[pa / chunk_tokens] * slot_elems + (pv_long)(pa % chunk_tokens) * row_elems +
+                               my_dims;
+            pv_att_load8(kv + at, ka);
+            pv_att_load8(kv + at + v_from_k, xa);
+        }
+        if (vb) {
+            const pv_long at = (pv_long)slots[pb / chunk_tokens] * slot_elems + (pv_long)(pb % chunk_tokens) * row_elems +
+                               my_dims;
+            pv_att_load8(kv + at, kb);
+            pv_att_load8(kv + at + v_from_k, xb);
+        }
+        float score[PV_ATT_SUMS]; /* row a's for every head, then row b's */
+        #pragma unroll
+        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+            float da = 0.0f, db = 0.0f;
+            #pragma unroll
+            for (int k = 0; k < 8; k++) {
+                da += q_reg[g][k] * ka[k];
+                db += q_reg[g][k] * kb[k];
+            }
+            score[g] = da;
+            score[PV_ATT_MAX_GROUP + g] = db;
+        }
+        pv_att_team_sum(scratch, score);
+        #pragma unroll
+        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+            if (g < n_g && va) { /* else vb is 0 too */
+                const float s_a = score[g], s_b = vb ? score[PV_ATT_MAX_GROUP + g] : -PV_INF;
+                const float m_new = PV_FMAX(m[g], PV_FMAX(s_a, s_b)); /* finite: row a is valid */
+                const float rescale = PV_EXP(m[g] - m_new);
+                const float wa = PV_EXP(s_a - m_new), wb = PV_EXP(s_b - m_new);
+                l[g] = l[g] * rescale + wa + wb;
+                #pragma unroll
+                for (int k = 0; k < 8; k++)
+                    acc[g][k] = acc[g][k] * rescale + wa * xa[k] + wb * xb[k];
+                m[g] = m_new;
+            }
+        }
+    }
+
+    /* The teams' states merged, as pv_attention_combine merges ranges. */
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        if (g < n_g) {
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                merged[(team * PV_ATT_MAX_GROUP + g) * PV_MAX_HEAD_DIM + 8 * member + k] = acc[g][k];
+            if (member == 0) {
+                merged_ml[2 * (team * PV_ATT_MAX_GROUP + g)] = m[g];
+                merged_ml[2 * (team * PV_ATT_MAX_GROUP + g) + 1] = l[g];
+            }
+        }
+    }
+    PV_BARRIER();
+    for (int idx = lid; idx < n_g * head_dim; idx += PV_WG) {
+        const int g = idx / head_dim, d = idx % head_dim;
+        float big = -PV_INF;
+        for (int t = 0; t < PV_ATT_TEAMS; t++)
+            big = PV_FMAX(big, merged_ml[2 * (t * PV_ATT_MAX_GROUP + g)]);
+        float total = 0.0f, sum = 0.0f;
+        if (big != -PV_INF) { /* else an empty range: nothing seen */
+            for (int t = 0; t < PV_ATT_TEAMS; t++) {
+                const float w = PV_EXP(merged_ml[2 * (t * PV_ATT_MAX_GROUP + g)] - big);
+                total += w * merged_ml[2 * (t * PV_ATT_MAX_GROUP + g) + 1];
+                sum += w * merged[(t * PV_ATT_MAX_GROUP + g) * PV_MAX_HEAD_DIM + d];
+            }
+        }
+        const pv_long h = h0 + g;
+        if (n_splits == 1) {
+            out[out_off + (i * n_heads + h) * head_dim + d] = sum / total;
+        } else {
+            const pv_long row = (i * n_splits + split) * n_heads + h;
+            part[part_off + row * head_dim + d] = sum;
+            if (d == 0) {
+                part[ml_off + 2 * row] = big; /* -inf for an empty range */
+                part[ml_off + 2 * row + 1] = total;
+            }
+        }
+    }
+}
+#endif /* PV_WG >= PV_ATT_TEAM */
 
 /* Split-K's second pass: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
  * with M = max_s m_s; empty ranges (m_s = -inf) weigh nothing, and range 0

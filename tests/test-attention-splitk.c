@@ -144,7 +144,10 @@ static void check_case(pv_backend *be, const splitk_case *sc_case, pv_dtype kv_d
 }
 
 /* Single-stream decode with 9 query heads over 3 kv heads cannot split by
- * kv heads on two threads: the kernel must split the context instead. */
+ * kv heads on two threads: the kernel must split the context instead, into
+ * a range a thread, as far as ranges of at least 8 chunks
+ * (cpu-attention.c's MIN_SPLIT_BLOCKS) allow: 8 at context 2048 (so 16
+ * threads get 8, not 16). */
 static void check_natural_split(pv_backend *be, uint64_t *rng)
 {
     int threads = pv_cpu_max_threads();
@@ -159,8 +162,9 @@ static void check_natural_split(pv_backend *be, uint64_t *rng)
     int guards_ok = 0;
     int32_t n = 0;
     pv_status st = run_splits(&sc, be, 0, got, &guards_ok, &n);
-    ok(st == PV_OK && n >= threads, "single-stream decode at context %d on %d threads splits its context: %d splits",
-       len, threads, n);
+    const int32_t most = len / 32 / 8, want = threads < most ? threads : most;
+    ok(st == PV_OK && n >= want, "single-stream decode at context %d on %d threads splits its context: %d splits "
+       "(at least %d)", len, threads, n, want);
     free(got);
     kv_scenario_free(&sc);
 }

@@ -190,7 +190,7 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
     p.value[PV_KPARAM_ATT_MAX_GROUP] = group_class;
     const int f16 = a->kv_dtype == PV_F16, wg = p.value[PV_KPARAM_WG];
     cudaKernel_t attention, combine = NULL;
-    PV_TRY(kernel_get_stored(k, &p, "pv_attention", f16, &attention));
+    PV_TRY(kernel_get_stored(k, &p, pv_attention_kernel_base(a->head_dim, bucket.head_dim, wg), f16, &attention));
     if (splits > 1)
         PV_TRY(kernel_get_stored(k, &p, "pv_attention_combine", f16, &combine));
 

@@ -426,7 +426,9 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
     const int splits = pv_attention_splits(cl->attention_splits, p.value[PV_KPARAM_SPLITS], be->info.compute_units,
                                            cl->attention_group, a);
     kernel_args ka;
-    pv_status st = attention_kernel(be, &p, a, "pv_attention", &ka);
+    pv_status st = attention_kernel(
+        be, &p, a, pv_attention_kernel_base(a->head_dim, p.value[PV_KPARAM_MAX_HEAD_DIM], p.value[PV_KPARAM_WG]),
+        &ka);
     if (st != PV_OK)
         return st;
     cl_mem part = pv_opencl_mem(a->out); /* never touched with one split */
