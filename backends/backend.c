@@ -11,6 +11,7 @@
 #include "backends/registry.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,7 @@ const char *pv_op_name(pv_op op)
     static const char *const op_names[PV_OP_COUNT] = {
         "gemm", "attention", "kv_write", "slot_gather", "slot_scatter", "embed_gather",
         "rmsnorm", "rope", "swiglu", "add", "softmax", "argmax", "sample_top_p", "qmatmul",
-        "add_rmsnorm", "rope_kv_write", "qmatmul_swiglu",
+        "add_rmsnorm", "rope_kv_write", "qmatmul_swiglu", "slot_transfer", "sample_batch",
     };
     return (op >= 0 && op < PV_OP_COUNT) ? op_names[op] : "unknown op";
 }
@@ -677,25 +678,78 @@ pv_status pv_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
     return a->n_slots_moved ? be->ops->slot_gather(be, a) : PV_OK;
 }
 
+/* The slots an op writes: two writes into one slot would race, and the
+ * result would depend on their order. */
+static pv_status need_unique_slots(pv_op op, const char *arg, const int32_t *slots, int32_t n)
+{
+    keyed *keys = malloc((size_t)n * sizeof *keys);
+    if (!keys)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s: cannot allocate %d keys to check for repeated slots",
+                        pv_op_name(op), n);
+    for (int32_t i = 0; i < n; i++)
+        keys[i] = (keyed){slots[i], i};
+    int32_t i = 0, j = 0;
+    int repeated = find_repeat(keys, n, &i, &j);
+    free(keys);
+    if (repeated)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s[%d] = %s[%d] = %d: slot %d appears twice in %s", pv_op_name(op),
+                        arg, i, arg, j, slots[i], slots[i], arg);
+    return PV_OK;
+}
+
 pv_status pv_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 {
     PV_TRY(check_slot_copy(be, PV_OP_SLOT_SCATTER, a));
     if (a->n_slots_moved == 0)
         return PV_OK;
-    /* Two staging rows into one slot would race: the result would depend on order. */
-    keyed *keys = malloc((size_t)a->n_slots_moved * sizeof *keys);
-    if (!keys)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "slot_scatter: cannot allocate %d keys to check for repeated slots",
-                        a->n_slots_moved);
-    for (int32_t i = 0; i < a->n_slots_moved; i++)
-        keys[i] = (keyed){a->slots[i], i};
-    int32_t i = 0, j = 0;
-    int repeated = find_repeat(keys, a->n_slots_moved, &i, &j);
-    free(keys);
-    if (repeated)
-        return pv_error(PV_ERR_INVALID_ARG, "slot_scatter: slots[%d] = slots[%d] = %d: slot %d appears twice in slots",
-                        i, j, a->slots[i], a->slots[i]);
+    PV_TRY(need_unique_slots(PV_OP_SLOT_SCATTER, "slots", a->slots, a->n_slots_moved));
     return be->ops->slot_scatter(be, a);
+}
+
+/* Every slot number of list (n entries) names one of a pool's n_slots. */
+static pv_status need_slots_in_range(pv_op op, const char *arg, const int32_t *list, int32_t n, int64_t n_slots)
+{
+    PV_TRY(need_host_array(op, arg, list));
+    for (int32_t i = 0; i < n; i++)
+        if (list[i] < 0 || list[i] >= n_slots)
+            return pv_error(PV_ERR_INVALID_ARG, "%s: %s[%d] = %d out of range [0, %" PRId64 ")", pv_op_name(op), arg,
+                            i, list[i], n_slots);
+    return PV_OK;
+}
+
+pv_status pv_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    const pv_op op = PV_OP_SLOT_TRANSFER;
+    if (done)
+        *done = NULL;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_transfer: args is NULL");
+    PV_TRY(need_supported(be, op, a->dtype));
+    PV_TRY(need_positive(op, "slot_elems", a->slot_elems));
+    PV_TRY(need_positive(op, "dst_n_slots", a->dst_n_slots));
+    PV_TRY(need_positive(op, "src_n_slots", a->src_n_slots));
+    const size_t es = pv_dtype_size(a->dtype);
+    /* The kernels move 4-byte words. */
+    if ((uint64_t)a->slot_elems * es % 4 != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_transfer: a slot of %" PRId64 " %s elements is not a whole number "
+                        "of 4-byte words", a->slot_elems, pv_dtype_name(a->dtype));
+    if (a->n < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_transfer: n = %d must be >= 0", a->n);
+    if (wait && wait->backend != be)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_transfer: wait event belongs to another backend");
+    uint64_t dst_elems = 0, src_elems = 0;
+    PV_TRY(PRODUCT(op, "dst", "dst_n_slots x slot_elems", &dst_elems, a->dst_n_slots, a->slot_elems));
+    PV_TRY(PRODUCT(op, "src", "src_n_slots x slot_elems", &src_elems, a->src_n_slots, a->slot_elems));
+    PV_TRY(need_extent(be, op, "dst", a->dst, 0, dst_elems, es));
+    PV_TRY(need_extent(be, op, "src", a->src, 0, src_elems, es));
+    if (a->dst == a->src)
+        return pv_error(PV_ERR_INVALID_ARG, "slot_transfer: src and dst are the same buffer");
+    if (a->n > 0) {
+        PV_TRY(need_slots_in_range(op, "dst_slots", a->dst_slots, a->n, a->dst_n_slots));
+        PV_TRY(need_slots_in_range(op, "src_slots", a->src_slots, a->n, a->src_n_slots));
+        PV_TRY(need_unique_slots(op, "dst_slots", a->dst_slots, a->n));
+    }
+    return be->ops->slot_transfer(be, a, wait, done);
 }
 
 /* `elems` elements of weight type t from element offset off fit in buf;
@@ -945,21 +999,41 @@ pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)
     return be->ops->softmax(be, a);
 }
 
+/* What the ops that pick a token a row (argmax, sample_top_p,
+ * sample_batch) read and write: rows x cols f32 of buffer x from x_off
+ * (`arg` names it), cols within the kernels' int, and a host array out of
+ * rows tokens. */
+static pv_status need_pick_rows(pv_backend *be, pv_op op, const char *arg, int64_t rows, int64_t cols,
+                                const pv_buffer *x, uint64_t x_off, const int32_t *out)
+{
+    PV_TRY(need_supported(be, op, PV_F32));
+    PV_TRY(need_positive(op, "rows", rows));
+    PV_TRY(need_positive(op, "cols", cols));
+    if (cols > INT32_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: cols = %" PRId64 " exceeds %d", pv_op_name(op), cols, INT32_MAX);
+    PV_TRY(need_host_array(op, "out", out));
+    uint64_t n = 0;
+    PV_TRY(PRODUCT(op, arg, "rows x cols", &n, rows, cols));
+    return need_extent(be, op, arg, x, x_off, n, 4);
+}
+
 pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a)
 {
-    const pv_op op = PV_OP_ARGMAX;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "argmax: args is NULL");
-    PV_TRY(need_supported(be, op, PV_F32));
-    PV_TRY(need_positive(op, "rows", a->rows));
-    PV_TRY(need_positive(op, "cols", a->cols));
-    if (a->cols > INT32_MAX)
-        return pv_error(PV_ERR_INVALID_ARG, "argmax: cols = %" PRId64 " exceeds %d", a->cols, INT32_MAX);
-    PV_TRY(need_host_array(op, "out", a->out));
-    uint64_t n = 0;
-    PV_TRY(PRODUCT(op, "x", "rows x cols", &n, a->rows, a->cols));
-    PV_TRY(need_extent(be, op, "x", a->x, a->x_off, n, 4));
+    PV_TRY(need_pick_rows(be, PV_OP_ARGMAX, "x", a->rows, a->cols, a->x, a->x_off, a->out));
     return be->ops->argmax(be, a);
+}
+
+/* A sampled row's top_p and u, named in messages as the caller says. */
+static pv_status need_sampling(pv_op op, const char *top_p_name, float top_p, const char *u_name, float u)
+{
+    if (!(top_p > 0.0f && top_p <= 1.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = %g must be in (0, 1]", pv_op_name(op), top_p_name,
+                        (double)top_p);
+    if (!(u >= 0.0f && u < 1.0f))
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s = %g must be in [0, 1)", pv_op_name(op), u_name, (double)u);
+    return PV_OK;
 }
 
 pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
@@ -967,28 +1041,39 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     const pv_op op = PV_OP_SAMPLE_TOP_P;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: args is NULL");
-    PV_TRY(need_supported(be, op, PV_F32));
-    PV_TRY(need_positive(op, "rows", a->rows));
-    PV_TRY(need_positive(op, "cols", a->cols));
-    if (a->cols > INT32_MAX)
-        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: cols = %" PRId64 " exceeds %d", a->cols,
-                        INT32_MAX);
+    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, a->out));
     if (!(a->temperature > 0.0f))
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: temperature = %g must be > 0",
                         (double)a->temperature);
-    if (!(a->top_p > 0.0f && a->top_p <= 1.0f))
-        return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: top_p = %g must be in (0, 1]",
-                        (double)a->top_p);
     PV_TRY(need_host_array(op, "u", a->u));
-    PV_TRY(need_host_array(op, "out", a->out));
-    for (int64_t r = 0; r < a->rows; r++)
-        if (!(a->u[r] >= 0.0f && a->u[r] < 1.0f))
-            return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: u[%" PRId64 "] = %g must be in [0, 1)",
-                            r, (double)a->u[r]);
-    uint64_t n = 0;
-    PV_TRY(PRODUCT(op, "logits", "rows x cols", &n, a->rows, a->cols));
-    PV_TRY(need_extent(be, op, "logits", a->logits, a->logits_off, n, 4));
+    char u_name[32];
+    for (int64_t r = 0; r < a->rows; r++) {
+        snprintf(u_name, sizeof u_name, "u[%" PRId64 "]", r);
+        PV_TRY(need_sampling(op, "top_p", a->top_p, u_name, a->u[r]));
+    }
     return be->ops->sample_top_p(be, a);
+}
+
+pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
+{
+    const pv_op op = PV_OP_SAMPLE_BATCH;
+    if (!a)
+        return pv_error(PV_ERR_INVALID_ARG, "sample_batch: args is NULL");
+    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, a->out));
+    PV_TRY(need_host_array(op, "temperature", a->temperature));
+    PV_TRY(need_host_array(op, "top_p", a->top_p));
+    PV_TRY(need_host_array(op, "u", a->u));
+    char top_p_name[32], u_name[32];
+    for (int64_t r = 0; r < a->rows; r++) {
+        if (isnan(a->temperature[r]))
+            return pv_error(PV_ERR_INVALID_ARG, "sample_batch: temperature[%" PRId64 "] is NaN", r);
+        if (a->temperature[r] <= 0.0f)
+            continue; /* greedy: top_p and u unused */
+        snprintf(top_p_name, sizeof top_p_name, "top_p[%" PRId64 "]", r);
+        snprintf(u_name, sizeof u_name, "u[%" PRId64 "]", r);
+        PV_TRY(need_sampling(op, top_p_name, a->top_p[r], u_name, a->u[r]));
+    }
+    return be->ops->sample_batch(be, a);
 }
 
 /* ---- fused ops ------------------------------------------------------------------ */
@@ -996,6 +1081,11 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
 uint64_t pv_backend_launches(const pv_backend *be)
 {
     return be ? be->launches : 0;
+}
+
+uint64_t pv_backend_copies(const pv_backend *be)
+{
+    return be ? be->copies : 0;
 }
 
 int pv_backend_graphs(const pv_backend *be)

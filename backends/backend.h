@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 9 /* 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 10 /* 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -95,6 +95,8 @@ typedef enum pv_op {
     PV_OP_ADD_RMSNORM,   /* residual add, then the next RMSNorm */
     PV_OP_ROPE_KV_WRITE, /* RoPE on q and k, and the K/V write */
     PV_OP_QMATMUL_SWIGLU, /* silu(x Wg^T) * (x Wu^T) */
+    PV_OP_SLOT_TRANSFER, /* slots of one pool -> slots of another, on the copy queue */
+    PV_OP_SAMPLE_BATCH,  /* a step's rows, greedy or top-p each, in one call */
     PV_OP_COUNT
 } pv_op;
 
@@ -135,17 +137,19 @@ struct pv_event {
  * Work on one queue runs in the order enqueued; the two queues run
  * independently of each other, and only events order them.
  *
- *   COMPUTE: every op (gemm, attention, kv_write, slot_gather/scatter,
- *            embed_gather, rmsnorm, rope, swiglu, add, softmax, argmax,
- *            sample_top_p, qmatmul and the fused ops), pv_buffer_write,
- *            pv_buffer_read, and
+ *   COMPUTE: every op but slot_transfer (gemm, attention, kv_write,
+ *            slot_gather/scatter, embed_gather, rmsnorm, rope, swiglu, add,
+ *            softmax, argmax, sample_top_p, sample_batch, qmatmul and the
+ *            fused ops), pv_buffer_write, pv_buffer_read, and
  *            pv_copy_async(PV_QUEUE_COMPUTE, ...).
- *   COPY:    pv_copy_async(PV_QUEUE_COPY, ...) only: swap traffic between
- *            the host pool and device staging, overlapping compute.
+ *   COPY:    pv_copy_async(PV_QUEUE_COPY, ...) and pv_slot_transfer: swap
+ *            traffic between the host pool and the device pool,
+ *            overlapping compute.
  *
- * - Ops are asynchronous: they return once enqueued (argmax and
- *   sample_top_p, which hand back host results, return when their rows are
- *   ready; they wait for earlier compute work, never for the copy queue).
+ * - Ops are asynchronous: they return once enqueued (argmax, sample_top_p
+ *   and sample_batch, which hand back host results, return when their rows
+ *   are ready; they wait for earlier compute work, never for the copy
+ *   queue).
  * - pv_buffer_write / pv_buffer_read are blocking and ordered on COMPUTE:
  *   they take effect after all compute work enqueued before them and return
  *   when their bytes have moved. They never wait for the COPY queue, so
@@ -160,7 +164,13 @@ struct pv_event {
  *   blocking the host. Swap-out: slot_gather (COMPUTE), record, copy on COPY
  *   waiting for that event. Swap-in: copy on COPY, then
  *   pv_queue_wait(COMPUTE, done) before the slot_scatter or the layer's
- *   attention that needs it.
+ *   attention that needs it. pv_slot_transfer is the one op on COPY: it
+ *   runs after `wait` and everything enqueued on COPY before it, and its
+ *   `done` completes when every slot has landed; a transfer out of a pool
+ *   that compute writes takes an event recorded on COMPUTE after those
+ *   writes as its `wait`, and compute that reads what a transfer wrote
+ *   waits for its `done` (pv_queue_wait). Nothing on COMPUTE waits for a
+ *   transfer it was not told to wait for.
  * - pv_event_query tells without blocking whether an event has completed;
  *   pv_event_wait blocks the host until it has. pv_backend_finish waits for
  *   both queues.
@@ -237,6 +247,28 @@ typedef struct pv_slot_copy_args {
     pv_buffer *staging;   uint64_t staging_off; /* elements */
     const int32_t *slots; int32_t n_slots_moved; /* host */
 } pv_slot_copy_args;
+
+/* Whole slots from one pool to another, bit for bit, in one call whatever
+ * their number: slot dst_slots[i] of dst gets slot src_slots[i] of src, for
+ * i < n. Swap-in moves a layer's chunks HOST -> DEVICE, swap-out DEVICE ->
+ * HOST; any two distinct buffers of the backend are allowed. A slot is
+ * slot_elems elements of dtype, a whole number of 4-byte words; slot s of a
+ * pool starts at byte s * slot_elems * dtype size. dst_slots holds no slot
+ * twice (two writes of one slot would race). Runs on the COPY queue
+ * ("Queues and ordering"). How (docs/swap.md): the CPU copies slot by slot;
+ * CUDA runs one kernel that reads or writes the pinned host pool through
+ * its device address (no staging, no host memcpy); OpenCL runs the same
+ * kernel over both buffers on a device that shares the host's memory, and
+ * one copy command per slot elsewhere. */
+typedef struct pv_slot_transfer_args {
+    pv_dtype dtype;
+    int64_t slot_elems;
+    pv_buffer *dst;       int64_t dst_n_slots;
+    const pv_buffer *src; int64_t src_n_slots;
+    const int32_t *dst_slots; /* [n] host */
+    const int32_t *src_slots; /* [n] host */
+    int32_t n;
+} pv_slot_transfer_args;
 
 /* out[i][:] = table[ids[i]][:] as f32; the table ([n_rows][dim], written by
  * pv_weights_write) is in any weight type the backend supports for this op
@@ -386,6 +418,22 @@ typedef struct pv_sample_args {
     int32_t *out;   /* [rows] host */
 } pv_sample_args;
 
+/* One token for each of a step's rows in one call and one wait, into host
+ * out[rows], blocking like sample_top_p. Row r is greedy when
+ * temperature[r] <= 0: the lowest index of its maximum, as pv_argmax; else
+ * it is drawn as pv_sample_top_p draws a row with temperature[r],
+ * top_p[r] and u[r]. So every backend gives the token pv_argmax and
+ * pv_sample_top_p give, and the CPU backend the very tokens they give on
+ * it. top_p[r] and u[r] of a greedy row are not read. */
+typedef struct pv_sample_batch_args {
+    int64_t rows, cols;
+    const pv_buffer *logits; uint64_t logits_off; /* [rows][cols] f32 */
+    const float *temperature; /* [rows] host */
+    const float *top_p;       /* [rows] host: in (0, 1] for a sampled row */
+    const float *u;           /* [rows] host: in [0, 1) for a sampled row */
+    int32_t *out;             /* [rows] host */
+} pv_sample_batch_args;
+
 /* ---- the vtable ---------------------------------------------------------- */
 
 typedef struct pv_backend_ops {
@@ -451,6 +499,10 @@ typedef struct pv_backend_ops {
     pv_status (*add_rmsnorm)(pv_backend *be, const pv_add_rmsnorm_args *a);
     pv_status (*rope_kv_write)(pv_backend *be, const pv_rope_kv_write_args *a);
     pv_status (*qmatmul_swiglu)(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+    /* On the copy queue after `wait` (may be NULL); *done (if non-NULL)
+     * gets an event that completes with the last slot. n may be 0. */
+    pv_status (*slot_transfer)(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
+    pv_status (*sample_batch)(pv_backend *be, const pv_sample_batch_args *a);
     /* Optional (NULL: no graphs): pv_backend_graph_begin / _end. */
     pv_status (*graph_begin)(pv_backend *be, uint64_t key);
     pv_status (*graph_end)(pv_backend *be, int run, int *ran);
@@ -468,6 +520,9 @@ struct pv_backend {
     /* Launches since the backend opened (pv_backend_launches): the backend
      * adds one per device work item it enqueues. */
     uint64_t launches;
+    /* Copy commands since the backend opened (pv_backend_copies): the
+     * backend adds one per copy it enqueues. */
+    uint64_t copies;
     /* Graphs run since the backend opened (pv_backend_graph_runs). */
     uint64_t graph_runs;
 };
@@ -569,14 +624,32 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
 pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
 pv_status pv_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
 pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+/* See pv_slot_transfer_args: on the copy queue, after `wait` (may be NULL);
+ * *done (if non-NULL) completes when every slot has landed. Checked: both
+ * pools hold their n_slots slots, every slot number is in range, dst_slots
+ * repeats none, src and dst are distinct buffers of be. n = 0 moves
+ * nothing and still orders `done` after `wait`. */
+pv_status pv_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
+/* See pv_sample_batch_args; a sampled row's top_p must be in (0, 1] and
+ * its u in [0, 1), as pv_sample_top_p checks them. */
+pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a);
 
 /* Kernel launches be has enqueued since it opened (0 for NULL): what a
  * step costs the host, where each launch is a driver call of a few
  * microseconds. A launch is one device work item: on OpenCL each
  * clEnqueueNDRangeKernel and each CLBlast call; on CUDA each kernel launch
  * and each cuBLAS call; the CPU backend counts one per op call. Copies,
- * index-array uploads and waits are not launches. */
+ * index-array uploads and waits are not launches. A pv_slot_transfer
+ * that runs as a kernel (CUDA; OpenCL on a device sharing host memory) is
+ * one launch; on the CPU it is one launch, as every op is. */
 uint64_t pv_backend_launches(const pv_backend *be);
+/* Copy commands be has enqueued since it opened (0 for NULL): each
+ * pv_copy_async is one, and a pv_slot_transfer that a backend carries out
+ * as copy commands (OpenCL on a device with memory of its own) one per
+ * slot. Blocking reads and writes, index-array uploads and kernels are
+ * not. With launches, what the swap path costs the host: O(layers) calls
+ * for a swap-in, whatever its number of chunks. */
+uint64_t pv_backend_copies(const pv_backend *be);
 
 /* ---- graphs -------------------------------------------------------------------
  * A decode step is hundreds of small launches, each a driver call of a few
@@ -591,7 +664,7 @@ uint64_t pv_backend_launches(const pv_backend *be);
  * the ops would have run.
  * Between the two calls only ops, pv_copy_async on COMPUTE and
  * pv_queue_wait belong: blocking reads and writes, pv_backend_finish,
- * pv_event_wait, pv_event_record on COMPUTE, argmax and sample_top_p
+ * pv_event_wait, pv_event_record on COMPUTE, argmax, sample_top_p and sample_batch
  * return PV_ERR_UNSUPPORTED, and so may an op that would have to wait for
  * the host (its staging full). pv_backend_graph_end always ends the
  * recording, and runs it when `run` (the caller's ops all succeeded);

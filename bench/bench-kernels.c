@@ -22,7 +22,13 @@
  *   5. with --profile FILE, on the backends that run the portable kernels:
  *      the attention and gather runs above with the backend's default
  *      kernel parameters against the device profile's tuned sets
- *      (pensieve-tune), alternating in the same run.
+ *      (pensieve-tune), alternating in the same run;
+ *   6. the swap path (bench-swap.h): one layer's swap-in and swap-out of
+ *      N chunks as one slot transfer, as a copy a chunk, and as one plain
+ *      copy of the same bytes (the reference: on a GPU the pinned
+ *      host-device copy), and a layer-pipelined swap-in against its
+ *      copies and its attention alone. --section swap runs this section
+ *      alone (a quick check of the swap path on a GPU machine).
  * The references are measured per backend in the same run, before and
  * after its kernels, keeping the higher of the two measurements of each
  * rate: on a shared machine either may land in a busy minute.
@@ -41,13 +47,17 @@
  *
  * Usage: bench-kernels [--backend cpu|opencl|cuda|all] [--kv f16|f32]
  *                      [--heads 32] [--kv-heads 8] [--head-dim 128]
- *                      [--max-context 4096] [--reps 5] [--profile FILE] [--json]
+ *                      [--max-context 4096] [--reps 5] [--profile FILE]
+ *                      [--section all|swap] [--quick] [--json]
+ * --quick: the swap section's small sizes (a dry run's).
  * The default shape is one layer of Llama 3 8B (32 heads, 8 KV heads,
  * head_dim 128); SmolLM2-135M is --heads 9 --kv-heads 3 --head-dim 64. */
 #include "config.h"
 
 #include "backends/cpu/cpu.h"
 #include "bench-device.h"
+#include "bench-swap.h"
+#include "bench-timing.h"
 #include "bench-util.h"
 
 #include <pensieve/half.h>
@@ -62,7 +72,7 @@
 
 #define BATCH 32
 #define CHUNK 32
-#define MAX_REPS 64
+#define MAX_REPS BENCH_MAX_REPS
 #define GATHER_SLOTS 1024
 #define PEAK_SIZES 5
 
@@ -74,6 +84,8 @@ typedef struct options {
     int reps;
     int json;
     const char *profile;
+    int swap_only; /* --section swap */
+    int quick;
 } options;
 
 typedef struct attention_row {
@@ -133,43 +145,24 @@ typedef struct report {
     char tuned_note[256];              /* why there are no tuned rows, or the profile used */
     tuned_row tuned[TUNED_ROWS];
     int n_tuned;
+    bench_swap_report swap;
 } report;
 
 /* A timed action: returns a status; the backend is finished inside. */
-typedef pv_status (*action_fn)(void *state);
+typedef bench_action_fn action_fn;
 
-/* Median wall times of two actions run alternately (a b, b a, a b, ...)
- * after one warm-up each, so load from other processes on the machine and
- * the order of runs hit both alike and their ratio stays meaningful. Short
- * actions get more runs (up to MAX_REPS) so each median covers about
- * MIN_TOTAL_MS of work. Returns a status; a failure's message is left in
- * pv_last_error(). */
-#define MIN_TOTAL_MS 1500.0
-
+/* Median wall times of two actions run alternately (a b, b a, a b, ...):
+ * bench_time_alternating. */
 static pv_status time_pair(action_fn a, void *a_state, action_fn b, void *b_state, int reps, double *a_ms,
                            double *b_ms)
 {
-    double a_samples[MAX_REPS], b_samples[MAX_REPS];
-    double start = 1e3 * bench_now_s();
-    pv_status st = a(a_state);
-    if (st == PV_OK)
-        st = b(b_state);
-    double warm_ms = 1e3 * bench_now_s() - start;
-    while (reps < MAX_REPS && reps * warm_ms < MIN_TOTAL_MS)
-        reps++;
-    for (int r = 0; r < reps && st == PV_OK; r++) {
-        for (int turn = 0; turn < 2 && st == PV_OK; turn++) {
-            int run_a = (turn == 0) == (r % 2 == 0);
-            start = 1e3 * bench_now_s();
-            st = run_a ? a(a_state) : b(b_state);
-            (run_a ? a_samples : b_samples)[r] = 1e3 * bench_now_s() - start;
-        }
-    }
-    if (st != PV_OK)
-        return st;
-    *a_ms = bench_median(a_samples, reps);
-    *b_ms = bench_median(b_samples, reps);
-    return PV_OK;
+    const bench_action_fn fns[2] = {a, b};
+    void *const states[2] = {a_state, b_state};
+    double ms[2] = {0, 0};
+    pv_status st = bench_time_alternating(fns, states, 2, reps, ms);
+    *a_ms = ms[0];
+    *b_ms = ms[1];
+    return st;
 }
 
 /* ---- the data: BATCH sequences of max_context tokens ------------------------------ */
@@ -756,6 +749,12 @@ static void print_table(const report *rep, const options *opt)
 {
     printf("\n== backend %s: %s (%s), %u compute units ==\n", rep->backend, rep->info.name, rep->info.vendor,
            rep->info.compute_units);
+    if (opt->swap_only) {
+        printf("shape: kv heads %d, head_dim %d, chunk %d, KV %s\n", opt->n_kv_heads, opt->head_dim, CHUNK,
+               pv_dtype_name(opt->kv_dtype));
+        bench_swap_print(&rep->swap);
+        return;
+    }
     bench_cpu_print(&rep->cpu);
     bench_stream_print(&rep->mem);
     if (rep->on_device)
@@ -818,6 +817,7 @@ static void print_table(const report *rep, const options *opt)
         printf("%6lld %6lld %6lld %10.3f %10.1f %12.1f %8.2f %8.2f\n", (long long)r->m, (long long)r->n,
                (long long)r->k, r->ms, g, blas, g / blas, g / peak);
     }
+    bench_swap_print(&rep->swap);
     if (!opt->profile)
         return;
     printf("\nkernel parameters: the backend's defaults vs the profile's (%s), alternating runs\n", rep->tuned_note);
@@ -835,8 +835,14 @@ static void print_json(const report *reps, int n_reports, const options *opt)
            BATCH, opt->n_heads, opt->n_kv_heads, opt->head_dim, CHUNK, pv_dtype_name(opt->kv_dtype), opt->reps);
     for (int b = 0; b < n_reports; b++) {
         const report *rep = &reps[b];
-        printf("%s\n  {\"backend\": \"%s\", \"device\": \"%s\", \"contiguous\": \"%s\",\n   \"cpu\": ", b ? "," : "",
-               rep->backend, rep->info.name, rep->contiguous_kind);
+        printf("%s\n  {\"backend\": \"%s\", \"device\": \"%s\",\n   \"swap\": ", b ? "," : "", rep->backend,
+               rep->info.name);
+        bench_swap_json(&rep->swap);
+        if (opt->swap_only) {
+            printf("}");
+            continue;
+        }
+        printf(",\n   \"contiguous\": \"%s\",\n   \"cpu\": ", rep->contiguous_kind);
         bench_cpu_json(&rep->cpu);
         printf(",\n   \"stream\": ");
         bench_stream_json(&rep->mem);
@@ -902,6 +908,14 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     if (st != PV_OK)
         return st;
     rep->info = be->info;
+    const bench_swap_options swap = {.kv_dtype = opt->kv_dtype, .n_heads = opt->n_heads, .n_kv_heads = opt->n_kv_heads,
+                                     .head_dim = opt->head_dim, .chunk_tokens = CHUNK, .reps = opt->reps,
+                                     .quick = opt->quick};
+    if (opt->swap_only) {
+        st = bench_swap_run(be, &swap, &rep->swap);
+        pv_backend_free(be);
+        return st;
+    }
     /* The references, measured again after the kernels. */
     bench_cpu_detect(&rep->cpu);
     if (bench_stream_measure(&rep->mem, 10) != 0) {
@@ -933,6 +947,8 @@ static pv_status bench_backend(const char *name, const options *opt, report *rep
     kv_data_free(&d);
     if (st == PV_OK)
         st = bench_gemm(be, opt, rep);
+    if (st == PV_OK)
+        st = bench_swap_run(be, &swap, &rep->swap);
     bench_device_copy again;
     if (st == PV_OK && rep->on_device && (st = bench_device_copy_measure(be, 10, &again)) == PV_OK)
         bench_device_copy_merge(&rep->dev, &again);
@@ -949,7 +965,8 @@ static int usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--backend cpu|opencl|cuda|all] [--kv f16|f32] [--heads N] [--kv-heads N]\n"
-            "          [--head-dim N] [--max-context N] [--reps N] [--profile FILE] [--json]\n",
+            "          [--head-dim N] [--max-context N] [--reps N] [--profile FILE] [--section all|swap]\n"
+            "          [--quick] [--json]\n",
             argv0);
     return 2;
 }
@@ -962,6 +979,8 @@ int main(int argc, char **argv)
         const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(arg, "--json") == 0)
             opt.json = 1;
+        else if (strcmp(arg, "--quick") == 0)
+            opt.quick = 1;
         else if (!value)
             return usage(argv[0]);
         else if (strcmp(arg, "--backend") == 0)
@@ -980,6 +999,8 @@ int main(int argc, char **argv)
             opt.reps = atoi(argv[++i]);
         else if (strcmp(arg, "--profile") == 0)
             opt.profile = argv[++i];
+        else if (strcmp(arg, "--section") == 0 && (strcmp(value, "all") == 0 || strcmp(value, "swap") == 0))
+            opt.swap_only = strcmp(argv[++i], "swap") == 0;
         else
             return usage(argv[0]);
     }

@@ -311,9 +311,11 @@ static pv_status alloc_batch(pv_engine *e)
     e->b_reqs = malloc(R * sizeof *e->b_reqs);
     e->b_logit_req = malloc(R * sizeof *e->b_logit_req);
     e->u = malloc(R * sizeof *e->u);
+    e->b_temperature = malloc(R * sizeof *e->b_temperature);
+    e->b_top_p = malloc(R * sizeof *e->b_top_p);
     e->running = malloc(R * sizeof *e->running);
     if (!e->b_tokens || !e->b_seq || !e->b_pos || !e->b_logit_rows || !e->b_sampled || !e->b_take || !e->b_reqs ||
-        !e->b_logit_req || !e->u || !e->running)
+        !e->b_logit_req || !e->u || !e->b_temperature || !e->b_top_p || !e->running)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: batch arrays for %zu tokens", T);
     return PV_OK;
 }
@@ -435,6 +437,8 @@ void pv_engine_free(pv_engine *e)
     free(e->b_logit_req);
     free(e->b_tables);
     free(e->u);
+    free(e->b_temperature);
+    free(e->b_top_p);
     free(e->running);
     free(e);
 }

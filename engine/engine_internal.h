@@ -1,5 +1,5 @@
 /* Engine internals shared by the engine sources: sessions, requests, the swap
- * executor's staging and the scheduler's batch arrays. */
+ * executor's transfer lists and the scheduler's batch arrays. */
 #ifndef PV_ENGINE_INTERNAL_H
 #define PV_ENGINE_INTERNAL_H
 
@@ -81,9 +81,8 @@ struct pv_request {
     pv_request *next;       /* waiting queue */
 };
 
-/* Swap-out traffic: slots gathered on the compute queue into a device
- * staging buffer, copied to pinned host staging on the copy queue, then
- * placed in the host pool's slots. One batch in flight at a time. */
+/* Swap-out traffic: one transfer of device slots into the host pool's
+ * slots on the copy queue. One batch in flight at a time. */
 typedef struct pv_swap_out {
     pv_cache_plan plan;     /* two-phase moves in flight */
     pv_event *done;
@@ -104,8 +103,9 @@ struct pv_engine {
     pv_buffer *device_pool;  /* DEVICE tier: n_device_slots slots */
     pv_buffer *host_pool;    /* HOST tier (pinned), NULL in gpu-only mode */
     int64_t n_device_slots, n_host_slots;
-    pv_buffer *dev_staging, *host_staging; /* swap_out_chunks slots each */
-    int32_t *staging_slots;  /* scratch slot list for gather */
+    /* Slot lists of the transfer being issued (engine_swap.c): its
+     * destination and source slots, entry for entry. */
+    pv_ivec xfer_dst, xfer_src;
     pv_swap_out out;
     pv_cache_plan scratch;   /* eviction plans, reused */
 
@@ -126,7 +126,9 @@ struct pv_engine {
     pv_request **b_logit_req;
     int32_t *b_tables;
     size_t b_tables_cap;
-    float *u;                /* uniform draws per logit row */
+    /* Per logit row: the request's temperature (<= 0: greedy), top_p and
+     * uniform draw, for the one sampling call of a step. */
+    float *u, *b_temperature, *b_top_p;
 
     double last_idle_scan;
     pv_engine_stats stats;
@@ -148,7 +150,8 @@ pv_status pv_engine_make_room(pv_engine *e, uint64_t slots);
 pv_status pv_engine_swap_out_reap(pv_engine *e);
 pv_status pv_engine_swap_out_issue(pv_engine *e);
 /* Layer-pipelined swap-in of a request's HOST chunks (cache plan with
- * evictions first), one event per layer on the copy queue. */
+ * evictions first): one transfer and one event per layer on the copy
+ * queue. */
 pv_status pv_engine_swap_in_issue(pv_engine *e, pv_request *r, const pv_cache_plan *plan);
 /* After the forward that waited for them: the copies landed. */
 pv_status pv_engine_swap_in_finish(pv_engine *e, pv_request *r);

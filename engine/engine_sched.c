@@ -609,28 +609,23 @@ static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
     return PV_OK;
 }
 
+/* Every logit row's token in one backend call and one wait: on a GPU a
+ * wait per row would cost a device synchronisation each. Greedy rows
+ * (temperature <= 0) take the argmax; each sampled row draws its request's
+ * next uniform, in row order, as it always has, so a seed gives the same
+ * tokens. */
 static pv_status sample(pv_engine *e, size_t n_logits)
 {
-    pv_buffer *logits = pv_llama_logits_buffer(e->model);
-    int any_greedy = 0;
-    for (size_t i = 0; i < n_logits; i++)
-        any_greedy |= e->b_logit_req[i]->sampling.temperature <= 0.0f;
-    pv_status st = PV_OK;
-    if (any_greedy) {
-        pv_argmax_args a = {.rows = (int64_t)n_logits, .cols = e->n_vocab, .x = logits, .out = e->b_sampled};
-        st = pv_argmax(e->be, &a);
-    }
-    for (size_t i = 0; i < n_logits && st == PV_OK; i++) {
+    for (size_t i = 0; i < n_logits; i++) {
         pv_request *r = e->b_logit_req[i];
-        if (r->sampling.temperature <= 0.0f)
-            continue;
-        e->u[i] = pv_engine_uniform(&r->rng);
-        pv_sample_args s = {.rows = 1, .cols = e->n_vocab, .temperature = r->sampling.temperature,
-                            .top_p = r->sampling.top_p, .logits = logits,
-                            .logits_off = (uint64_t)i * e->n_vocab, .u = &e->u[i], .out = &e->b_sampled[i]};
-        st = pv_sample_top_p(e->be, &s);
+        e->b_temperature[i] = r->sampling.temperature;
+        e->b_top_p[i] = r->sampling.top_p;
+        e->u[i] = r->sampling.temperature > 0.0f ? pv_engine_uniform(&r->rng) : 0.0f;
     }
-    return st;
+    pv_sample_batch_args a = {.rows = (int64_t)n_logits, .cols = e->n_vocab,
+                              .logits = pv_llama_logits_buffer(e->model), .temperature = e->b_temperature,
+                              .top_p = e->b_top_p, .u = e->u, .out = e->b_sampled};
+    return pv_sample_batch(e->be, &a);
 }
 
 /* The batch ran: histories grow, the cache learns the new tokens. */

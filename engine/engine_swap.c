@@ -1,17 +1,20 @@
-/* The swap executor: turns the cache's plans into backend copies.
+/* The swap executor: turns the cache's plans into backend transfers.
  *
  * Ordering (backend.h's contract): kernels run on the compute queue, swap
- * traffic on the copy queue, events order the two.
- * - Swap-out (DEVICE -> HOST): one slot_gather launch on the compute queue
- *   packs the slots into device staging (after any kernel that wrote them),
- *   the copy queue moves the staging to pinned host staging, and the host
- *   places each slot in the host pool. Evictions wait for it at once (their
- *   device slots are reused next); ahead-of-time swap-outs run in the
- *   background and are reaped after the next forward pass.
- * - Swap-in (HOST -> DEVICE): each layer's chunks are copied on the copy
- *   queue and an event recorded per layer; the forward pass waits for layer
- *   L's event just before layer L writes or reads the pool, so later layers'
- *   copies overlap earlier layers' compute. */
+ * traffic on the copy queue, events order the two. Every batch of moves is
+ * one pv_slot_transfer between the pools, whatever its number of chunks
+ * (docs/swap.md): on a GPU each backend call costs the host microseconds,
+ * and a swap-in of thousands of chunks must not cost thousands of calls.
+ * - Swap-out (DEVICE -> HOST): an event recorded on the compute queue
+ *   (after every kernel that wrote the slots), then one transfer on the
+ *   copy queue waiting for it, straight into the host pool's slots.
+ *   Evictions wait for it at once (their device slots are reused next);
+ *   ahead-of-time swap-outs run in the background and are reaped after the
+ *   next forward pass.
+ * - Swap-in (HOST -> DEVICE): one transfer per layer on the copy queue,
+ *   whose event the forward pass waits for just before layer L writes or
+ *   reads the pool, so later layers' transfers overlap earlier layers'
+ *   compute. */
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
@@ -25,18 +28,9 @@
 pv_status pv_engine_swap_init(pv_engine *e)
 {
     pv_cache_plan_init(&e->out.plan);
-    if (!e->host_pool)
-        return PV_OK; /* gpu-only: nothing ever moves to host */
-    uint64_t n = e->cfg.swap_out_chunks;
-    if (n > (uint64_t)e->n_device_slots)
-        n = (uint64_t)e->n_device_slots;
-    e->cfg.swap_out_chunks = (uint32_t)n;
-    pv_status st = pv_buffer_init(&e->dev_staging, e->be, PV_MEM_DEVICE, n * e->slot_bytes);
-    if (st == PV_OK)
-        st = pv_buffer_init(&e->host_staging, e->be, PV_MEM_HOST, n * e->slot_bytes);
-    if (st == PV_OK && !(e->staging_slots = malloc(n * sizeof *e->staging_slots)))
-        st = pv_error(PV_ERR_OUT_OF_MEMORY, "engine: staging slot list of %" PRIu64 " entries", n);
-    return st;
+    if (e->host_pool && e->cfg.swap_out_chunks > (uint64_t)e->n_device_slots)
+        e->cfg.swap_out_chunks = (uint32_t)e->n_device_slots;
+    return PV_OK;
 }
 
 void pv_engine_swap_free(pv_engine *e)
@@ -45,79 +39,95 @@ void pv_engine_swap_free(pv_engine *e)
         pv_event_wait(e->out.done);
     pv_event_free(e->out.done);
     pv_cache_plan_free(&e->out.plan);
-    pv_buffer_free(e->dev_staging);
-    pv_buffer_free(e->host_staging);
-    free(e->staging_slots);
+    pv_ivec_free(&e->xfer_dst);
+    pv_ivec_free(&e->xfer_src);
 }
 
-/* Gathers n device slots (e->staging_slots) into device staging on the
- * compute queue and copies them to host staging on the copy queue; *done
- * completes when the bytes are in host staging. */
-static pv_status gather_to_host(pv_engine *e, int32_t n, pv_event **done)
+/* Room for n entries in the transfer lists, emptied. */
+static pv_status xfer_reserve(pv_engine *e, size_t n)
 {
-    pv_slot_copy_args g = {
+    e->xfer_dst.n = e->xfer_src.n = 0;
+    pv_status st = pv_ivec_reserve(&e->xfer_dst, n);
+    return st == PV_OK ? pv_ivec_reserve(&e->xfer_src, n) : st;
+}
+
+/* One transfer of the n slots listed from entry `first` of the transfer
+ * lists, from pool `from` to the other pool, after `wait`. */
+static pv_status transfer(pv_engine *e, pv_tier from, size_t first, size_t n, pv_event *wait, pv_event **done)
+{
+    const int out = from == PV_TIER_DEVICE;
+    pv_slot_transfer_args t = {
         .dtype = e->kv_dtype, .slot_elems = e->slot_elems,
-        .pool = e->device_pool, .n_slots = e->n_device_slots,
-        .staging = e->dev_staging, .staging_off = 0,
-        .slots = e->staging_slots, .n_slots_moved = n,
+        .dst = out ? e->host_pool : e->device_pool, .dst_n_slots = out ? e->n_host_slots : e->n_device_slots,
+        .src = out ? e->device_pool : e->host_pool, .src_n_slots = out ? e->n_device_slots : e->n_host_slots,
+        .dst_slots = e->xfer_dst.v + first, .src_slots = e->xfer_src.v + first, .n = (int32_t)n,
     };
-    pv_event *gathered = NULL;
-    pv_status st = pv_slot_gather(e->be, &g);
+    return pv_slot_transfer(e->be, &t, wait, done);
+}
+
+/* The listed DEVICE -> HOST moves in one transfer, after the compute work
+ * enqueued so far (the kernels that wrote the slots); *done completes when
+ * the bytes are in the host pool. */
+static pv_status transfer_out(pv_engine *e, pv_event **done)
+{
+    pv_event *written = NULL;
+    pv_status st = pv_event_record(e->be, PV_QUEUE_COMPUTE, &written);
     if (st == PV_OK)
-        st = pv_event_record(e->be, PV_QUEUE_COMPUTE, &gathered);
-    if (st == PV_OK)
-        st = pv_copy_async(PV_QUEUE_COPY, e->host_staging, 0, e->dev_staging, 0,
-                           (uint64_t)n * e->slot_bytes, gathered, done);
-    pv_event_free(gathered);
+        st = transfer(e, PV_TIER_DEVICE, 0, e->xfer_dst.n, written, done);
+    pv_event_free(written);
     return st;
 }
 
-/* Host staging entry i -> host pool slot. */
-static void place_in_host(pv_engine *e, int32_t i, uint32_t host_slot)
+/* A DEVICE -> HOST move of a plan and its place in it. */
+typedef struct out_move {
+    uint32_t to_slot, from_slot;
+    size_t order;
+} out_move;
+
+static int by_host_slot_then_order(const void *pa, const void *pb)
 {
-    memcpy((char *)e->host_pool->host_ptr + (uint64_t)host_slot * e->slot_bytes,
-           (const char *)e->host_staging->host_ptr + (uint64_t)i * e->slot_bytes, e->slot_bytes);
+    const out_move *a = pa, *b = pb;
+    if (a->to_slot != b->to_slot)
+        return a->to_slot < b->to_slot ? -1 : 1;
+    return (a->order > b->order) - (a->order < b->order);
 }
 
-/* Copies the DEVICE -> HOST moves moves[0..n) that carry bytes, in order,
- * waiting for each staging batch. */
+/* Copies the DEVICE -> HOST moves of moves[0..n) and waits for them. A
+ * plan may fill a host slot twice (a chunk moved down, dropped later in
+ * the plan for room, its slot refilled): only the last move into a host
+ * slot carries bytes anyone will read, and one transfer may write a slot
+ * only once. */
 static pv_status copy_out_now(pv_engine *e, const pv_cache_move *moves, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        int32_t k = 0;
-        size_t first = i;
-        for (; i < n && k < (int32_t)e->cfg.swap_out_chunks; i++)
-            if (moves[i].from == PV_TIER_DEVICE && moves[i].to == PV_TIER_HOST)
-                e->staging_slots[k++] = (int32_t)moves[i].from_slot;
-        if (k == 0)
-            continue;
-        pv_event *done = NULL;
-        pv_status st = gather_to_host(e, k, &done);
-        if (st == PV_OK)
-            st = pv_event_wait(done);
-        pv_event_free(done);
-        if (st != PV_OK)
-            return st;
-        k = 0;
-        for (size_t j = first; j < i; j++)
-            if (moves[j].from == PV_TIER_DEVICE && moves[j].to == PV_TIER_HOST)
-                place_in_host(e, k++, moves[j].to_slot);
-    }
-    return PV_OK;
+    out_move *outs = malloc((n ? n : 1) * sizeof *outs);
+    if (!outs)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: eviction plan of %zu moves", n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (moves[i].from == PV_TIER_DEVICE && moves[i].to == PV_TIER_HOST)
+            outs[k++] = (out_move){moves[i].to_slot, moves[i].from_slot, i};
+    qsort(outs, k, sizeof *outs, by_host_slot_then_order);
+    pv_status st = xfer_reserve(e, k);
+    for (size_t i = 0; i < k && st == PV_OK; i++)
+        if (i + 1 == k || outs[i + 1].to_slot != outs[i].to_slot) {
+            e->xfer_dst.v[e->xfer_dst.n++] = (int32_t)outs[i].to_slot;
+            e->xfer_src.v[e->xfer_src.n++] = (int32_t)outs[i].from_slot;
+        }
+    free(outs);
+    pv_event *done = NULL;
+    if (st == PV_OK)
+        st = transfer_out(e, &done);
+    if (st == PV_OK)
+        st = pv_event_wait(done);
+    pv_event_free(done);
+    return st;
 }
 
 pv_status pv_engine_run_plan(pv_engine *e, const pv_cache_plan *plan)
 {
-    if (plan->n_moves == 0)
-        return PV_OK;
-    /* The staging buffers are shared with the background swap-out. */
-    pv_status st = pv_engine_swap_out_reap(e);
-    if (st != PV_OK)
-        return st;
-    /* Drops and shadow notes move no bytes; a move to HOST does. Host
-     * slots a drop frees may be refilled later in the same plan, so the
-     * copies are placed in plan order. */
+    /* Drops and shadow notes move no bytes; a move to HOST does. A
+     * background swap-out in flight may stay so: its slots are held, and
+     * the copy queue runs the two transfers in order. */
     for (size_t i = 0; i < plan->n_moves; i++) {
         const pv_cache_move *m = &plan->moves[i];
         if (m->two_phase)
@@ -149,15 +159,6 @@ pv_status pv_engine_swap_out_reap(pv_engine *e)
     pv_event_free(o->done);
     o->done = NULL;
     o->in_flight = 0;
-    int32_t k = 0;
-    for (size_t i = 0; i < o->plan.n_moves; i++) {
-        const pv_cache_move *m = &o->plan.moves[i];
-        if (!m->two_phase)
-            continue;
-        if (st == PV_OK)
-            place_in_host(e, k, m->to_slot);
-        k++;
-    }
     /* Complete or abort the two-phase moves; the others were applied. */
     pv_status st2 = PV_OK;
     for (size_t i = 0; i < o->plan.n_moves; i++) {
@@ -193,13 +194,16 @@ pv_status pv_engine_swap_out_issue(pv_engine *e)
     pv_cache_plan_clear(&o->plan);
     if ((st = pv_cache_plan_swap_out(e->cache, e->cfg.swap_out_chunks, &o->plan)) != PV_OK)
         return st;
-    int32_t k = 0;
+    if ((st = xfer_reserve(e, o->plan.n_moves)) != PV_OK)
+        return st;
     for (size_t i = 0; i < o->plan.n_moves; i++)
-        if (o->plan.moves[i].two_phase)
-            e->staging_slots[k++] = (int32_t)o->plan.moves[i].from_slot;
-    if (k == 0)
+        if (o->plan.moves[i].two_phase) {
+            e->xfer_dst.v[e->xfer_dst.n++] = (int32_t)o->plan.moves[i].to_slot;
+            e->xfer_src.v[e->xfer_src.n++] = (int32_t)o->plan.moves[i].from_slot;
+        }
+    if (e->xfer_dst.n == 0)
         return PV_OK;
-    if ((st = gather_to_host(e, k, &o->done)) != PV_OK) {
+    if ((st = transfer_out(e, &o->done)) != PV_OK) {
         for (size_t i = 0; i < o->plan.n_moves; i++)
             if (o->plan.moves[i].two_phase)
                 pv_cache_abort(e->cache, &o->plan.moves[i], 1);
@@ -234,21 +238,34 @@ pv_status pv_engine_swap_in_issue(pv_engine *e, pv_request *r, const pv_cache_pl
     for (size_t i = 0; i < plan->n_moves; i++)
         if (plan->moves[i].two_phase)
             r->swap_in[r->n_swap_in++] = plan->moves[i];
-    /* Layer by layer, so layer L's event fires before layer L+1's copies. */
-    for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++) {
-        int any = 0;
-        for (size_t i = 0; i < r->n_swap_in && st == PV_OK; i++) {
-            const pv_cache_move *m = &r->swap_in[i];
-            if (m->layer != l)
-                continue;
-            st = pv_copy_async(PV_QUEUE_COPY, e->device_pool, (uint64_t)m->to_slot * e->slot_bytes,
-                               e->host_pool, (uint64_t)m->from_slot * e->slot_bytes, e->slot_bytes,
-                               NULL, NULL);
-            any = 1;
-        }
-        if (st == PV_OK && any)
-            st = pv_event_record(e->be, PV_QUEUE_COPY, &r->layer_ready[l]);
+    /* The moves in layer order (a counting sort): end[l] ends layer l's
+     * run of the transfer lists once they are filled. */
+    size_t *end = calloc((size_t)e->n_layers + 1, sizeof *end);
+    if (!end)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: swap-in of %u layers", e->n_layers);
+    if ((st = xfer_reserve(e, n_two)) != PV_OK) {
+        free(end);
+        return st;
     }
+    for (size_t i = 0; i < r->n_swap_in; i++)
+        end[r->swap_in[i].layer + 1]++;
+    for (uint32_t l = 0; l < e->n_layers; l++)
+        end[l + 1] += end[l];
+    for (size_t i = 0; i < r->n_swap_in; i++) {
+        const pv_cache_move *m = &r->swap_in[i];
+        size_t at = end[m->layer]++;
+        e->xfer_dst.v[at] = (int32_t)m->to_slot;
+        e->xfer_src.v[at] = (int32_t)m->from_slot;
+    }
+    e->xfer_dst.n = e->xfer_src.n = n_two;
+    /* One transfer a layer, in layer order: the copy queue runs them in
+     * order, so layer L's event fires before layer L + 1's bytes move. */
+    for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++) {
+        size_t begin = l ? end[l - 1] : 0;
+        if (end[l] > begin)
+            st = transfer(e, PV_TIER_HOST, begin, end[l] - begin, NULL, &r->layer_ready[l]);
+    }
+    free(end);
     return st;
 }
 

@@ -1,5 +1,6 @@
 /* Gather family: K/V row writes into slots (plain, or with RoPE on the
- * way in), whole-slot gather/scatter for swap-out/in. All built per
+ * way in), whole-slot gather/scatter through staging, and whole-slot
+ * transfers from one pool to another for swap-out/in. All built per
  * storage dtype (PV_STORE_F16); offsets are in elements. Embedding rows
  * are gathered by the qmatmul family, which reads every weight type. */
 #include "dialect.h"
@@ -116,5 +117,29 @@ PV_KERNEL PV_STORE_NAME(pv_slot_scatter)(PV_GLOBAL PV_STORE_WORD *pool,
         const pv_long e = first + (pv_long)k * PV_WG;
         if (e < slot_elems)
             dst[e] = src[e];
+    }
+}
+
+/* dst[dst_slots[i]] = src[src_slots[i]], whole slots of slot_words 4-byte
+ * words, whatever the storage dtype. One pool is usually host memory the
+ * device reaches over the bus (CUDA's mapped pinned memory: swap-in reads
+ * it, swap-out writes it). The pools never overlap (distinct buffers), so
+ * the pointers are restrict and a work-item's PV_ITEM_ELEMS loads may all
+ * be in flight before its stores; a group's words at one k are
+ * consecutive, so a warp's accesses are one run.
+ * groups {ceil(slot_words / (PV_WG * PV_ITEM_ELEMS)), n}. */
+PV_KERNEL pv_slot_transfer(PV_GLOBAL pv_u32 *PV_RESTRICT dst, const PV_GLOBAL pv_u32 *PV_RESTRICT src,
+                           const PV_GLOBAL int *dst_slots, const PV_GLOBAL int *src_slots,
+                           pv_long slot_words)
+{
+    const pv_long i = PV_GROUP_ID(1);
+    const pv_long first = PV_GROUP_ID(0) * PV_WG * PV_ITEM_ELEMS + PV_LOCAL_ID();
+    const PV_GLOBAL pv_u32 *PV_RESTRICT from = src + (pv_long)src_slots[i] * slot_words;
+    PV_GLOBAL pv_u32 *PV_RESTRICT to = dst + (pv_long)dst_slots[i] * slot_words;
+#pragma unroll
+    for (int k = 0; k < PV_ITEM_ELEMS; k++) {
+        const pv_long e = first + (pv_long)k * PV_WG;
+        if (e < slot_words)
+            to[e] = from[e];
     }
 }

@@ -1,6 +1,6 @@
 /* Recompute family: the rest of a transformer layer (RMSNorm, RoPE, SwiGLU,
  * residual add, the add fused with the next RMSNorm, softmax) and the
- * sampling helpers (argmax, top-p). All f32;
+ * sampling helpers (argmax, top-p, and both over a step's rows). All f32;
  * offsets in elements. Row kernels run one work-group per row, work-item j
  * taking columns j, j + PV_WG, ... (coalesced), with tree reductions. */
 #include "dialect.h"
@@ -132,15 +132,12 @@ PV_KERNEL pv_softmax(const PV_GLOBAL float *x, pv_long x_off, PV_GLOBAL float *o
         outr[c] *= inv_sum;
 }
 
-/* out[r] = the lowest index of row r's maximum. groups {rows, 1}. */
-PV_KERNEL pv_argmax(const PV_GLOBAL float *x, pv_long x_off, pv_long cols, PV_GLOBAL int *out)
+/* The lowest index of row xr's maximum, to every work-item of the group.
+ * best_value and best_index hold PV_WG entries each. */
+PV_FUNC int pv_argmax_row(const PV_GLOBAL float *xr, pv_long cols, PV_LOCAL float *best_value,
+                          PV_LOCAL int *best_index)
 {
-    PV_LOCAL_ARRAY(float, best_value, PV_WG);
-    PV_LOCAL_ARRAY(int, best_index, PV_WG);
     const int lid = PV_LOCAL_ID();
-    const pv_long r = PV_GROUP_ID(0);
-    const PV_GLOBAL float *xr = x + x_off + r * cols;
-
     /* Work-item lid sees its columns in increasing order, so `>` keeps the
      * lowest index among its equals. index == cols marks a work-item that
      * saw no column (cols < PV_WG). */
@@ -167,8 +164,20 @@ PV_KERNEL pv_argmax(const PV_GLOBAL float *x, pv_long x_off, pv_long cols, PV_GL
         }
         PV_BARRIER();
     }
-    if (lid == 0)
-        out[r] = best_index[0];
+    const int best = best_index[0];
+    PV_BARRIER();
+    return best;
+}
+
+/* out[r] = the lowest index of row r's maximum. groups {rows, 1}. */
+PV_KERNEL pv_argmax(const PV_GLOBAL float *x, pv_long x_off, pv_long cols, PV_GLOBAL int *out)
+{
+    PV_LOCAL_ARRAY(float, best_value, PV_WG);
+    PV_LOCAL_ARRAY(int, best_index, PV_WG);
+    const pv_long r = PV_GROUP_ID(0);
+    const int best = pv_argmax_row(x + x_off + r * cols, cols, best_value, best_index);
+    if (PV_LOCAL_ID() == 0)
+        out[r] = best;
 }
 
 /* p_c = softmax(logits / temperature)_c, recomputed identically wherever it
@@ -179,7 +188,8 @@ PV_FUNC float pv_top_p_prob(const PV_GLOBAL float *xr, pv_long c, float max, flo
     return PV_EXP((xr[c] - max) / temperature) / total;
 }
 
-/* Top-p sampling of row r, deterministic for a given u[r]:
+/* Top-p sampling of row xr, deterministic for a given u, to every
+ * work-item of the group:
  *   p = softmax(logits / temperature);
  *   threshold = the largest t with sum_{p_c >= t} p_c >= top_p: found by
  *   bisection on the bit pattern of t (positive floats order like their
@@ -187,17 +197,11 @@ PV_FUNC float pv_top_p_prob(const PV_GLOBAL float *xr, pv_long c, float max, flo
  *   first, reaches top_p; every token with p >= threshold is kept;
  *   pick the first kept token, in index order, whose cumulative kept mass
  *   exceeds u * kept mass (the last kept token if rounding leaves none).
- * groups {rows, 1}; out[r] in device memory. */
-PV_KERNEL pv_sample_top_p(const PV_GLOBAL float *logits, pv_long logits_off, pv_long cols,
-                          float temperature, float top_p, const PV_GLOBAL float *u,
-                          PV_GLOBAL int *out)
+ * scratch and index_scratch hold PV_WG entries each. */
+PV_FUNC int pv_top_p_row(const PV_GLOBAL float *xr, pv_long cols, float temperature, float top_p, float u,
+                         PV_LOCAL float *scratch, PV_LOCAL int *index_scratch)
 {
-    PV_LOCAL_ARRAY(float, scratch, PV_WG);
-    PV_LOCAL_ARRAY(int, index_scratch, PV_WG);
     const int lid = PV_LOCAL_ID();
-    const pv_long r = PV_GROUP_ID(0);
-    const PV_GLOBAL float *xr = logits + logits_off + r * cols;
-
     float max = -PV_INF;
     for (pv_long c = lid; c < cols; c += PV_WG)
         max = PV_FMAX(max, xr[c]);
@@ -252,7 +256,7 @@ PV_KERNEL pv_sample_top_p(const PV_GLOBAL float *logits, pv_long logits_off, pv_
         kept += scratch[j];
     PV_BARRIER();
 
-    const float target = u[r] * kept;
+    const float target = u * kept;
     int pick = (int)cols;
     if (before + block_mass > target) {
         float cumulative = before;
@@ -269,6 +273,40 @@ PV_KERNEL pv_sample_top_p(const PV_GLOBAL float *logits, pv_long logits_off, pv_
     }
     pick = pv_group_min_max_int(index_scratch, pick, 0);
     last_kept = pv_group_min_max_int(index_scratch, last_kept, 1);
-    if (lid == 0)
-        out[r] = pick < (int)cols ? pick : last_kept;
+    return pick < (int)cols ? pick : last_kept;
+}
+
+/* Top-p sampling of every row with one temperature and top_p, u[r] per
+ * row (pv_top_p_row). groups {rows, 1}; out[r] in device memory. */
+PV_KERNEL pv_sample_top_p(const PV_GLOBAL float *logits, pv_long logits_off, pv_long cols,
+                          float temperature, float top_p, const PV_GLOBAL float *u,
+                          PV_GLOBAL int *out)
+{
+    PV_LOCAL_ARRAY(float, scratch, PV_WG);
+    PV_LOCAL_ARRAY(int, index_scratch, PV_WG);
+    const pv_long r = PV_GROUP_ID(0);
+    const int pick = pv_top_p_row(logits + logits_off + r * cols, cols, temperature, top_p, u[r], scratch,
+                                  index_scratch);
+    if (PV_LOCAL_ID() == 0)
+        out[r] = pick;
+}
+
+/* A step's rows at once, one work-group a row, each its own way: row r
+ * with temperature[r] <= 0 takes pv_argmax_row, the others pv_top_p_row
+ * with temperature[r], top_p[r] and u[r]. The branch is the whole group's
+ * (one row), so the barriers inside stay uniform. groups {rows, 1};
+ * temperature, top_p, u and out are [rows] in device memory. */
+PV_KERNEL pv_sample_batch(const PV_GLOBAL float *logits, pv_long logits_off, pv_long cols,
+                          const PV_GLOBAL float *temperature, const PV_GLOBAL float *top_p,
+                          const PV_GLOBAL float *u, PV_GLOBAL int *out)
+{
+    PV_LOCAL_ARRAY(float, scratch, PV_WG);
+    PV_LOCAL_ARRAY(int, index_scratch, PV_WG);
+    const pv_long r = PV_GROUP_ID(0);
+    const PV_GLOBAL float *xr = logits + logits_off + r * cols;
+    const float t = temperature[r];
+    const int pick = t <= 0.0f ? pv_argmax_row(xr, cols, scratch, index_scratch)
+                               : pv_top_p_row(xr, cols, t, top_p[r], u[r], scratch, index_scratch);
+    if (PV_LOCAL_ID() == 0)
+        out[r] = pick;
 }

@@ -10,6 +10,7 @@
 #include <pensieve/half.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,6 +137,76 @@ static inline int guards_intact(const tensor *t)
             intact &= guard[i] == SENTINEL_BYTE;
     }
     return intact;
+}
+
+/* ---- the backends under test ------------------------------------------------------------ */
+
+/* A run of op checks on one backend against the CPU reference. */
+typedef struct check_ctx {
+    pv_backend *cpu;
+    pv_backend *be; /* under test: the CPU itself in the CPU pass */
+    const char *name;
+    int cpu_pass;   /* want = closed form; otherwise want = the CPU's output */
+    uint64_t rng;
+} check_ctx;
+
+/* The main of a test of ops against the CPU reference:
+ *   usage: PROGRAM [--backend NAME] [--seed N]
+ * the CPU first (its checks against closed forms: cpu_pass set), then
+ * every other backend this library can load (or only NAME), each from the
+ * same seed: a backend with no device is a SKIP, one that does not open a
+ * failure. run(c) checks one backend; device_extra(c), if any, runs after
+ * it on the others. Returns the exit status. */
+static inline int check_main(int argc, char **argv, uint64_t seed, void (*run)(check_ctx *c),
+                             void (*device_extra)(check_ctx *c))
+{
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: %s [--backend NAME] [--seed N]\n", argv[0]);
+            return 2;
+        }
+    }
+    tap_diag("seed %llu (rerun with --seed to reproduce)", (unsigned long long)seed);
+    check_ctx c = {.name = "cpu", .rng = seed};
+    if (pv_backend_init(&c.cpu, "cpu", 0) != PV_OK) {
+        printf("Bail out! the CPU reference does not open: %s\n", pv_last_error());
+        return 1;
+    }
+    int found = only == NULL || strcmp(only, "cpu") == 0;
+    if (found) {
+        c.be = c.cpu;
+        c.cpu_pass = 1;
+        run(&c);
+    }
+    for (const char *const *name = pv_backend_names(); *name; name++) {
+        if (strcmp(*name, "cpu") == 0 || (only && strcmp(only, *name) != 0))
+            continue;
+        found = 1;
+        pv_backend *be = NULL;
+        pv_status st = pv_backend_init(&be, *name, 0);
+        if (st == PV_ERR_NO_DEVICE) {
+            tap_skip("backend %s: %s", *name, pv_last_error());
+            continue;
+        }
+        if (!ok(st == PV_OK, "backend %s opens", *name)) {
+            tap_diag("%s", pv_last_error());
+            continue;
+        }
+        c = (check_ctx){.cpu = c.cpu, .be = be, .name = *name, .cpu_pass = 0, .rng = seed};
+        run(&c);
+        if (device_extra)
+            device_extra(&c);
+        pv_backend_free(be);
+    }
+    if (!found)
+        ok(0, "backend %s is built into this library", only);
+    pv_backend_free(c.cpu);
+    return tap_done();
 }
 
 /* ---- comparisons ------------------------------------------------------------ */

@@ -28,6 +28,15 @@ tests_test_backend_async_SOURCES = tests/test-backend-async.c
 tests_test_backend_async_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_async_LDADD = $(PV_LINK)
 
+# The ops that take a step's host work in one call (slot_transfer,
+# sample_batch) on every built backend against the CPU reference, with
+# slot_transfer's queue rules.
+check_PROGRAMS += tests/test-backend-batch
+TESTS += tests/test-backend-batch
+tests_test_backend_batch_SOURCES = tests/test-backend-batch.c
+tests_test_backend_batch_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_batch_LDADD = $(PV_LINK)
+
 # Launch counts: a known sequence of ops on every built backend, each
 # adding what its backend enqueues for it.
 check_PROGRAMS += tests/test-backend-launches

@@ -1,6 +1,7 @@
 /* The delay backend (see delay-backend.h): the CPU backend's ops, except
- * that copies on PV_QUEUE_COPY go to a worker thread and every op that
- * consumes swapped-in bytes is recorded for pv_delay_backend_check_order().
+ * that copies and slot transfers on PV_QUEUE_COPY go to a worker thread
+ * and every op that consumes swapped-in bytes is recorded for
+ * pv_delay_backend_check_order().
  *
  * Events are tickets of the copy queue: job n completes ticket n, jobs run
  * in order, so an event with ticket t is complete once `completed` >= t.
@@ -24,16 +25,23 @@ typedef struct dly_event {
     uint64_t ticket;
 } dly_event;
 
-/* One copy waiting for, or being run by, the worker. */
+/* One move of `bytes` bytes of a job. */
+typedef struct dly_move {
+    uint64_t dst_off, src_off;
+} dly_move;
+
+/* A copy (one move) or a slot transfer (a move a slot) waiting for, or
+ * being run by, the worker; the moves follow the struct. */
 typedef struct dly_job {
     struct dly_job *next;
     uint64_t ticket;
     pv_buffer *dst;
-    uint64_t dst_off;
     const pv_buffer *src;
-    uint64_t src_off, bytes;
+    uint64_t bytes; /* of each move */
     int delayed;
-    size_t record; /* its entry in copies[] */
+    size_t record; /* its first entry in copies[], one a move */
+    size_t n_moves;
+    dly_move moves[];
 } dly_job;
 
 /* Ordering uses `seq`, drawn from one counter under the mutex, not the
@@ -162,15 +170,19 @@ static void *worker_main(void *arg)
         struct timespec start;
         clock_gettime(CLOCK_MONOTONIC, &start);
         if (job->delayed)
-            sleep_s(d->opt.h2d_delay_s);
-        memmove((char *)job->dst->host_ptr + job->dst_off,
-                (const char *)job->src->host_ptr + job->src_off, (size_t)job->bytes);
+            sleep_s(d->opt.h2d_delay_s * (double)job->n_moves);
+        for (size_t i = 0; i < job->n_moves; i++)
+            memmove((char *)job->dst->host_ptr + job->moves[i].dst_off,
+                    (const char *)job->src->host_ptr + job->moves[i].src_off, (size_t)job->bytes);
 
         pthread_mutex_lock(&d->mu);
         d->busy_s += ms_since(&start) / 1e3;
-        dly_copy_rec *rec = &d->copies[job->record];
-        rec->done_seq = ++d->seq;
-        rec->done_ms = ms_since(&d->origin);
+        const uint64_t done_seq = ++d->seq;
+        const double done_ms = ms_since(&d->origin);
+        for (size_t i = 0; i < job->n_moves; i++) {
+            d->copies[job->record + i].done_seq = done_seq;
+            d->copies[job->record + i].done_ms = done_ms;
+        }
         d->completed = job->ticket;
         pthread_cond_broadcast(&d->done_cv);
         free(job);
@@ -196,45 +208,40 @@ static uint64_t ticket_of(const pv_event *ev)
     return ev ? ((const dly_event *)ev)->ticket : 0;
 }
 
-/* A `wait` event is either a compute event (complete) or an earlier ticket
- * of the copy queue, which runs in order: on PV_QUEUE_COPY it is honoured
- * by the queue's order itself, on PV_QUEUE_COMPUTE by blocking here. */
-static pv_status dly_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
-                                const pv_buffer *src, uint64_t src_off, uint64_t bytes, pv_event *wait,
-                                pv_event **done)
+/* Queues a job of n moves of `bytes` from src to dst on the copy queue
+ * (their offsets in moves[]); *done (if done) gets its ticket. Everything
+ * that can fail comes before the job is queued. */
+static pv_status enqueue_job(pv_backend *be, pv_buffer *dst, const pv_buffer *src, uint64_t bytes,
+                             const dly_move *moves, size_t n, pv_event **done)
 {
     dly_state *d = state_of(be);
-    if (q == PV_QUEUE_COMPUTE) {
-        wait_ticket(d, ticket_of(wait));
-        memmove((char *)dst->host_ptr + dst_off, (const char *)src->host_ptr + src_off, (size_t)bytes);
-        return done ? event_new(be, 0, done) : PV_OK;
-    }
-
-    /* Everything that can fail comes before the job is queued. */
     pv_event *ev = NULL;
     if (done && event_new(be, 0, &ev) != PV_OK)
         return PV_ERR_OUT_OF_MEMORY;
-    dly_job *job = calloc(1, sizeof *job);
+    dly_job *job = calloc(1, sizeof *job + n * sizeof *moves);
     pthread_mutex_lock(&d->mu);
-    if (!job || !reserve((void **)&d->copies, &d->cap_copies, d->n_copies, 1, sizeof *d->copies)) {
+    if (!job || !reserve((void **)&d->copies, &d->cap_copies, d->n_copies, n, sizeof *d->copies)) {
         pthread_mutex_unlock(&d->mu);
         free(job);
         free(ev);
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "delay: cannot queue a copy of %" PRIu64 " bytes", bytes);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "delay: cannot queue %zu moves of %" PRIu64 " bytes", n, bytes);
     }
     job->ticket = ++d->enqueued;
     job->dst = dst;
-    job->dst_off = dst_off;
     job->src = src;
-    job->src_off = src_off;
     job->bytes = bytes;
     job->delayed = src->kind == PV_MEM_HOST && dst->kind == PV_MEM_DEVICE;
-    job->record = d->n_copies++;
-    d->copies[job->record] = (dly_copy_rec){
-        .dst = dst, .lo = dst_off, .hi = dst_off + bytes,
-        .enq_seq = ++d->seq, .enq_ms = ms_since(&d->origin),
-    };
-    d->delayed_copies += job->delayed;
+    job->record = d->n_copies;
+    job->n_moves = n;
+    memcpy(job->moves, moves, n * sizeof *moves);
+    const uint64_t enq_seq = ++d->seq;
+    const double enq_ms = ms_since(&d->origin);
+    for (size_t i = 0; i < n; i++)
+        d->copies[d->n_copies++] = (dly_copy_rec){
+            .dst = dst, .lo = moves[i].dst_off, .hi = moves[i].dst_off + bytes,
+            .enq_seq = enq_seq, .enq_ms = enq_ms,
+        };
+    d->delayed_copies += job->delayed ? (int64_t)n : 0;
     if (d->tail)
         d->tail->next = job;
     else
@@ -247,6 +254,42 @@ static pv_status dly_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint
     }
     pthread_mutex_unlock(&d->mu);
     return PV_OK;
+}
+
+/* A `wait` event is either a compute event (complete) or an earlier ticket
+ * of the copy queue, which runs in order: on PV_QUEUE_COPY it is honoured
+ * by the queue's order itself, on PV_QUEUE_COMPUTE by blocking here. */
+static pv_status dly_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
+                                const pv_buffer *src, uint64_t src_off, uint64_t bytes, pv_event *wait,
+                                pv_event **done)
+{
+    dly_state *d = state_of(be);
+    be->copies++;
+    if (q == PV_QUEUE_COMPUTE) {
+        wait_ticket(d, ticket_of(wait));
+        memmove((char *)dst->host_ptr + dst_off, (const char *)src->host_ptr + src_off, (size_t)bytes);
+        return done ? event_new(be, 0, done) : PV_OK;
+    }
+    const dly_move move = {dst_off, src_off};
+    return enqueue_job(be, dst, src, bytes, &move, 1, done);
+}
+
+/* One job for all the slots, one launch as on the CPU; the copy queue's
+ * order honours `wait` as for a copy. A host -> device transfer sleeps
+ * h2d_delay_s a slot, as that many copies would. */
+static pv_status dly_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    (void)wait;
+    be->launches++;
+    const uint64_t slot_bytes = (uint64_t)a->slot_elems * pv_dtype_size(a->dtype);
+    dly_move *moves = malloc(((size_t)a->n + 1) * sizeof *moves);
+    if (!moves)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "delay: cannot list %d slot moves", a->n);
+    for (int32_t i = 0; i < a->n; i++)
+        moves[i] = (dly_move){(uint64_t)a->dst_slots[i] * slot_bytes, (uint64_t)a->src_slots[i] * slot_bytes};
+    pv_status st = enqueue_job(be, a->dst, a->src, slot_bytes, moves, (size_t)a->n, done);
+    free(moves);
+    return st;
 }
 
 static pv_status dly_event_record(pv_backend *be, pv_queue q, pv_event **out)
@@ -476,6 +519,7 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.finish = dly_finish;
     d->ops.attention = dly_attention;
     d->ops.slot_scatter = dly_slot_scatter;
+    d->ops.slot_transfer = dly_slot_transfer;
     d->ops.qmatmul = dly_qmatmul;
     d->ops.qmatmul_group = d->ops.qmatmul_group ? dly_qmatmul_group : NULL;
     d->ops.qmatmul_swiglu = dly_qmatmul_swiglu;

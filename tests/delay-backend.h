@@ -5,9 +5,10 @@
  * swap-in overlaps layer L's compute and that no attention runs ahead of
  * its chunks. Not part of the library.
  *
- * Queues. PV_QUEUE_COPY is one worker thread running copies in submission
- * order; a copy from a PV_MEM_HOST buffer to a PV_MEM_DEVICE buffer sleeps
- * h2d_delay_s before it moves its bytes. Everything else (compute ops and
+ * Queues. PV_QUEUE_COPY is one worker thread running copies and slot
+ * transfers in submission order; a copy from a PV_MEM_HOST buffer to a
+ * PV_MEM_DEVICE buffer sleeps h2d_delay_s before it moves its bytes, a
+ * slot transfer between them h2d_delay_s a slot. Everything else (compute ops and
  * copies on PV_QUEUE_COMPUTE) runs on the calling thread before the call
  * returns, as on the CPU backend, so pv_queue_wait(be, PV_QUEUE_COMPUTE, ev)
  * blocks the caller until ev completes: that is what gates the next kernel.
@@ -15,8 +16,9 @@
  * the copy queue (the backends' contract: reading a compute result does not
  * wait for swap traffic), so reading a copy's destination needs its event.
  *
- * Timeline. Every copy on the copy queue is recorded (destination buffer and
- * byte range, enqueue and completion times), and so is every attention call
+ * Timeline. Every copy on the copy queue, and every slot of a transfer, is
+ * recorded (destination buffer and byte range, enqueue and completion
+ * times), and so is every attention call
  * (start time, kv_pool, the slots its queries read: for each sequence with a
  * query, chunks 0..max position / chunk_tokens) and every slot_scatter (start
  * time, the staging bytes it reads), so an engine that swaps in through a
@@ -49,7 +51,8 @@ void pv_delay_backend_free(pv_backend *be);
  * gets a one-line summary. msg may be NULL when cap is 0. */
 pv_status pv_delay_backend_check_order(pv_backend *be, char *msg, size_t cap);
 
-/* Host->device copies issued on the copy queue since init or reset. */
+/* Host->device copies, and slots of host->device transfers, issued on the
+ * copy queue since init or reset. */
 int64_t pv_delay_backend_delayed_copies(pv_backend *be);
 /* Seconds the copy queue spent executing copies (delays included, time
  * waiting for events excluded). */

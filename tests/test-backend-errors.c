@@ -452,6 +452,88 @@ static void fused_op_cases(const char *name, pv_backend *be)
 
 /* Advice is only advice: a buffer advised as streamed (small, and large
  * enough for the CPU backend's 2 MiB pages) keeps what is written to it. */
+/* The ops that take a step's host work in one call: slot_transfer and
+ * sample_batch. */
+static void batch_op_cases(const char *name, pv_backend *be)
+{
+    tensor dev, host;
+    float data[64];
+    for (int i = 0; i < 64; i++)
+        data[i] = (float)i;
+    if (tensor_init(&dev, be, PV_MEM_DEVICE, sizeof(float), 64, NULL) != PV_OK ||
+        tensor_init(&host, be, PV_MEM_HOST, sizeof(float), 64, data) != PV_OK) {
+        ok(0, "%s: buffers allocate: %s", name, pv_last_error());
+        return;
+    }
+    /* 4 slots of 16 f32 in each pool (the guard bytes before them too). */
+    int32_t to[2] = {0, 3}, from[2] = {1, 2};
+    pv_slot_transfer_args t = {.dtype = PV_F32, .slot_elems = 16, .dst = dev.buf, .dst_n_slots = 4,
+                               .src = host.buf, .src_n_slots = 4, .dst_slots = to, .src_slots = from, .n = 2};
+    pv_event *done = (pv_event *)&t; /* must come back NULL */
+    to[1] = 4;
+    expect(name, "slot_transfer dst_slots[1] = 4 of 4", pv_slot_transfer(be, &t, NULL, &done), PV_ERR_INVALID_ARG,
+           NAMES("dst_slots[1]", "4"), &dev);
+    ok(done == NULL, "%s: a refused slot_transfer hands back no event", name);
+    to[1] = 3;
+    from[0] = -1;
+    expect(name, "slot_transfer src_slots[0] = -1", pv_slot_transfer(be, &t, NULL, NULL), PV_ERR_INVALID_ARG,
+           NAMES("src_slots[0]", "-1"), &dev);
+    from[0] = 1;
+    to[1] = 0;
+    expect(name, "slot_transfer writing slot 0 twice", pv_slot_transfer(be, &t, NULL, NULL), PV_ERR_INVALID_ARG,
+           NAMES("dst_slots", "0"), &dev);
+    to[1] = 3;
+    t.src_n_slots = 40; /* 640 floats: past the host buffer */
+    expect(name, "slot_transfer src of 40 slots of 16 in a buffer of 192 floats", pv_slot_transfer(be, &t, NULL, NULL),
+           PV_ERR_INVALID_ARG, NAMES("buffer src"), &dev);
+    t.src_n_slots = 4;
+    t.src = dev.buf;
+    expect(name, "slot_transfer from a buffer to itself", pv_slot_transfer(be, &t, NULL, NULL), PV_ERR_INVALID_ARG,
+           NAMES("same buffer"), &dev);
+    t.src = host.buf;
+    t.dtype = PV_F16;
+    t.slot_elems = 3;
+    expect(name, "slot_transfer slots of 3 f16 (6 bytes)", pv_slot_transfer(be, &t, NULL, NULL), PV_ERR_INVALID_ARG,
+           NAMES("3 f16", "4-byte words"), &dev);
+    t.dtype = PV_F32;
+    t.slot_elems = (int64_t)1 << 40;
+    t.dst_n_slots = (int64_t)1 << 30;
+    expect(name, "slot_transfer 2^30 slots x 2^40 elements", pv_slot_transfer(be, &t, NULL, NULL), PV_ERR_INVALID_ARG,
+           NAMES("dst_n_slots x slot_elems"), &dev);
+
+    float temperature[3] = {0.0f, 0.8f, -1.0f}, top_p[3] = {0.0f, 0.9f, 0.0f}, u[3] = {2.0f, 0.5f, 7.0f};
+    int32_t picked[3] = {-1, -1, -1};
+    pv_sample_batch_args sb = {.rows = 3, .cols = 16, .logits = host.buf, .logits_off = host.off,
+                               .temperature = temperature, .top_p = top_p, .u = u, .out = picked};
+    top_p[1] = 0.0f;
+    expect(name, "sample_batch top_p[1] = 0 (a sampled row)", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("top_p[1]", "0"), NULL);
+    top_p[1] = 0.9f;
+    u[1] = 1.0f;
+    expect(name, "sample_batch u[1] = 1 (a sampled row)", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("u[1]", "1"), NULL);
+    u[1] = 0.5f;
+    temperature[2] = NAN;
+    expect(name, "sample_batch temperature[2] NaN", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("temperature[2]", "NaN"), NULL);
+    temperature[2] = -1.0f;
+    sb.cols = 64; /* 3 x 64 floats from offset 64 of a buffer of 192 */
+    expect(name, "sample_batch logits 3 x 64 past the buffer", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("logits"), NULL);
+    sb.cols = 16;
+    sb.top_p = NULL;
+    expect(name, "sample_batch top_p NULL", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG, NAMES("top_p"), NULL);
+    ok(picked[0] == -1 && picked[1] == -1 && picked[2] == -1, "%s: rejected batch sampling wrote no token", name);
+    /* Greedy rows read neither top_p nor u: these pass as they are. */
+    sb.top_p = top_p;
+    pv_status st = pv_sample_batch(be, &sb);
+    ok(st == PV_OK && picked[0] == 15 && picked[2] == 15,
+       "%s: greedy rows with top_p 0 and u out of range are fine (%s; picked %d and %d of 0..15)", name,
+       st == PV_OK ? "ok" : pv_last_error(), picked[0], picked[2]);
+    tensor_free(&dev);
+    tensor_free(&host);
+}
+
 static void streamed_advice_case(const char *name, pv_backend *be)
 {
     static const uint64_t sizes[] = {4096, (uint64_t)12 << 20};
@@ -552,6 +634,7 @@ int main(int argc, char **argv)
         attention_cases(*name, be);
         other_op_cases(*name, be);
         fused_op_cases(*name, be);
+        batch_op_cases(*name, be);
         many_rows_case(*name, be);
         streamed_advice_case(*name, be);
         weights_write_cases(*name, be);

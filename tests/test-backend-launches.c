@@ -7,7 +7,10 @@
  * the fused kernels take widens W into a tile for the BLAS GEMM (two),
  * f32 weights going to the GEMM directly (one); a group of products has no
  * op of its own there (one each); the SwiGLU product of such a batch is
- * the two products and the element-wise kernel.
+ * the two products and the element-wise kernel. A slot transfer is one
+ * launch (one kernel; one op on the CPU), or one copy a slot where an
+ * OpenCL device has memory of its own. Copies (pv_backend_copies): each
+ * copy_async is one, and nothing else here is.
  * Usage: test-backend-launches [--backend NAME] */
 #include "config.h"
 
@@ -89,14 +92,18 @@ static void fixture_free(fixture *f)
         pv_buffer_free(bufs[i]);
 }
 
-/* Copies and events enqueue no kernel. */
+/* Copies and events enqueue no kernel; a copy_async is one copy, and
+ * reads, writes and events none. */
 static void copy_steps(fixture *f)
 {
     float data[64] = {0};
     pv_event *ev = NULL;
+    const uint64_t copies = pv_backend_copies(f->be);
     STEP(f, "buffer_write", pv_buffer_write(f->a, 0, data, sizeof data), 0, 0);
     STEP(f, "buffer_read", pv_buffer_read(f->a, 0, data, sizeof data), 0, 0);
     STEP(f, "copy_async on the copy queue", pv_copy_async(PV_QUEUE_COPY, f->host, 0, f->a, 0, 256, NULL, &ev), 0, 0);
+    ok(pv_backend_copies(f->be) - copies == 1, "%s: reads, writes and a copy_async: %llu copies (expected 1)",
+       f->be->ops->name, (unsigned long long)(pv_backend_copies(f->be) - copies));
     STEP(f, "event_wait", pv_event_wait(ev), 0, 0);
     pv_event_free(ev);
     ev = NULL;
@@ -197,6 +204,24 @@ static void kv_steps(fixture *f)
                             .staging = f->c, .slots = slots, .n_slots_moved = 2};
     STEP(f, "slot_gather of 2 slots", pv_slot_gather(f->be, &sc), 1, 1);
     STEP(f, "slot_scatter of 2 slots", pv_slot_scatter(f->be, &sc), 1, 1);
+
+    /* 3 slots of the pool into the host buffer's first 3 (of 4 that fit). */
+    const int32_t to[3] = {2, 0, 1}, from[3] = {3, 1, 0};
+    pv_slot_transfer_args t = {.dtype = PV_F32, .slot_elems = 2 * CHUNK * HEAD_DIM, .dst = f->host, .dst_n_slots = 4,
+                               .src = f->pool, .src_n_slots = SLOTS, .dst_slots = to, .src_slots = from, .n = 3};
+    pv_event *done = NULL;
+    const uint64_t launches = pv_backend_launches(f->be), copies = pv_backend_copies(f->be);
+    pv_status st = pv_slot_transfer(f->be, &t, NULL, &done);
+    if (st == PV_OK)
+        st = pv_event_wait(done);
+    pv_event_free(done);
+    const uint64_t l = pv_backend_launches(f->be) - launches, c = pv_backend_copies(f->be) - copies;
+    f->total_expected += l; /* checked here */
+    ok(st == PV_OK && ((l == 1 && c == 0) || (f->kernels && l == 0 && c == 3)),
+       "%s: slot_transfer of 3 slots: %llu launches, %llu copies (expected 1 launch, or 3 copies on an OpenCL "
+       "device with memory of its own)%s%s",
+       f->be->ops->name, (unsigned long long)l, (unsigned long long)c, st == PV_OK ? "" : ": ",
+       st == PV_OK ? "" : pv_last_error());
 }
 
 static void recompute_steps(fixture *f)
@@ -224,6 +249,10 @@ static void recompute_steps(fixture *f)
     pv_sample_args sa = {.rows = 2, .cols = 100, .temperature = 1.0f, .top_p = 0.9f, .logits = f->c,
                          .u = (const float[]){0.5f, 0.25f}, .out = picked};
     STEP(f, "sample_top_p of 2 rows", pv_sample_top_p(f->be, &sa), 1, 1);
+    pv_sample_batch_args sb = {.rows = 2, .cols = 100, .logits = f->c, .temperature = (const float[]){0.0f, 1.0f},
+                               .top_p = (const float[]){0.0f, 0.9f}, .u = (const float[]){0.0f, 0.25f},
+                               .out = picked};
+    STEP(f, "sample_batch of 2 rows, one greedy and one sampled", pv_sample_batch(f->be, &sb), 1, 1);
 }
 
 static void run_backend(pv_backend *be)

@@ -15,13 +15,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-typedef struct ctx {
-    pv_backend *cpu;
-    pv_backend *be; /* under test: the CPU itself in the CPU pass */
-    const char *name;
-    int cpu_pass;   /* want = closed form; otherwise want = the CPU's output */
-    uint64_t rng;
-} ctx;
+typedef check_ctx ctx;
 
 /* One TAP line: passes when the op ran, err <= limit and the guards held. */
 static void report(const ctx *c, pv_status st, double err, double limit, int guards_ok, const char *fmt, ...)
@@ -1365,55 +1359,15 @@ static void run_all(ctx *c)
     }
 }
 
+/* The attention checks that set the backend's environment or shapes of
+ * their own, on every device backend. */
+static void check_device_attention(ctx *c)
+{
+    check_attention_splits(c);
+    check_attention_work_groups(c);
+}
+
 int main(int argc, char **argv)
 {
-    const char *only = NULL;
-    uint64_t seed = 20261122;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "usage: %s [--backend NAME] [--seed N]\n", argv[0]);
-            return 2;
-        }
-    }
-    tap_diag("seed %llu (rerun with --seed to reproduce)", (unsigned long long)seed);
-
-    ctx c = {.name = "cpu", .rng = seed};
-    if (pv_backend_init(&c.cpu, "cpu", 0) != PV_OK) {
-        printf("Bail out! the CPU reference does not open: %s\n", pv_last_error());
-        return 1;
-    }
-    if (!only || strcmp(only, "cpu") == 0) {
-        c.be = c.cpu;
-        c.cpu_pass = 1;
-        run_all(&c);
-    }
-    int found = only == NULL || strcmp(only, "cpu") == 0;
-    for (const char *const *name = pv_backend_names(); *name; name++) {
-        if (strcmp(*name, "cpu") == 0 || (only && strcmp(only, *name) != 0))
-            continue;
-        found = 1;
-        pv_backend *be = NULL;
-        pv_status st = pv_backend_init(&be, *name, 0);
-        if (st == PV_ERR_NO_DEVICE) {
-            tap_skip("backend %s: %s", *name, pv_last_error());
-            continue;
-        }
-        if (!ok(st == PV_OK, "backend %s opens", *name)) {
-            tap_diag("%s", pv_last_error());
-            continue;
-        }
-        c = (ctx){.cpu = c.cpu, .be = be, .name = *name, .cpu_pass = 0, .rng = seed};
-        run_all(&c);
-        check_attention_splits(&c);
-        check_attention_work_groups(&c);
-        pv_backend_free(be);
-    }
-    if (!found)
-        ok(0, "backend %s is built into this library", only);
-    pv_backend_free(c.cpu);
-    return tap_done();
+    return check_main(argc, argv, 20261122, run_all, check_device_attention);
 }

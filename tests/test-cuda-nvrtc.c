@@ -161,8 +161,9 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
     static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
                                           "pv_qmatmul_widen",    "pv_embed_gather",     NULL};
-    static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",   "pv_swiglu",       "pv_add",
-                                            "pv_softmax", "pv_argmax",      "pv_sample_top_p", NULL};
+    static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",         "pv_swiglu",
+                                            "pv_add",     "pv_softmax",     "pv_argmax",       "pv_sample_top_p",
+                                            "pv_sample_batch", NULL};
     const char *const *base = p->family == PV_KERNEL_ATTENTION ? attention
                               : p->family == PV_KERNEL_GATHER  ? gather
                               : p->family == PV_KERNEL_QMATMUL ? qmatmul
@@ -177,6 +178,10 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
             names[n] = base[n];
         }
     }
+    /* The slot transfer moves words whatever the storage dtype: one name
+     * in every gather program. */
+    if (p->family == PV_KERNEL_GATHER && n < MAX_KERNEL_NAMES - 1)
+        names[n++] = "pv_slot_transfer";
     names[n] = NULL;
 }
 

@@ -3,7 +3,11 @@
  * and a sleep in every attention call), a turn whose whole history is on
  * HOST must take about max(copy, compute), not their sum; and no layer's
  * attention may read a slot before the copy into it has landed (the
- * backend's timeline of reads against copies says so). */
+ * backend's timeline of reads against copies says so).
+ * And it is cheap for the host: on the CPU backend, a turn whose history
+ * of 4 or of 12 chunks a layer comes back from HOST costs the same number
+ * of backend calls (launches + copies), one transfer a layer, not one copy
+ * a chunk. */
 #include "delay-backend.h"
 #include "engine-util.h"
 
@@ -35,7 +39,7 @@ static int cmp_double(const void *a, const void *b)
  * wall time and result. */
 static pv_status turn(pv_engine *e, const char *id, int n, uint32_t seed, double *wall, eu_result *r)
 {
-    int32_t toks[96];
+    int32_t toks[256];
     for (int i = 0; i < n; i++)
         toks[i] = 3 + (int32_t)((seed * 2654435761u + (uint32_t)i * 40503u) % 250u);
     pv_turn t = {.tokens = toks, .n_tokens = (size_t)n};
@@ -50,6 +54,60 @@ static pv_status turn(pv_engine *e, const char *id, int n, uint32_t seed, double
         st = pv_engine_run(e);
     *wall = now_s() - t0;
     return st != PV_OK ? st : r->status;
+}
+
+/* Backend calls that move bytes or run work: what a step costs the host. */
+static uint64_t calls(const pv_backend *be)
+{
+    return pv_backend_launches(be) + pv_backend_copies(be);
+}
+
+/* Session A's history of `chunks` full chunks goes to HOST when B's turn
+ * takes the whole device pool, then A returns with 7 tokens: the calls of
+ * that turn, and how many chunk records it found on HOST. */
+static pv_status swap_in_turn_calls(eu_model *m, uint32_t chunks, uint64_t *n_calls, uint32_t *on_host)
+{
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    uint64_t slot = pv_llama_slot_bytes(m->model);
+    cc.device_bytes = (uint64_t)(chunks + 1) * LAYERS * slot;
+    cc.host_bytes = (uint64_t)(2 * chunks + 4) * LAYERS * slot;
+    cc.reserve = 0.0;
+    cc.high_water = 1.0;
+    pv_engine *e = NULL;
+    pv_status st = pv_engine_init(&e, m->be, m->model, &m->tok, &cc, NULL);
+    eu_result r;
+    double wall;
+    if (st == PV_OK && (st = turn(e, "A", (int)chunks * CHUNK, 1, &wall, &r)) == PV_OK)
+        st = turn(e, "B", (int)chunks * CHUNK + 6, 2, &wall, &r); /* chunks + 1 chunks: A goes to HOST */
+    uint64_t before = calls(m->be);
+    if (st == PV_OK)
+        st = turn(e, "A", 7, 3, &wall, &r);
+    *n_calls = calls(m->be) - before;
+    *on_host = r.res.reused_host;
+    pv_engine_free(e);
+    return st;
+}
+
+static void swap_in_calls(void)
+{
+    eu_model m;
+    pv_status st = eu_model_init(&m, "cpu", LAYERS, 512, PV_F32, CHUNK);
+    uint64_t few = 0, many = 0;
+    uint32_t host_few = 0, host_many = 0;
+    if (st == PV_OK)
+        st = swap_in_turn_calls(&m, 4, &few, &host_few);
+    if (st == PV_OK)
+        st = swap_in_turn_calls(&m, 12, &many, &host_many);
+    ok(st == PV_OK && host_few == 4 * CHUNK && host_many == 12 * CHUNK,
+       "cpu: returning turns found their histories of 4 and 12 chunks on HOST (%u and %u tokens; %s)", host_few,
+       host_many, st == PV_OK ? "ok" : pv_last_error());
+    /* A copy a chunk would cost 8 x 8 = 64 calls more for the longer history. */
+    ok(st == PV_OK && many <= few + 2,
+       "cpu: a swap-in costs O(layers) backend calls, not O(chunks x layers): %llu calls for a turn swapping in "
+       "4 chunks x %d layers, %llu for 12 chunks x %d layers", (unsigned long long)few, LAYERS,
+       (unsigned long long)many, LAYERS);
+    eu_model_free(&m);
 }
 
 int main(int argc, char **argv)
@@ -147,5 +205,6 @@ int main(int argc, char **argv)
     pv_backend_finish(be);
     pv_engine_free(e);
     eu_model_free(&m);
+    swap_in_calls();
     return tap_done();
 }

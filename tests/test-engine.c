@@ -137,20 +137,45 @@ static void equivalence(const char *backend, pv_dtype kv)
     eu_model_free(&m);
 }
 
+/* A directed script run twice on the CPU model: stateless with room for
+ * everything, into ref, then pensieve with `device_slots` device slots and
+ * `host_slots` host slots, into got (es: its statistics). The count of
+ * invariant violations; the first is in why. */
+static int directed_pair(eu_model *m, const eu_turn *turns, int n, pv_cache_config cc, uint64_t device_slots,
+                         uint64_t host_slots, eu_result *ref, eu_result *got, pv_engine_stats *es, char *why,
+                         size_t cap)
+{
+    const uint64_t slot = pv_llama_slot_bytes(m->model);
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    int bad = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        ec.mode = pass ? PV_MODE_PENSIEVE : PV_MODE_STATELESS;
+        cc.device_bytes = (pass ? device_slots : 256) * slot;
+        cc.host_bytes = host_slots * slot;
+        pv_engine *e = NULL;
+        pv_status st = pv_engine_init(&e, m->be, m->model, &m->tok, &cc, &ec);
+        if (st != PV_OK) {
+            snprintf(why, cap, "engine init: %s", pv_last_error());
+            return bad + 1;
+        }
+        eu_result *res = pass ? got : ref;
+        memset(res, 0, sizeof *res * (size_t)n);
+        bad += eu_run(e, turns, n, 1, res, why, cap);
+        pv_engine_stats_get(e, es);
+        pv_engine_free(e);
+    }
+    return bad;
+}
+
 /* Directed: a session's last, partly filled chunk is pushed to HOST (no
  * shadow: an eviction, not a background copy) by a larger session; its next
  * turn writes new rows into that chunk, so the chunk's old rows must come
  * back with it. */
-static void partial_chunk_from_host(void)
+static void partial_chunk_from_host(eu_model *m)
 {
-    eu_model m;
-    pv_status st = eu_model_init(&m, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
-    if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
-        eu_model_free(&m);
-        return;
-    }
     static eu_turn turns[4];
-    eu_script(turns, 1, 4, m.tok.n_vocab, 11, 90, 4);
+    eu_script(turns, 1, 4, m->tok.n_vocab, 11, 90, 4);
     turns[0].n_prompt = 20; /* A: 23 tokens kept, chunk 1 partly filled */
     turns[1].session = 1;
     turns[1].n_prompt = 66; /* B: 5 chunks + the reserve push 6 of A's 8 slots out */
@@ -160,31 +185,10 @@ static void partial_chunk_from_host(void)
     turns[3].max_tokens = 40;
     static eu_result ref[4], got[4];
     pv_engine_stats es;
-    pv_cache_stats cs;
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
-    uint64_t slot = pv_llama_slot_bytes(m.model);
-    pv_engine_config ec;
-    pv_engine_config_defaults(&ec);
     char why[512] = "";
-    int bad = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        ec.mode = pass ? PV_MODE_PENSIEVE : PV_MODE_STATELESS;
-        cc.device_bytes = (pass ? 24 : 256) * slot;
-        cc.host_bytes = 64 * slot;
-        pv_engine *e = NULL;
-        if ((st = pv_engine_init(&e, m.be, m.model, &m.tok, &cc, &ec)) != PV_OK) {
-            ok(0, "engine init: %s", pv_last_error());
-            eu_model_free(&m);
-            return;
-        }
-        eu_result *res = pass ? got : ref;
-        memset(res, 0, sizeof ref);
-        bad += eu_run(e, turns, 4, 1, res, why, sizeof why);
-        pv_engine_stats_get(e, &es);
-        pv_cache_stats_get(pv_engine_cache(e), &cs);
-        pv_engine_free(e);
-    }
+    int bad = directed_pair(m, turns, 4, cc, 24, 64, ref, got, &es, why, sizeof why);
     int first = -1;
     ok(bad == 0 && same_tokens(ref, got, 4, &first), "partial chunk from host: tokens equal stateless mode's%s%s",
        bad ? ": " : "", why);
@@ -192,7 +196,6 @@ static void partial_chunk_from_host(void)
        "partial chunk from host: A's second turn read %u history tokens from host (%u from device), "
        "recomputed %u",
        got[3].res.reused_host, got[3].res.reused_device, got[3].res.recomputed);
-    eu_model_free(&m);
 }
 
 /* ---- sampling, stop strings, idle timeout ------------------------------------------- */
@@ -222,6 +225,40 @@ static void text_on_done(void *user, pv_status st, const pv_turn_result *res)
     t->done++;
     t->st = st;
     t->res = *res;
+}
+
+/* Directed: one eviction plan that fills a host slot twice. W (2 chunks)
+ * and X (3 chunks) fill the device; Y's turn needs all of it, with room on
+ * HOST for 2 chunks. W goes to HOST first; then each of X's chunks drops a
+ * colder one already there (W's, then X's own first chunk) and takes its
+ * slot, in the same plan. So the plan's swap-out writes those host slots
+ * twice, and only the chunk that stays may land there: when X returns, its
+ * last two chunks come back from HOST and its answer must be stateless
+ * mode's. */
+static void host_slot_refilled(eu_model *m)
+{
+    static eu_turn turns[4];
+    eu_script(turns, 3, 1, m->tok.n_vocab, 13, 90, 2);
+    turns[0].n_prompt = 30; /* W: 31 tokens kept, 2 chunks */
+    turns[1].n_prompt = 46; /* X: 47 tokens kept, 3 chunks */
+    turns[2].n_prompt = 76; /* Y: 5 chunks, the whole device */
+    turns[3] = turns[1];    /* X again */
+    turns[3].n_prompt = 5;
+    turns[3].max_tokens = 24;
+    static eu_result ref[4], got[4];
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    cc.reserve = 0.0;
+    cc.high_water = 1.0;
+    pv_engine_stats es = {0};
+    char why[512] = "";
+    int bad = directed_pair(m, turns, 4, cc, 5 * LAYERS, 2 * LAYERS, ref, got, &es, why, sizeof why);
+    int first = -1;
+    ok(bad == 0 && same_tokens(ref, got, 4, &first), "host slot refilled in one plan: tokens equal stateless "
+       "mode's%s%s", bad ? ": " : "", why);
+    ok(got[3].res.reused_host > CHUNK && es.dropped_chunks > 0,
+       "host slot refilled in one plan: X's return read %u history tokens from host (more than %d), %" PRIu64
+       " chunk records dropped", got[3].res.reused_host, CHUNK, es.dropped_chunks);
 }
 
 static pv_status one_turn(pv_engine *e, const char *id, const int32_t *toks, size_t n, const pv_sampling *s,
@@ -583,7 +620,13 @@ int main(void)
         equivalence(backends[b], PV_F32);
         equivalence(backends[b], PV_F16);
     }
-    partial_chunk_from_host();
+    eu_model m;
+    pv_status st = eu_model_init(&m, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
+    if (ok(st == PV_OK, "cpu: synthetic model for the directed scripts (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        partial_chunk_from_host(&m);
+        host_slot_refilled(&m);
+    }
+    eu_model_free(&m);
     sampling_and_stops();
     bad_input();
     return tap_done();

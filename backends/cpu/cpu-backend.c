@@ -157,7 +157,10 @@ static int cpu_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_SOFTMAX:
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
+    case PV_OP_SAMPLE_BATCH:
         return dtype == PV_F32;
+    case PV_OP_SLOT_TRANSFER:
+        return dtype == PV_F32 || dtype == PV_F16;
     case PV_OP_ADD_RMSNORM:
         return dtype == PV_F32;
     case PV_OP_ROPE_KV_WRITE:
@@ -242,6 +245,7 @@ static pv_status cpu_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint
                                 const pv_buffer *src, uint64_t src_off, uint64_t bytes, pv_event *wait,
                                 pv_event **done)
 {
+    be->copies++;
     /* memmove: a device-to-device copy within one buffer may overlap. */
     memmove((char *)dst->host_ptr + dst_off, (const char *)src->host_ptr + src_off, (size_t)bytes);
     return done ? cpu_event_new(be, done) : PV_OK;
@@ -329,7 +333,17 @@ CPU_OP(qmatmul, pv_qmatmul_args)
 CPU_OP(add_rmsnorm, pv_add_rmsnorm_args)
 CPU_OP(rope_kv_write, pv_rope_kv_write_args)
 CPU_OP(qmatmul_swiglu, pv_qmatmul_swiglu_args)
+CPU_OP(sample_batch, pv_sample_batch_args)
 #undef CPU_OP
+
+/* Synchronous like every CPU op: done is complete at birth, and wait has
+ * completed already (CPU events always have). */
+static pv_status cpu_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    be->launches++;
+    pv_cpu_slot_transfer(be, a);
+    return done ? cpu_event_new(be, done) : PV_OK;
+}
 
 static pv_status cpu_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
 {
@@ -377,4 +391,6 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .add_rmsnorm = cpu_add_rmsnorm,
     .rope_kv_write = cpu_rope_kv_write,
     .qmatmul_swiglu = cpu_qmatmul_swiglu,
+    .slot_transfer = cpu_slot_transfer,
+    .sample_batch = cpu_sample_batch,
 };

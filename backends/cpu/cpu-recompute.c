@@ -142,19 +142,22 @@ pv_status pv_cpu_softmax(pv_backend *be, const pv_softmax_args *a)
     return PV_OK;
 }
 
-/* out[r] = the lowest index of the row's maximum */
+/* The lowest index of the row's maximum. */
+static int32_t argmax_row(const float *xr, size_t cols)
+{
+    size_t best = 0;
+    for (size_t c = 1; c < cols; c++)
+        if (xr[c] > xr[best])
+            best = c;
+    return (int32_t)best;
+}
+
 pv_status pv_cpu_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     const float *x = pv_cpu_elem_ptr(a->x, a->x_off, sizeof(float));
     size_t cols = (size_t)a->cols;
-    for (int64_t r = 0; r < a->rows; r++) {
-        const float *xr = x + (size_t)r * cols;
-        size_t best = 0;
-        for (size_t c = 1; c < cols; c++)
-            if (xr[c] > xr[best])
-                best = c;
-        a->out[r] = (int32_t)best;
-    }
+    for (int64_t r = 0; r < a->rows; r++)
+        a->out[r] = argmax_row(x + (size_t)r * cols, cols);
     return PV_OK;
 }
 
@@ -226,21 +229,51 @@ static int32_t sample_row(const float *logits, int64_t cols, float temperature, 
     return last_kept; /* u * kept rounded up to the whole mass */
 }
 
+/* The scratch rows of sample_row, for cols columns. */
+static pv_status sample_scratch(const char *op, int64_t cols, double **p, token_prob **sorted)
+{
+    *p = malloc((size_t)cols * sizeof **p);
+    *sorted = malloc((size_t)cols * sizeof **sorted);
+    if (!*p || !*sorted) {
+        free(*p);
+        free(*sorted);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu %s: cannot allocate scratch for cols %lld", op, (long long)cols);
+    }
+    return PV_OK;
+}
+
 pv_status pv_cpu_sample_top_p(pv_backend *be, const pv_sample_args *a)
 {
     const float *logits = pv_cpu_elem_ptr(a->logits, a->logits_off, sizeof(float));
     size_t cols = (size_t)a->cols;
-    double *p = malloc(cols * sizeof *p);
-    token_prob *sorted = malloc(cols * sizeof *sorted);
-    if (!p || !sorted) {
-        free(p);
-        free(sorted);
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu sample_top_p: cannot allocate scratch for cols %lld",
-                        (long long)a->cols);
-    }
+    double *p;
+    token_prob *sorted;
+    PV_TRY(sample_scratch("sample_top_p", a->cols, &p, &sorted));
     for (int64_t r = 0; r < a->rows; r++)
         a->out[r] = sample_row(logits + (size_t)r * cols, a->cols, a->temperature, a->top_p, a->u[r], p,
                                sorted);
+    free(p);
+    free(sorted);
+    return PV_OK;
+}
+
+/* Each row as argmax (temperature <= 0) or sample_top_p would take it. */
+pv_status pv_cpu_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
+{
+    const float *logits = pv_cpu_elem_ptr(a->logits, a->logits_off, sizeof(float));
+    size_t cols = (size_t)a->cols;
+    double *p = NULL;
+    token_prob *sorted = NULL;
+    for (int64_t r = 0; r < a->rows; r++) {
+        const float *row = logits + (size_t)r * cols;
+        if (a->temperature[r] <= 0.0f) {
+            a->out[r] = argmax_row(row, cols);
+            continue;
+        }
+        if (!p)
+            PV_TRY(sample_scratch("sample_batch", a->cols, &p, &sorted));
+        a->out[r] = sample_row(row, a->cols, a->temperature[r], a->top_p[r], a->u[r], p, sorted);
+    }
     free(p);
     free(sorted);
     return PV_OK;

@@ -70,6 +70,7 @@ pv_status pv_cpu_attention_forced_splits(const pv_attention_args *a, int32_t n_s
 /* Slot moves (cpu-gather.c). */
 pv_status pv_cpu_slot_gather(pv_backend *be, const pv_slot_copy_args *a);
 pv_status pv_cpu_slot_scatter(pv_backend *be, const pv_slot_copy_args *a);
+pv_status pv_cpu_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a);
 
 /* Linear layers over weights in their GGUF type, and embedding rows of such
  * tables (cpu-qmatmul.c). */
@@ -102,6 +103,7 @@ pv_status pv_cpu_add(pv_backend *be, const pv_add_args *a);
 pv_status pv_cpu_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_cpu_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_cpu_sample_top_p(pv_backend *be, const pv_sample_args *a);
+pv_status pv_cpu_sample_batch(pv_backend *be, const pv_sample_batch_args *a);
 /* dst = src rotated (pv_rope) for n_tokens tokens of n_heads heads at
  * positions pos; dst may be src. */
 void pv_cpu_rope_rows(const float *src, float *dst, int32_t n_tokens, int32_t n_heads, int32_t head_dim,

@@ -8,12 +8,18 @@
  * the call and its error.
  *
  * Host index arrays are only valid during a call, while the kernels that
- * read them run later on the compute stream. Each op therefore copies its
- * index arrays into a region of one pinned staging ring, allocated once at
- * init (cudaHostAlloc mid-pipeline would synchronise the device), and
- * uploads them on the compute stream into the same region of a device
- * ring. A region is reused only once the event recorded behind the op that
- * read it has completed; the host waits only when the ring is full.
+ * read them run later on their stream. Each op therefore copies its index
+ * arrays into a region of a pinned staging ring, allocated once at init
+ * (cudaHostAlloc mid-pipeline would synchronise the device), and uploads
+ * them on its stream into the same region of a device ring. A region is
+ * reused only once the event recorded behind the op that read it has
+ * completed; the host waits only when the ring is full. Each stream has a
+ * ring of its own (the copy stream's serves pv_slot_transfer), so an op
+ * waits at most for its own stream's work, never the other's.
+ *
+ * The host pool (PV_MEM_HOST) is pinned and mapped: a slot transfer is one
+ * kernel on the copy stream that reads or writes it through its device
+ * address (zero-copy), with no staging and no host memcpy (docs/swap.md).
  *
  * Freeing never drains the streams: device buffers come from the
  * stream-ordered allocator and are freed on a release stream that waits
@@ -37,9 +43,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes of the staging ring (pinned host and device each): a 256-sequence
- * x 4096-chunk slot table is 4 MiB, so several such ops fit in flight. */
+/* Bytes of the compute stream's staging ring (pinned host and device
+ * each): a 256-sequence x 4096-chunk slot table is 4 MiB, so several such
+ * ops fit in flight. */
 #define STAGING_BYTES ((size_t)16 << 20)
+/* The copy stream's: slot transfers of up to 256K slots each (two int32
+ * lists). */
+#define COPY_STAGING_BYTES ((size_t)4 << 20)
 /* Ops in flight that hold a staging region; the host blocks only past this
  * or a full ring. */
 #define STAGING_RECORDS 256
@@ -55,6 +65,20 @@ typedef struct staged {
     cudaEvent_t done;
     int pending;
 } staged;
+
+/* One stream's staging ring: `bytes` of pinned host and of device memory,
+ * its busy regions a FIFO (`first`, `count`) ending at `head`. capturing:
+ * the backend's flag where the stream can be recorded into a graph (the
+ * compute stream), NULL where it never is (the copy stream). */
+typedef struct staging_ring {
+    cudaStream_t stream;
+    size_t bytes;
+    char *host, *dev;
+    staged records[STAGING_RECORDS];
+    int first, count;
+    size_t head;
+    const int *capturing;
+} staging_ring;
 
 /* Instantiated graphs kept, each under its caller's key; the least
  * recently run makes room. */
@@ -80,10 +104,7 @@ typedef struct cuda_impl {
     cudaEvent_t release_after[2];
     int pooled; /* the device has the stream-ordered allocator */
     cublasHandle_t blas;
-    char *ring_host, *ring_dev; /* STAGING_BYTES each */
-    staged records[STAGING_RECORDS]; /* FIFO: `first`, `count` */
-    int first, count;
-    size_t head; /* end of the newest region */
+    staging_ring ring[2]; /* indexed by pv_queue */
     host_release *host_releases;
     /* Device scratch of the ops that need some (SCRATCH_*), grown as
      * needed and kept. */
@@ -280,16 +301,18 @@ static void cuda_free(pv_backend *be)
             cudaStreamSynchronize(all[q]);
     reap_host_releases(cu, 1);
     pv_cuda_kernels_free(&cu->kernels);
-    for (int i = 0; i < STAGING_RECORDS; i++)
-        if (cu->records[i].done)
-            cudaEventDestroy(cu->records[i].done);
-    for (int q = 0; q < 2; q++)
+    for (int q = 0; q < 2; q++) {
+        staging_ring *ring = &cu->ring[q];
+        for (int i = 0; i < STAGING_RECORDS; i++)
+            if (ring->records[i].done)
+                cudaEventDestroy(ring->records[i].done);
+        if (ring->host)
+            cudaFreeHost(ring->host);
+        if (ring->dev)
+            cudaFree(ring->dev);
         if (cu->release_after[q])
             cudaEventDestroy(cu->release_after[q]);
-    if (cu->ring_host)
-        cudaFreeHost(cu->ring_host);
-    if (cu->ring_dev)
-        cudaFree(cu->ring_dev);
+    }
     for (int i = 0; i < 2; i++)
         if (cu->scratch[i])
             cudaFree(cu->scratch[i]); /* also takes stream-ordered memory */
@@ -331,20 +354,24 @@ static pv_status init_resources(cuda_impl *cu)
         *streams[q] = stream;
     }
     cudaEvent_t ev;
-    for (int i = 0; i < STAGING_RECORDS; i++) {
-        CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "staging event %d", i);
-        cu->records[i].done = ev;
-    }
     for (int q = 0; q < 2; q++) {
+        staging_ring *ring = &cu->ring[q];
+        ring->stream = cu->stream[q];
+        ring->bytes = q == PV_QUEUE_COPY ? COPY_STAGING_BYTES : STAGING_BYTES;
+        ring->capturing = q == PV_QUEUE_COMPUTE ? &cu->capturing : NULL;
+        for (int i = 0; i < STAGING_RECORDS; i++) {
+            CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "staging event %d", i);
+            ring->records[i].done = ev;
+        }
+        void *mem = NULL;
+        CUDA_TRY(cudaHostAlloc(&mem, ring->bytes, cudaHostAllocDefault), "%zu bytes of pinned index staging",
+                 ring->bytes);
+        ring->host = mem;
+        CUDA_TRY(cudaMalloc(&mem, ring->bytes), "%zu bytes of device index staging", ring->bytes);
+        ring->dev = mem;
         CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "%s", "release event");
         cu->release_after[q] = ev;
     }
-    void *mem = NULL;
-    CUDA_TRY(cudaHostAlloc(&mem, STAGING_BYTES, cudaHostAllocDefault), "%zu bytes of pinned index staging",
-             STAGING_BYTES);
-    cu->ring_host = mem;
-    CUDA_TRY(cudaMalloc(&mem, STAGING_BYTES), "%zu bytes of device index staging", STAGING_BYTES);
-    cu->ring_dev = mem;
     int pools = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, cu->device), "device %d",
              cu->device);
@@ -406,7 +433,10 @@ static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_SOFTMAX:
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
+    case PV_OP_SAMPLE_BATCH:
         return dtype == PV_F32;
+    case PV_OP_SLOT_TRANSFER:
+        return dtype == PV_F32 || dtype == PV_F16;
     case PV_OP_ADD_RMSNORM:
         return dtype == PV_F32;
     case PV_OP_ROPE_KV_WRITE:
@@ -634,6 +664,7 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
     cudaStream_t s = cu->stream[q];
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
+    be->copies++;
     /* Unified addressing tells the runtime which side each pointer is on. */
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), dev_ptr(src, src_off, 1), bytes,
                              cudaMemcpyDefault, s),
@@ -663,16 +694,16 @@ static size_t align_up(size_t n)
 }
 
 /* Forgets the oldest region once its op is done; blocks only with `wait`. */
-static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
+static pv_status retire_oldest(staging_ring *ring, int wait, int *retired)
 {
-    staged *r = &cu->records[cu->first];
+    staged *r = &ring->records[ring->first];
     int done = 0;
     if (r->pending) { /* its op is in the recording, which has not run */
         *retired = 0;
         if (!wait)
             return PV_OK;
         return pv_error(PV_ERR_UNSUPPORTED, "cuda: the %zu-byte staging ring filled while a graph was recorded",
-                        STAGING_BYTES);
+                        ring->bytes);
     }
     if (wait)
         CUDA_TRY(cudaEventSynchronize(r->done), "%s", "staging event");
@@ -680,8 +711,8 @@ static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
         CUDA_TRY(event_done(r->done, &done), "%s", "staging event");
     *retired = wait || done;
     if (*retired) {
-        cu->first = (cu->first + 1) % STAGING_RECORDS;
-        cu->count--;
+        ring->first = (ring->first + 1) % STAGING_RECORDS;
+        ring->count--;
     }
     return PV_OK;
 }
@@ -690,47 +721,47 @@ static pv_status retire_oldest(cuda_impl *cu, int wait, int *retired)
  * handed out in order and retired in order, so the busy part is one span
  * from the oldest region's start to `head`, possibly wrapped past the end.
  * The host waits for the oldest op only when nothing fits. */
-static pv_status staging_acquire(cuda_impl *cu, size_t bytes, const char *op, size_t *at)
+static pv_status staging_acquire(staging_ring *ring, size_t bytes, const char *op, size_t *at)
 {
-    if (bytes > STAGING_BYTES)
+    if (bytes > ring->bytes)
         return pv_error(PV_ERR_UNSUPPORTED,
                         "cuda %s: the host index arrays need %zu bytes of staging, more than the %zu "
                         "allocated at init",
-                        op, bytes, STAGING_BYTES);
+                        op, bytes, ring->bytes);
     int retired = 1;
-    while (cu->count > 0 && retired)
-        PV_TRY(retire_oldest(cu, 0, &retired));
+    while (ring->count > 0 && retired)
+        PV_TRY(retire_oldest(ring, 0, &retired));
     for (;;) {
-        if (cu->count == 0) {
+        if (ring->count == 0) {
             *at = 0;
             return PV_OK;
         }
-        if (cu->count < STAGING_RECORDS) {
-            size_t tail = cu->records[cu->first].start;
-            size_t newest = cu->records[(cu->first + cu->count - 1) % STAGING_RECORDS].start;
+        if (ring->count < STAGING_RECORDS) {
+            size_t tail = ring->records[ring->first].start;
+            size_t newest = ring->records[(ring->first + ring->count - 1) % STAGING_RECORDS].start;
             if (newest >= tail) { /* busy: [tail, head) */
-                if (STAGING_BYTES - cu->head >= bytes) {
-                    *at = cu->head;
+                if (ring->bytes - ring->head >= bytes) {
+                    *at = ring->head;
                     return PV_OK;
                 }
                 if (tail >= bytes) {
                     *at = 0;
                     return PV_OK;
                 }
-            } else if (tail - cu->head >= bytes) { /* busy: [tail, end) and [0, head) */
-                *at = cu->head;
+            } else if (tail - ring->head >= bytes) { /* busy: [tail, end) and [0, head) */
+                *at = ring->head;
                 return PV_OK;
             }
         }
-        PV_TRY(retire_oldest(cu, 1, &retired));
+        PV_TRY(retire_oldest(ring, 1, &retired));
     }
 }
 
-/* Packs the host arrays into a staging region, uploads them on the compute
+/* Packs the host arrays into a region of the ring, uploads them on its
  * stream and sets each part's dev pointer. `extra` more bytes (for device
  * results of blocking ops) follow the arrays at *extra_off. The caller
  * launches its kernel and then calls staging_done() with *region. */
-static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, int n_parts, size_t extra,
+static pv_status staging_upload(staging_ring *ring, const char *op, upload *parts, int n_parts, size_t extra,
                                 staged *region, size_t *extra_off)
 {
     size_t total = 0;
@@ -741,42 +772,41 @@ static pv_status staging_upload(cuda_impl *cu, const char *op, upload *parts, in
     if (total == 0)
         total = STAGING_ALIGN; /* every region has a size, so the ring's spans stay unambiguous */
     size_t at = 0;
-    PV_TRY(staging_acquire(cu, total, op, &at));
+    PV_TRY(staging_acquire(ring, total, op, &at));
     size_t off = at;
     for (int i = 0; i < n_parts; i++) {
-        memcpy(cu->ring_host + off, parts[i].src, parts[i].bytes);
-        parts[i].dev = cu->ring_dev + off;
+        memcpy(ring->host + off, parts[i].src, parts[i].bytes);
+        parts[i].dev = ring->dev + off;
         off += align_up(parts[i].bytes);
     }
     region->start = at;
     region->end = at + total;
     if (uploaded)
-        CUDA_TRY(cudaMemcpyAsync(cu->ring_dev + at, cu->ring_host + at, uploaded, cudaMemcpyHostToDevice,
-                                 cu->stream[PV_QUEUE_COMPUTE]),
+        CUDA_TRY(cudaMemcpyAsync(ring->dev + at, ring->host + at, uploaded, cudaMemcpyHostToDevice, ring->stream),
                  "%zu bytes of index arrays for %s", uploaded, op);
     if (extra_off)
         *extra_off = at + uploaded;
     return PV_OK;
 }
 
-/* Keeps a staging region busy until the compute stream has passed the op
+/* Keeps a staging region busy until the ring's stream has passed the op
  * that reads it. Called whether or not the kernel launched (`launched`:
  * the launcher's status, returned unless it is PV_OK): the upload was
  * enqueued either way. Without an event to mark it, the stream is drained
  * instead, so the region is free when this returns. */
-static pv_status staging_done(cuda_impl *cu, const staged *region, pv_status launched)
+static pv_status staging_done(staging_ring *ring, const staged *region, pv_status launched)
 {
-    staged *r = &cu->records[(cu->first + cu->count) % STAGING_RECORDS];
-    r->pending = cu->capturing;
-    cudaError_t err = cu->capturing ? cudaSuccess : cudaEventRecord(r->done, cu->stream[PV_QUEUE_COMPUTE]);
+    staged *r = &ring->records[(ring->first + ring->count) % STAGING_RECORDS];
+    r->pending = ring->capturing && *ring->capturing;
+    cudaError_t err = r->pending ? cudaSuccess : cudaEventRecord(r->done, ring->stream);
     if (err == cudaSuccess) {
         r->start = region->start;
         r->end = region->end;
-        cu->count++;
-        cu->head = region->end;
+        ring->count++;
+        ring->head = region->end;
         return launched;
     }
-    cudaStreamSynchronize(cu->stream[PV_QUEUE_COMPUTE]);
+    cudaStreamSynchronize(ring->stream);
     if (launched == PV_OK)
         return pv_cuda_fail(err, "cudaEventRecord", "%s", "staging event");
     return launched;
@@ -884,12 +914,12 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
         PV_TRY(scratch_reserve(cu, "attention", SCRATCH_ATTENTION,
                             (size_t)pv_attention_split_floats(splits, a) * sizeof(float), &part));
     staged region;
-    PV_TRY(staging_upload(cu, "attention", up, 3, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "attention", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_attention(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                             (const float *)dev_ptr(a->q, a->q_off, 4), dev_ptr(a->kv_pool, 0, 1),
                                             up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits,
                                             (float *)part, (float *)dev_ptr(a->out, a->out_off, 4));
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -899,12 +929,12 @@ static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
     upload up[3];
     paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
     staged region;
-    PV_TRY(staging_upload(cu, "kv_write", up, 3, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "kv_write", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                            (const float *)dev_ptr(a->k, a->k_off, 4),
                                            (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1),
                                            up[0].dev, up[1].dev, up[2].dev);
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatter)
@@ -913,12 +943,12 @@ static pv_status slot_copy(pv_backend *be, const pv_slot_copy_args *a, int scatt
     PV_TRY(enter(cu));
     upload up[1] = {{a->slots, (size_t)a->n_slots_moved * sizeof(int32_t), NULL}};
     staged region;
-    PV_TRY(staging_upload(cu, scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], scatter ? "slot_scatter" : "slot_gather", up, 1, 0, &region, NULL));
     size_t es = pv_dtype_size(a->dtype);
     pv_status st = pv_cuda_launch_slot_copy(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, scatter,
                                             dev_ptr(a->pool, 0, es), dev_ptr(a->staging, a->staging_off, es),
                                             up[0].dev);
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 static pv_status cuda_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
@@ -929,6 +959,30 @@ static pv_status cuda_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
 static pv_status cuda_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 {
     return slot_copy(be, a, 1);
+}
+
+/* One kernel on the copy stream over both pools: a host pool's handle is
+ * the device address of its mapped pinned memory, so the kernel reads it
+ * (swap-in) or writes it (swap-out) over the bus itself, with neither
+ * staging nor a host memcpy. The slot lists travel in the copy stream's
+ * own staging ring. */
+static pv_status cuda_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    staging_ring *ring = &cu->ring[PV_QUEUE_COPY];
+    if (wait)
+        CUDA_TRY(cudaStreamWaitEvent(ring->stream, (cudaEvent_t)wait->handle, 0), "%s", "slot_transfer wait event");
+    if (a->n > 0) {
+        upload up[2] = {{a->dst_slots, (size_t)a->n * sizeof(int32_t), NULL},
+                        {a->src_slots, (size_t)a->n * sizeof(int32_t), NULL}};
+        staged region;
+        PV_TRY(staging_upload(ring, "slot_transfer", up, 2, 0, &region, NULL));
+        pv_status st = pv_cuda_launch_slot_transfer(&cu->kernels, ring->stream, a, dev_ptr(a->dst, 0, 1),
+                                                    dev_ptr(a->src, 0, 1), up[0].dev, up[1].dev);
+        PV_TRY(staging_done(ring, &region, st));
+    }
+    return done ? cuda_event_record(be, PV_QUEUE_COPY, done) : PV_OK;
 }
 
 /* Device address of element `off` (whole blocks) of weights of type t. */
@@ -945,11 +999,11 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     PV_TRY(enter(cu));
     upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
     staged region;
-    PV_TRY(staging_upload(cu, "embed_gather", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "embed_gather", up, 1, 0, &region, NULL));
     pv_status st = pv_cuda_launch_embed_gather(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
                                                (float *)dev_ptr(a->out, a->out_off, 4));
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 static pv_status cuda_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
@@ -968,10 +1022,10 @@ static pv_status cuda_rope(pv_backend *be, const pv_rope_args *a)
     PV_TRY(enter(cu));
     upload up[1] = {{a->pos, (size_t)a->n_tokens * sizeof(int32_t), NULL}};
     staged region;
-    PV_TRY(staging_upload(cu, "rope", up, 1, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "rope", up, 1, 0, &region, NULL));
     pv_status st = pv_cuda_launch_rope(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                        (float *)dev_ptr(a->x, a->x_off, 4), up[0].dev);
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 static pv_status cuda_swiglu(pv_backend *be, const pv_swiglu_args *a)
@@ -1005,17 +1059,18 @@ static pv_status cuda_softmax(pv_backend *be, const pv_softmax_args *a)
 static pv_status fetch_rows(cuda_impl *cu, const staged *region, const char *op, pv_status launched,
                             size_t result_off, int64_t rows, int64_t cols, int32_t *out)
 {
-    cudaStream_t stream = cu->stream[PV_QUEUE_COMPUTE];
+    staging_ring *ring = &cu->ring[PV_QUEUE_COMPUTE];
+    cudaStream_t stream = ring->stream;
     size_t bytes = (size_t)rows * sizeof(int32_t);
     cudaError_t err = cudaSuccess;
     if (launched == PV_OK)
-        err = cudaMemcpyAsync(cu->ring_host + result_off, cu->ring_dev + result_off, bytes, cudaMemcpyDeviceToHost,
+        err = cudaMemcpyAsync(ring->host + result_off, ring->dev + result_off, bytes, cudaMemcpyDeviceToHost,
                               stream);
-    PV_TRY(staging_done(cu, region, launched));
+    PV_TRY(staging_done(&cu->ring[PV_QUEUE_COMPUTE], region, launched));
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaMemcpyAsync", "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
     CUDA_TRY(cudaStreamSynchronize(stream), "%s of %" PRId64 " rows of %" PRId64, op, rows, cols);
-    memcpy(out, cu->ring_host + result_off, bytes);
+    memcpy(out, ring->host + result_off, bytes);
     return PV_OK;
 }
 
@@ -1026,10 +1081,10 @@ static pv_status cuda_argmax(pv_backend *be, const pv_argmax_args *a)
     PV_TRY(not_capturing(cu, "argmax"));
     staged region;
     size_t result_off = 0;
-    PV_TRY(staging_upload(cu, "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "argmax", NULL, 0, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     pv_status st = pv_cuda_launch_argmax(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                          (const float *)dev_ptr(a->x, a->x_off, 4),
-                                         (int32_t *)(cu->ring_dev + result_off));
+                                         (int32_t *)(cu->ring[PV_QUEUE_COMPUTE].dev + result_off));
     return fetch_rows(cu, &region, "argmax", st, result_off, a->rows, a->cols, a->out);
 }
 
@@ -1041,11 +1096,30 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
     upload up[1] = {{a->u, (size_t)a->rows * sizeof(float), NULL}};
     staged region;
     size_t result_off = 0;
-    PV_TRY(staging_upload(cu, "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "sample_top_p", up, 1, (size_t)a->rows * sizeof(int32_t), &region, &result_off));
     pv_status st = pv_cuda_launch_sample_top_p(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                (const float *)dev_ptr(a->logits, a->logits_off, 4), up[0].dev,
-                                               (int32_t *)(cu->ring_dev + result_off));
+                                               (int32_t *)(cu->ring[PV_QUEUE_COMPUTE].dev + result_off));
     return fetch_rows(cu, &region, "sample_top_p", st, result_off, a->rows, a->cols, a->out);
+}
+
+/* Every row's parameters in one upload, one kernel, one wait. */
+static pv_status cuda_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "sample_batch"));
+    const size_t row_bytes = (size_t)a->rows * sizeof(float);
+    upload up[3] = {{a->temperature, row_bytes, NULL}, {a->top_p, row_bytes, NULL}, {a->u, row_bytes, NULL}};
+    staged region;
+    size_t result_off = 0;
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "sample_batch", up, 3, (size_t)a->rows * sizeof(int32_t),
+                          &region, &result_off));
+    pv_status st = pv_cuda_launch_sample_batch(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                               (const float *)dev_ptr(a->logits, a->logits_off, 4), up[0].dev,
+                                               up[1].dev, up[2].dev,
+                                               (int32_t *)(cu->ring[PV_QUEUE_COMPUTE].dev + result_off));
+    return fetch_rows(cu, &region, "sample_batch", st, result_off, a->rows, a->cols, a->out);
 }
 
 /* Decode-sized batches (T up to this) take the fused dequantize-and-dot
@@ -1141,13 +1215,13 @@ static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args 
     upload up[3];
     paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
     staged region;
-    PV_TRY(staging_upload(cu, "rope_kv_write", up, 3, 0, &region, NULL));
+    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "rope_kv_write", up, 3, 0, &region, NULL));
     pv_status st = pv_cuda_launch_rope_kv_write(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                 (float *)dev_ptr(a->q, a->q_off, 4),
                                                 (const float *)dev_ptr(a->k, a->k_off, 4),
                                                 (const float *)dev_ptr(a->v, a->v_off, 4), dev_ptr(a->kv_pool, 0, 1),
                                                 up[0].dev, up[1].dev, up[2].dev);
-    return staging_done(cu, &region, st);
+    return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
 /* ---- graphs (backend.h) ------------------------------------------------------------------ */
@@ -1229,8 +1303,9 @@ static pv_status cuda_graph_end(pv_backend *be, int run, int *ran)
     /* The recorded ops' staging regions are busy until the graph has run
      * (or free now, when it did not run). */
     pv_status st = PV_OK;
-    for (int i = 0; i < cu->count; i++) {
-        staged *r = &cu->records[(cu->first + i) % STAGING_RECORDS];
+    staging_ring *ring = &cu->ring[PV_QUEUE_COMPUTE];
+    for (int i = 0; i < ring->count; i++) {
+        staged *r = &ring->records[(ring->first + i) % STAGING_RECORDS];
         if (!r->pending)
             continue;
         r->pending = 0;
@@ -1280,6 +1355,8 @@ static const pv_backend_ops cuda_backend_ops = {
     .add_rmsnorm = cuda_add_rmsnorm,
     .rope_kv_write = cuda_rope_kv_write,
     .qmatmul_swiglu = cuda_qmatmul_swiglu,
+    .slot_transfer = cuda_slot_transfer,
+    .sample_batch = cuda_sample_batch,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
     .tunable_kernels = 1,

@@ -80,7 +80,11 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
 pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_copy_args *a,
                                    int scatter, void *pool, void *staging, const int32_t *slots);
 
-/* Whether kernels/qmatmul.cl decodes weight type t. */
+/* dst[dst_slots[i]] = src[src_slots[i]], whole slots as 4-byte words;
+ * dst and src may be mapped pinned host memory. */
+pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_transfer_args *a,
+                                       void *dst, const void *src, const int32_t *dst_slots,
+                                       const int32_t *src_slots);
 
 /* The weight pointers (table, w) point at the op's offset. */
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
@@ -131,5 +135,11 @@ pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const p
 /* out[rows] (device) gets each row's top-p draw for u[rows] (device). */
 pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_args *a,
                                       const float *logits, const float *u, int32_t *out);
+
+/* out[rows] (device) gets each row's token: argmax where temperature[r]
+ * <= 0, else its top-p draw (temperature, top_p, u: [rows], device). */
+pv_status pv_cuda_launch_sample_batch(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_batch_args *a,
+                                      const float *logits, const float *temperature, const float *top_p,
+                                      const float *u, int32_t *out);
 
 #endif

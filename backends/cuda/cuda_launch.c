@@ -268,6 +268,28 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
     return PV_OK;
 }
 
+/* groups {ceil(slot_words / (PV_WG * PV_ITEM_ELEMS)), n}; any build of the
+ * family has the kernel (words are words), so the f32 one serves. */
+pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, const pv_slot_transfer_args *a,
+                                       void *dst, const void *src, const int32_t *dst_slots,
+                                       const int32_t *src_slots)
+{
+    pv_kernel_params p = family_params(k, PV_KERNEL_GATHER);
+    p.value[PV_KPARAM_STORE_F16] = 0;
+    cudaKernel_t kernel;
+    PV_TRY(kernel_get(k, &p, "pv_slot_transfer", &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    const long long per_group = (long long)wg * p.value[PV_KPARAM_ITEM_ELEMS];
+    long long slot_words = a->slot_elems * (long long)pv_dtype_size(a->dtype) / 4;
+    for (long long i0 = 0; i0 < a->n; i0 += MAX_GRID_ROWS) {
+        const int32_t *to = dst_slots + i0, *from = src_slots + i0;
+        void *args[] = {&dst, &src, &to, &from, &slot_words};
+        PV_TRY(launch(k, stream, "slot_transfer", kernel, groups_of(slot_words, per_group),
+                      (unsigned int)rows_in_launch(a->n, i0), wg, args));
+    }
+    return PV_OK;
+}
+
 /* ---- qmatmul family ----------------------------------------------------------------- */
 
 static pv_kernel_params weight_params(const pv_cuda_kernels *k, pv_wtype t)
@@ -527,6 +549,25 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
         int32_t *rows_out = out + r0;
         void *args[] = {&logits, &off, &cols, &temperature, &top_p, &rows_u, &rows_out};
         PV_TRY(launch(k, stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+    }
+    return PV_OK;
+}
+
+/* groups {rows, 1} */
+pv_status pv_cuda_launch_sample_batch(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_batch_args *a,
+                                      const float *logits, const float *temperature, const float *top_p,
+                                      const float *u, int32_t *out)
+{
+    cudaKernel_t kernel;
+    int wg;
+    PV_TRY(recompute_kernel(k, "pv_sample_batch", &kernel, &wg, NULL));
+    long long cols = a->cols;
+    for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
+        long long off = r0 * a->cols;
+        const float *rows_t = temperature + r0, *rows_p = top_p + r0, *rows_u = u + r0;
+        int32_t *rows_out = out + r0;
+        void *args[] = {&logits, &off, &cols, &rows_t, &rows_p, &rows_u, &rows_out};
+        PV_TRY(launch(k, stream, "sample_batch", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;
 }

@@ -311,6 +311,12 @@ static pv_status opencl_init(pv_backend *be)
         st = pv_attention_env("opencl", "PV_ATTENTION_GROUP", PV_ATTENTION_GROUP_MAX, &cl->attention_group);
     if (!cl->attention_group)
         cl->attention_group = type & CL_DEVICE_TYPE_CPU ? 1 : PV_ATTENTION_GROUP_MAX;
+    cl_bool unified = CL_FALSE;
+    if (st == PV_OK &&
+        (err = clGetDeviceInfo(cl->device, CL_DEVICE_HOST_UNIFIED_MEMORY, sizeof unified, &unified, NULL)) !=
+            CL_SUCCESS)
+        st = pv_opencl_fail("init", "clGetDeviceInfo(CL_DEVICE_HOST_UNIFIED_MEMORY)", err);
+    cl->host_unified = unified == CL_TRUE;
     if (st != PV_OK) {
         opencl_free(be);
         return st;
@@ -361,7 +367,10 @@ static int opencl_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
     case PV_OP_SOFTMAX:
     case PV_OP_ARGMAX:
     case PV_OP_SAMPLE_TOP_P:
+    case PV_OP_SAMPLE_BATCH:
         return dtype == PV_F32;
+    case PV_OP_SLOT_TRANSFER:
+        return dtype == PV_F32 || dtype == PV_F16;
     case PV_OP_ADD_RMSNORM:
         return dtype == PV_F32;
     case PV_OP_ROPE_KV_WRITE:
@@ -496,7 +505,7 @@ static pv_status opencl_buffer_read(pv_backend *be, const pv_buffer *src, uint64
 
 /* ---- events and copies -------------------------------------------------------- */
 
-static pv_status wrap_event(pv_backend *be, cl_event handle, pv_event **out)
+pv_status pv_opencl_wrap_event(pv_backend *be, cl_event handle, pv_event **out)
 {
     pv_event *ev = malloc(sizeof *ev);
     if (!ev) {
@@ -509,19 +518,19 @@ static pv_status wrap_event(pv_backend *be, cl_event handle, pv_event **out)
     return PV_OK;
 }
 
-static pv_status opencl_event_record(pv_backend *be, pv_queue q, pv_event **out)
+pv_status pv_opencl_event_record(pv_backend *be, pv_queue q, pv_event **out)
 {
     cl_event handle;
     cl_int err = clEnqueueMarkerWithWaitList(pv_opencl_of(be)->queues[q], 0, NULL, &handle);
     if (err != CL_SUCCESS)
         return pv_opencl_fail("event_record", "clEnqueueMarkerWithWaitList", err);
-    return wrap_event(be, handle, out);
+    return pv_opencl_wrap_event(be, handle, out);
 }
 
-static pv_status opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off,
-                                   const pv_buffer *src, uint64_t src_off, uint64_t bytes,
-                                   pv_event *wait, pv_event **done)
+pv_status pv_opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,
+                               uint64_t src_off, uint64_t bytes, pv_event *wait, pv_event **done)
 {
+    be->copies++;
     cl_command_queue queue = pv_opencl_of(be)->queues[q];
     cl_event wait_handle = wait ? (cl_event)wait->handle : NULL;
     cl_uint n_wait = wait ? 1 : 0;
@@ -532,7 +541,7 @@ static pv_status opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, u
             if (err != CL_SUCCESS)
                 return pv_opencl_fail("copy_async", "clEnqueueBarrierWithWaitList", err);
         }
-        return done ? opencl_event_record(be, q, done) : PV_OK;
+        return done ? pv_opencl_event_record(be, q, done) : PV_OK;
     }
     cl_event handle = NULL;
     cl_event *event = done ? &handle : NULL;
@@ -554,7 +563,7 @@ static pv_status opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, u
     }
     if (err != CL_SUCCESS)
         return pv_opencl_fail("copy_async", call, err);
-    return done ? wrap_event(be, handle, done) : PV_OK;
+    return done ? pv_opencl_wrap_event(be, handle, done) : PV_OK;
 }
 
 static pv_status opencl_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
@@ -669,8 +678,8 @@ static const pv_backend_ops opencl_backend_ops = {
     .buffer_free = opencl_buffer_free,
     .buffer_write = opencl_buffer_write,
     .buffer_read = opencl_buffer_read,
-    .copy_async = opencl_copy_async,
-    .event_record = opencl_event_record,
+    .copy_async = pv_opencl_copy_async,
+    .event_record = pv_opencl_event_record,
     .queue_wait = opencl_queue_wait,
     .event_wait = opencl_event_wait,
     .event_query = opencl_event_query,
@@ -693,6 +702,8 @@ static const pv_backend_ops opencl_backend_ops = {
     .add_rmsnorm = pv_opencl_add_rmsnorm,
     .rope_kv_write = pv_opencl_rope_kv_write,
     .qmatmul_swiglu = pv_opencl_qmatmul_swiglu,
+    .slot_transfer = pv_opencl_slot_transfer,
+    .sample_batch = pv_opencl_sample_batch,
     .tunable_kernels = 1,
 };
 

@@ -219,21 +219,29 @@ static pv_status kernel_begin_stored(pv_backend *be, pv_dtype store, const char 
     return kernel_begin_with(be, &p, full_name, ka);
 }
 
-/* Enqueue on the compute queue: groups0 x groups1 groups of ka->work_group items. */
-static pv_status launch(pv_backend *be, const char *what, const kernel_args *ka, uint64_t groups0,
-                        uint64_t groups1)
+/* Enqueue on queue q: groups0 x groups1 groups of ka->work_group items,
+ * after `wait` (may be NULL); *event (if non-NULL) gets the kernel's. */
+static pv_status launch_on(pv_backend *be, pv_queue q, const char *what, const kernel_args *ka, uint64_t groups0,
+                           uint64_t groups1, cl_event wait, cl_event *event)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (ka->err != CL_SUCCESS)
         return pv_opencl_fail(what, "clSetKernelArg", ka->err);
     size_t global[2] = {(size_t)groups0 * (size_t)ka->work_group, (size_t)groups1};
     size_t local[2] = {(size_t)ka->work_group, 1};
-    cl_int err = clEnqueueNDRangeKernel(cl->queues[PV_QUEUE_COMPUTE], ka->kernel, 2, NULL, global, local, 0,
-                                        NULL, NULL);
+    cl_int err = clEnqueueNDRangeKernel(cl->queues[q], ka->kernel, 2, NULL, global, local, wait ? 1 : 0,
+                                        wait ? &wait : NULL, event);
     if (err != CL_SUCCESS)
         return pv_opencl_fail(what, "clEnqueueNDRangeKernel", err);
     be->launches++;
     return PV_OK;
+}
+
+/* Enqueue on the compute queue. */
+static pv_status launch(pv_backend *be, const char *what, const kernel_args *ka, uint64_t groups0,
+                        uint64_t groups1)
+{
+    return launch_on(be, PV_QUEUE_COMPUTE, what, ka, groups0, groups1, NULL, NULL);
 }
 
 static uint64_t ceil_div(uint64_t n, uint64_t d)
@@ -248,17 +256,19 @@ static void CL_CALLBACK free_host_copy(cl_event event, cl_int status, void *copy
 
 /* Host index arrays are valid only during the call, and a blocking upload
  * would stall the host until the queue drains. So the arrays are copied
- * into one host block, written without blocking into the backend's index
- * buffers (one per argument position, grown as needed) on the in-order
- * compute queue, and the block is freed by the last write's completion
- * callback. The queue being in order is what makes one buffer per position
- * enough: each write runs after the kernels that read the previous
- * contents. out[i] gets the buffer holding host[i]. */
-static pv_status upload_indices(pv_backend *be, const char *what, int n, const void *const host[],
-                                const size_t bytes[], cl_mem out[])
+ * into one host block, written without blocking into queue q's index
+ * buffers (one per argument position, grown as needed) on that in-order
+ * queue, and the block is freed by the last write's completion callback.
+ * The queue being in order is what makes one buffer per position enough:
+ * each write runs after the kernels that read the previous contents.
+ * out[i] gets the buffer holding host[i]. */
+static pv_status upload_indices_on(pv_backend *be, pv_queue q, const char *what, int n, const void *const host[],
+                                   const size_t bytes[], cl_mem out[])
 {
     pv_opencl *cl = pv_opencl_of(be);
-    cl_command_queue queue = cl->queues[PV_QUEUE_COMPUTE];
+    cl_command_queue queue = cl->queues[q];
+    cl_mem *index_buffers = cl->index_buffers[q];
+    size_t *index_bytes = cl->index_bytes[q];
     size_t total = 0;
     for (int i = 0; i < n; i++)
         total += bytes[i];
@@ -277,21 +287,21 @@ static pv_status upload_indices(pv_backend *be, const char *what, int n, const v
     const char *call = NULL;
     at = 0;
     for (int i = 0; i < n && err == CL_SUCCESS; at += bytes[i], i++) {
-        if (cl->index_bytes[i] < bytes[i] || !cl->index_buffers[i]) {
+        if (index_bytes[i] < bytes[i] || !index_buffers[i]) {
             /* Released buffers live on until the kernels using them finish. */
-            size_t grown = bytes[i] > 2 * cl->index_bytes[i] ? bytes[i] : 2 * cl->index_bytes[i];
+            size_t grown = bytes[i] > 2 * index_bytes[i] ? bytes[i] : 2 * index_bytes[i];
             grown = grown < 4096 ? 4096 : grown;
-            if (cl->index_buffers[i])
-                clReleaseMemObject(cl->index_buffers[i]);
-            cl->index_buffers[i] = clCreateBuffer(cl->context, CL_MEM_READ_ONLY, grown, NULL, &err);
-            cl->index_bytes[i] = err == CL_SUCCESS ? grown : 0;
+            if (index_buffers[i])
+                clReleaseMemObject(index_buffers[i]);
+            index_buffers[i] = clCreateBuffer(cl->context, CL_MEM_READ_ONLY, grown, NULL, &err);
+            index_bytes[i] = err == CL_SUCCESS ? grown : 0;
             if (err != CL_SUCCESS) {
-                cl->index_buffers[i] = NULL;
+                index_buffers[i] = NULL;
                 call = "clCreateBuffer (index buffer)";
                 break;
             }
         }
-        out[i] = cl->index_buffers[i];
+        out[i] = index_buffers[i];
         if (bytes[i] == 0)
             continue;
         if (last)
@@ -317,14 +327,22 @@ static pv_status upload_indices(pv_backend *be, const char *what, int n, const v
     return PV_OK;
 }
 
+/* Uploads for a compute-queue op. */
+static pv_status upload_indices(pv_backend *be, const char *what, int n, const void *const host[],
+                                const size_t bytes[], cl_mem out[])
+{
+    return upload_indices_on(be, PV_QUEUE_COMPUTE, what, n, host, bytes, out);
+}
+
 void pv_opencl_index_buffers_free(pv_opencl *cl)
 {
-    for (int i = 0; i < PV_OPENCL_INDEX_BUFFERS; i++) {
-        if (cl->index_buffers[i])
-            clReleaseMemObject(cl->index_buffers[i]);
-        cl->index_buffers[i] = NULL;
-        cl->index_bytes[i] = 0;
-    }
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < PV_OPENCL_INDEX_BUFFERS; i++) {
+            if (cl->index_buffers[q][i])
+                clReleaseMemObject(cl->index_buffers[q][i]);
+            cl->index_buffers[q][i] = NULL;
+            cl->index_bytes[q][i] = 0;
+        }
     for (int i = 0; i < 2; i++) {
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
@@ -550,6 +568,63 @@ pv_status pv_opencl_slot_gather(pv_backend *be, const pv_slot_copy_args *a)
 pv_status pv_opencl_slot_scatter(pv_backend *be, const pv_slot_copy_args *a)
 {
     return slot_copy(be, a, "pv_slot_scatter");
+}
+
+/* One copy command per slot on the copy queue, the first after `wait`:
+ * a device with memory of its own may keep a mapped host buffer's bytes
+ * apart from the buffer a kernel would see, so only the copies that name
+ * host_ptr (the pinned-transfer path) are sure to move them. */
+static pv_status transfer_by_copies(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    const uint64_t slot_bytes = (uint64_t)a->slot_elems * pv_dtype_size(a->dtype);
+    pv_status st = PV_OK;
+    for (int32_t i = 0; i < a->n && st == PV_OK; i++)
+        st = pv_opencl_copy_async(be, PV_QUEUE_COPY, a->dst, (uint64_t)a->dst_slots[i] * slot_bytes, a->src,
+                                  (uint64_t)a->src_slots[i] * slot_bytes, slot_bytes, i == 0 ? wait : NULL, NULL);
+    if (st == PV_OK && a->n == 0 && wait) {
+        cl_event handle = (cl_event)wait->handle;
+        cl_int err = clEnqueueBarrierWithWaitList(pv_opencl_of(be)->queues[PV_QUEUE_COPY], 1, &handle, NULL);
+        if (err != CL_SUCCESS)
+            st = pv_opencl_fail("slot_transfer", "clEnqueueBarrierWithWaitList", err);
+    }
+    if (st == PV_OK && done)
+        st = pv_opencl_event_record(be, PV_QUEUE_COPY, done);
+    return st;
+}
+
+/* On a device that shares the host's memory, one kernel on the copy queue
+ * over both buffers (kernels/gather.cl's pv_slot_transfer): a host
+ * buffer's mapping is then its storage, and the host touches it only
+ * after `done` (backend.h). Elsewhere, transfer_by_copies. */
+pv_status pv_opencl_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done)
+{
+    if (!pv_opencl_of(be)->host_unified || a->n == 0)
+        return transfer_by_copies(be, a, wait, done);
+    pv_kernel_params p = family_params(be, PV_KERNEL_GATHER);
+    p.value[PV_KPARAM_STORE_F16] = 0; /* words are words: any build has the kernel */
+    kernel_args ka;
+    pv_status st = kernel_begin_with(be, &p, "pv_slot_transfer", &ka);
+    if (st != PV_OK)
+        return st;
+    cl_mem lists[2];
+    const void *host[2] = {a->dst_slots, a->src_slots};
+    const size_t bytes[2] = {(size_t)a->n * sizeof(int32_t), (size_t)a->n * sizeof(int32_t)};
+    st = upload_indices_on(be, PV_QUEUE_COPY, "slot_transfer", 2, host, bytes, lists);
+    if (st != PV_OK)
+        return st;
+    const int64_t slot_words = a->slot_elems * (int64_t)pv_dtype_size(a->dtype) / 4;
+    arg_mem(&ka, pv_opencl_mem(a->dst));
+    arg_mem(&ka, pv_opencl_mem(a->src));
+    arg_mem(&ka, lists[0]);
+    arg_mem(&ka, lists[1]);
+    arg_long(&ka, slot_words);
+    const uint64_t per_group = (uint64_t)ka.work_group * (uint64_t)ka.item_elems;
+    cl_event handle = NULL;
+    st = launch_on(be, PV_QUEUE_COPY, "slot_transfer", &ka, ceil_div((uint64_t)slot_words, per_group),
+                   (uint64_t)a->n, wait ? (cl_event)wait->handle : NULL, done ? &handle : NULL);
+    if (st == PV_OK && done)
+        st = pv_opencl_wrap_event(be, handle, done);
+    return st;
 }
 
 /* ---- weights: embed_gather and qmatmul (kernels/qmatmul.cl) ------------------------ */
@@ -875,6 +950,35 @@ pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a)
     st = launch(be, "sample_top_p", &ka, (uint64_t)a->rows, 1);
     if (st == PV_OK)
         st = read_results(be, "sample_top_p", results, a->rows, a->out);
+    clReleaseMemObject(results);
+    return st;
+}
+
+pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
+{
+    kernel_args ka;
+    pv_status st = kernel_begin(be, "pv_sample_batch", &ka);
+    if (st != PV_OK)
+        return st;
+    cl_mem rows[3], results;
+    const void *host[3] = {a->temperature, a->top_p, a->u};
+    const size_t row_bytes = (size_t)a->rows * sizeof(float);
+    const size_t bytes[3] = {row_bytes, row_bytes, row_bytes};
+    st = upload_indices(be, "sample_batch", 3, host, bytes, rows);
+    if (st == PV_OK)
+        st = result_buffer(be, "sample_batch", a->rows, &results);
+    if (st != PV_OK)
+        return st;
+    arg_mem(&ka, pv_opencl_mem(a->logits));
+    arg_long(&ka, (int64_t)a->logits_off);
+    arg_long(&ka, a->cols);
+    arg_mem(&ka, rows[0]);
+    arg_mem(&ka, rows[1]);
+    arg_mem(&ka, rows[2]);
+    arg_mem(&ka, results);
+    st = launch(be, "sample_batch", &ka, (uint64_t)a->rows, 1);
+    if (st == PV_OK)
+        st = read_results(be, "sample_batch", results, a->rows, a->out);
     clReleaseMemObject(results);
     return st;
 }

@@ -55,9 +55,15 @@ typedef struct pv_opencl {
     pv_opencl_program *programs;
     int n_programs, cap_programs;
     /* Device copies of host index arrays, one buffer per argument position
-     * of an op (token_seq, token_pos, slot_table, ...), grown as needed. */
-    cl_mem index_buffers[PV_OPENCL_INDEX_BUFFERS];
-    size_t index_bytes[PV_OPENCL_INDEX_BUFFERS];
+     * of an op (token_seq, token_pos, slot_table, ...) and per queue (the
+     * copy queue's slot transfers have their own, so neither queue's
+     * uploads wait for the other's kernels), grown as needed. */
+    cl_mem index_buffers[2][PV_OPENCL_INDEX_BUFFERS];
+    size_t index_bytes[2][PV_OPENCL_INDEX_BUFFERS];
+    /* The device shares the host's memory (CL_DEVICE_HOST_UNIFIED_MEMORY):
+     * a host buffer's mapping is its storage, so a kernel may move slots
+     * between it and a device buffer (pv_opencl_slot_transfer). */
+    int host_unified;
     /* Device scratch of the ops that need some (PV_OPENCL_SCRATCH_*),
      * grown as needed and kept: creating a buffer does not synchronise,
      * and a released one lives on until the kernels using it finish. */
@@ -102,6 +108,13 @@ void pv_opencl_programs_free(pv_opencl *cl);
 /* The index buffers and the scratch buffers. */
 void pv_opencl_index_buffers_free(pv_opencl *cl);
 
+/* Copies and events (opencl-backend.c), for the slot transfer. */
+pv_status pv_opencl_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uint64_t dst_off, const pv_buffer *src,
+                               uint64_t src_off, uint64_t bytes, pv_event *wait, pv_event **done);
+pv_status pv_opencl_event_record(pv_backend *be, pv_queue q, pv_event **out);
+/* Wraps handle (whose reference it takes) as *out. */
+pv_status pv_opencl_wrap_event(pv_backend *be, cl_event handle, pv_event **out);
+
 /* Kernel ops (opencl-kernels.c). */
 pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a);
 pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a);
@@ -119,5 +132,7 @@ pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
 pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
 pv_status pv_opencl_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
 pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+pv_status pv_opencl_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
+pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a);
 
 #endif

@@ -47,7 +47,7 @@ typedef struct pv_engine_config {
                                * at most the model's max_batch_tokens (0 = that) */
     int32_t max_running;      /* requests in one batch; at most the model's
                                * max_logit_rows (0 = that) */
-    uint32_t swap_out_chunks; /* chunks per ahead-of-time swap-out batch (staging size) */
+    uint32_t swap_out_chunks; /* chunks per ahead-of-time swap-out batch (one transfer) */
     double idle_timeout_s;    /* sessions idle this long are ended; 0 = never */
     pv_clock_fn clock;        /* seconds, for idle times and eviction; NULL = monotonic */
     void *clock_ctx;
