@@ -150,41 +150,16 @@ typedef struct check_ctx {
     uint64_t rng;
 } check_ctx;
 
-/* The main of a test of ops against the CPU reference:
- *   usage: PROGRAM [--backend NAME] [--seed N]
- * the CPU first (its checks against closed forms: cpu_pass set), then
- * every other backend this library can load (or only NAME), each from the
- * same seed: a backend with no device is a SKIP, one that does not open a
- * failure. run(c) checks one backend; device_extra(c), if any, runs after
- * it on the others. Returns the exit status. */
-static inline int check_main(int argc, char **argv, uint64_t seed, void (*run)(check_ctx *c),
-                             void (*device_extra)(check_ctx *c))
+/* Opens each backend this library can load (or only `only`, NULL for all;
+ * the CPU too unless skip_cpu) and calls fn on it, then frees it: a
+ * backend with no device is a SKIP, one that does not open a failure.
+ * Returns whether `only` (if any) was among them. */
+static inline int check_each_backend(const char *only, int skip_cpu,
+                                     void (*fn)(pv_backend *be, const char *name, void *arg), void *arg)
 {
-    const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "usage: %s [--backend NAME] [--seed N]\n", argv[0]);
-            return 2;
-        }
-    }
-    tap_diag("seed %llu (rerun with --seed to reproduce)", (unsigned long long)seed);
-    check_ctx c = {.name = "cpu", .rng = seed};
-    if (pv_backend_init(&c.cpu, "cpu", 0) != PV_OK) {
-        printf("Bail out! the CPU reference does not open: %s\n", pv_last_error());
-        return 1;
-    }
-    int found = only == NULL || strcmp(only, "cpu") == 0;
-    if (found) {
-        c.be = c.cpu;
-        c.cpu_pass = 1;
-        run(&c);
-    }
+    int found = only == NULL;
     for (const char *const *name = pv_backend_names(); *name; name++) {
-        if (strcmp(*name, "cpu") == 0 || (only && strcmp(only, *name) != 0))
+        if ((skip_cpu && strcmp(*name, "cpu") == 0) || (only && strcmp(only, *name) != 0))
             continue;
         found = 1;
         pv_backend *be = NULL;
@@ -197,12 +172,74 @@ static inline int check_main(int argc, char **argv, uint64_t seed, void (*run)(c
             tap_diag("%s", pv_last_error());
             continue;
         }
-        c = (check_ctx){.cpu = c.cpu, .be = be, .name = *name, .cpu_pass = 0, .rng = seed};
-        run(&c);
-        if (device_extra)
-            device_extra(&c);
+        fn(be, *name, arg);
         pv_backend_free(be);
     }
+    return found;
+}
+
+/* Parses [--backend NAME] [--seed N] (--seed only when seed is not NULL):
+ * returns 0, or the exit status of a usage error. */
+static inline int check_args(int argc, char **argv, const char **only, uint64_t *seed)
+{
+    *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
+            *only = argv[++i];
+        else if (seed && strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            *seed = strtoull(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: %s [--backend NAME]%s\n", argv[0], seed ? " [--seed N]" : "");
+            return 2;
+        }
+    }
+    return 0;
+}
+
+typedef struct check_main_run {
+    check_ctx *c;
+    uint64_t seed;
+    void (*run)(check_ctx *c);
+    void (*device_extra)(check_ctx *c);
+} check_main_run;
+
+static inline void check_main_device(pv_backend *be, const char *name, void *arg)
+{
+    check_main_run *m = arg;
+    *m->c = (check_ctx){.cpu = m->c->cpu, .be = be, .name = name, .cpu_pass = 0, .rng = m->seed};
+    m->run(m->c);
+    if (m->device_extra)
+        m->device_extra(m->c);
+}
+
+/* The main of a test of ops against the CPU reference:
+ *   usage: PROGRAM [--backend NAME] [--seed N]
+ * the CPU first (its checks against closed forms: cpu_pass set), then
+ * every other backend this library can load (or only NAME), each from the
+ * same seed (check_each_backend). run(c) checks one backend;
+ * device_extra(c), if any, runs after it on the others. Returns the exit
+ * status. */
+static inline int check_main(int argc, char **argv, uint64_t seed, void (*run)(check_ctx *c),
+                             void (*device_extra)(check_ctx *c))
+{
+    const char *only = NULL;
+    int usage = check_args(argc, argv, &only, &seed);
+    if (usage)
+        return usage;
+    tap_diag("seed %llu (rerun with --seed to reproduce)", (unsigned long long)seed);
+    check_ctx c = {.name = "cpu", .rng = seed};
+    if (pv_backend_init(&c.cpu, "cpu", 0) != PV_OK) {
+        printf("Bail out! the CPU reference does not open: %s\n", pv_last_error());
+        return 1;
+    }
+    int found = only == NULL || strcmp(only, "cpu") == 0;
+    if (found) {
+        c.be = c.cpu;
+        c.cpu_pass = 1;
+        run(&c);
+    }
+    check_main_run m = {&c, seed, run, device_extra};
+    found |= check_each_backend(only, 1, check_main_device, &m);
     if (!found)
         ok(0, "backend %s is built into this library", only);
     pv_backend_free(c.cpu);

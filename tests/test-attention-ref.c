@@ -178,43 +178,26 @@ static void check_cpu_kernels(uint64_t seed)
     pv_backend_free(portable);
 }
 
+static void check_opened(pv_backend *be, const char *name, void *arg)
+{
+    uint64_t rng = *(const uint64_t *)arg;
+    if (pv_backend_supports(be, PV_OP_ATTENTION, PV_F32)) {
+        check_cases(be, name, &rng);
+        check_closed_forms(be, name, &rng);
+    } else {
+        tap_skip("backend %s: no attention", name);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
     uint64_t seed = 20261122;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc)
-            only = argv[++i];
-        else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "usage: %s [--backend NAME] [--seed N]\n", argv[0]);
-            return 2;
-        }
-    }
+    const int usage = check_args(argc, argv, &only, &seed);
+    if (usage)
+        return usage;
     tap_diag("seed %llu", (unsigned long long)seed);
-    for (const char *const *name = pv_backend_names(); *name; name++) {
-        if (only && strcmp(only, *name) != 0)
-            continue;
-        pv_backend *be = NULL;
-        pv_status st = pv_backend_init(&be, *name, 0);
-        if (st == PV_ERR_NO_DEVICE) {
-            tap_skip("backend %s: %s", *name, pv_last_error());
-            continue;
-        }
-        if (!ok(st == PV_OK, "backend %s opens", *name)) {
-            tap_diag("%s", pv_last_error());
-            continue;
-        }
-        uint64_t rng = seed;
-        if (pv_backend_supports(be, PV_OP_ATTENTION, PV_F32)) {
-            check_cases(be, *name, &rng);
-            check_closed_forms(be, *name, &rng);
-        } else {
-            tap_skip("backend %s: no attention", *name);
-        }
-        pv_backend_free(be);
-    }
+    check_each_backend(only, 0, check_opened, &seed);
     if (!only || strcmp(only, "cpu") == 0)
         check_cpu_kernels(seed);
     return tap_done();

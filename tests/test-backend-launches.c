@@ -274,38 +274,21 @@ static void run_backend(pv_backend *be)
     fixture_free(&f);
 }
 
+static void check_opened(pv_backend *be, const char *name, void *arg)
+{
+    (void)arg;
+    ok(pv_backend_launches(be) == 0, "%s: a backend just opened has launched nothing", name);
+    run_backend(be);
+}
+
 int main(int argc, char **argv)
 {
     const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
-            only = argv[++i];
-        } else {
-            fprintf(stderr, "usage: %s [--backend NAME]\n", argv[0]);
-            return 2;
-        }
-    }
+    const int usage = check_args(argc, argv, &only, NULL);
+    if (usage)
+        return usage;
     ok(pv_backend_launches(NULL) == 0, "front end: a NULL backend has launched nothing");
-    int found = only == NULL;
-    for (const char *const *name = pv_backend_names(); *name; name++) {
-        if (only && strcmp(only, *name) != 0)
-            continue;
-        found = 1;
-        pv_backend *be = NULL;
-        pv_status st = pv_backend_init(&be, *name, 0);
-        if (st == PV_ERR_NO_DEVICE) {
-            tap_skip("backend %s: %s", *name, pv_last_error());
-            continue;
-        }
-        if (!ok(st == PV_OK, "backend %s opens", *name)) {
-            tap_diag("%s", pv_last_error());
-            continue;
-        }
-        ok(pv_backend_launches(be) == 0, "%s: a backend just opened has launched nothing", *name);
-        run_backend(be);
-        pv_backend_free(be);
-    }
-    if (!found)
+    if (!check_each_backend(only, 0, check_opened, NULL))
         ok(0, "backend %s is built into this library", only);
     return tap_done();
 }

@@ -523,37 +523,27 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
         tap_skip("%s: the refusal checks need Q4_1 and Q8_0 weights, which this backend does not read", name);
 }
 
+static void check_opened(pv_backend *be, const char *name, void *arg)
+{
+    const uint64_t seed = *(const uint64_t *)arg;
+    run_backend(be, name, seed);
+    /* The CPU backend picks AVX2 kernels where the CPU has them; the
+     * portable ones, which every other CPU runs, are checked too. */
+    if (strcmp(name, "cpu") == 0 && setenv("PV_CPU_KERNELS", "portable", 1) == 0) {
+        pv_backend *portable = NULL;
+        if (ok(pv_backend_init(&portable, "cpu", 0) == PV_OK, "cpu opens with PV_CPU_KERNELS=portable"))
+            run_backend(portable, "cpu (portable kernels)", seed);
+        pv_backend_free(portable);
+        unsetenv("PV_CPU_KERNELS");
+    }
+}
+
+/* usage: test-backend-qmatmul [BACKEND] */
 int main(int argc, char **argv)
 {
     const char *only = argc > 1 ? argv[1] : NULL;
-    const uint64_t seed = 0x5eed0011;
-    int found = 0;
-    for (const char *const *name = pv_backend_names(); *name; name++) {
-        if (only && strcmp(only, *name) != 0)
-            continue;
-        found = 1;
-        pv_backend *be = NULL;
-        pv_status st = pv_backend_init(&be, *name, 0);
-        if (st == PV_ERR_NO_DEVICE) {
-            tap_skip("backend %s: %s", *name, pv_last_error());
-            continue;
-        }
-        if (!ok(st == PV_OK, "backend %s opens", *name)) {
-            tap_diag("%s", pv_last_error());
-            continue;
-        }
-        run_backend(be, *name, seed);
-        pv_backend_free(be);
-        /* The CPU backend picks AVX2 kernels where the CPU has them; the
-         * portable ones, which every other CPU runs, are checked too. */
-        if (strcmp(*name, "cpu") == 0 && setenv("PV_CPU_KERNELS", "portable", 1) == 0) {
-            if (ok(pv_backend_init(&be, "cpu", 0) == PV_OK, "cpu opens with PV_CPU_KERNELS=portable"))
-                run_backend(be, "cpu (portable kernels)", seed);
-            pv_backend_free(be);
-            unsetenv("PV_CPU_KERNELS");
-        }
-    }
-    if (!found)
+    uint64_t seed = 0x5eed0011;
+    if (!check_each_backend(only, 0, check_opened, &seed))
         ok(0, "backend %s is built into this library", only);
     return tap_done();
 }
