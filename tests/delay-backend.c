@@ -482,17 +482,24 @@ static void dly_free(pv_backend *be)
     be->impl = NULL;
 }
 
+/* The options o stands for (NULL: no delays), if they are sane. */
+static pv_status delays_of(const char *fn, const pv_delay_options *o, pv_delay_options *opt)
+{
+    *opt = o ? *o : (pv_delay_options){0};
+    if (!(opt->h2d_delay_s >= 0 && opt->h2d_delay_s <= MAX_DELAY_S) ||
+        !(opt->attention_delay_s >= 0 && opt->attention_delay_s <= MAX_DELAY_S))
+        return pv_error(PV_ERR_INVALID_ARG, "%s: delays h2d %g s, attention %g s must be in [0, %g]", fn,
+                        opt->h2d_delay_s, opt->attention_delay_s, MAX_DELAY_S);
+    return PV_OK;
+}
+
 pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
 {
     if (!out)
         return pv_error(PV_ERR_INVALID_ARG, "pv_delay_backend_init: out is NULL");
     *out = NULL;
-    pv_delay_options opt = o ? *o : (pv_delay_options){0};
-    if (!(opt.h2d_delay_s >= 0 && opt.h2d_delay_s <= MAX_DELAY_S) ||
-        !(opt.attention_delay_s >= 0 && opt.attention_delay_s <= MAX_DELAY_S))
-        return pv_error(PV_ERR_INVALID_ARG,
-                        "pv_delay_backend_init: delays h2d %g s, attention %g s must be in [0, %g]",
-                        opt.h2d_delay_s, opt.attention_delay_s, MAX_DELAY_S);
+    pv_delay_options opt;
+    PV_TRY(delays_of("pv_delay_backend_init", o, &opt));
     pv_backend *cpu = NULL;
     pv_status st = pv_backend_init(&cpu, "cpu", 0);
     if (st != PV_OK)
@@ -641,6 +648,19 @@ int64_t pv_delay_backend_attention_calls(pv_backend *be)
     int64_t n = d->attention_calls;
     pthread_mutex_unlock(&d->mu);
     return n;
+}
+
+pv_status pv_delay_backend_set_delays(pv_backend *be, const pv_delay_options *o)
+{
+    pv_delay_options opt;
+    PV_TRY(delays_of("pv_delay_backend_set_delays", o, &opt));
+    dly_state *d = state_of(be);
+    pthread_mutex_lock(&d->mu);
+    /* The worker reads the delays when it takes a job: none may be queued. */
+    wait_ticket_locked(d, d->enqueued);
+    d->opt = opt;
+    pthread_mutex_unlock(&d->mu);
+    return PV_OK;
 }
 
 void pv_delay_backend_reset(pv_backend *be)

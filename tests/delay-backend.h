@@ -58,6 +58,9 @@ int64_t pv_delay_backend_delayed_copies(pv_backend *be);
  * waiting for events excluded). */
 double pv_delay_backend_copy_busy_s(pv_backend *be);
 int64_t pv_delay_backend_attention_calls(pv_backend *be);
+/* Drains the copy queue, then takes o's delays (NULL: none) for what is
+ * enqueued from here on. */
+pv_status pv_delay_backend_set_delays(pv_backend *be, const pv_delay_options *o);
 /* Drains the copy queue, then forgets the timeline and zeroes the counters;
  * times restart from here. */
 void pv_delay_backend_reset(pv_backend *be);
