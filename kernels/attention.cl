@@ -75,6 +75,18 @@ PV_FUNC void pv_att_range(int pos, int chunk_tokens, int split, int n_splits, in
         int n_kv_heads, int head_dim, int chunk_tokens, float scale, int heads_per_block, int n_splits,      \
         PV_GLOBAL float *out, pv_long out_off, PV_GLOBAL float *part, pv_long part_off, pv_long ml_off
 
+/* Both kernels' query token i, its positions [begin, end) in this split,
+ * its row of the slot table and the pool's strides in elements (a row of
+ * K, K to V, a slot), declared in the kernel (after split is known). */
+#define PV_ATT_PAGING()                                                                 \
+    const pv_long i = PV_GROUP_ID(1);                                                   \
+    int begin, end;                                                                     \
+    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);            \
+    const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;       \
+    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;                           \
+    const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;                         \
+    const pv_long slot_elems = 2 * v_from_k
+
 /* The work-group's split, KV head and block of n_g query heads from h0:
  * groups {n_kv_heads * n_blocks * n_splits, T}, split fastest. */
 PV_FUNC void pv_att_heads(int n_heads, int n_kv_heads, int heads_per_block, int n_splits, int *split, int *kv_head,
@@ -105,13 +117,7 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(PV_ATT_ARGS)
         g_pad <<= 1;
     const int tile = PV_WG / g_pad;
 
-    const pv_long i = PV_GROUP_ID(1);
-    int begin, end;
-    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
-    const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
-    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
-    const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
-    const pv_long slot_elems = 2 * v_from_k;
+    PV_ATT_PAGING();
 
     /* Owned dims past head_dim read dim 0 with a zero query and are never
      * stored; heads past n_g have a zero query and are never stored: the
@@ -276,13 +282,7 @@ PV_KERNEL PV_STORE_NAME(pv_attention_teams)(PV_ATT_ARGS)
     const int lid = PV_LOCAL_ID(), team = lid / PV_ATT_TEAM, member = lid % PV_ATT_TEAM;
     int split, kv_head, h0, n_g; /* h0: the block's first query head */
     pv_att_heads(n_heads, n_kv_heads, heads_per_block, n_splits, &split, &kv_head, &h0, &n_g);
-    const pv_long i = PV_GROUP_ID(1);
-    int begin, end;
-    pv_att_range(token_pos[i], chunk_tokens, split, n_splits, &begin, &end);
-    const PV_GLOBAL int *slots = slot_table + (pv_long)token_seq[i] * max_chunks;
-    const pv_long row_elems = (pv_long)n_kv_heads * head_dim;
-    const pv_long v_from_k = (pv_long)chunk_tokens * row_elems;
-    const pv_long slot_elems = 2 * v_from_k;
+    PV_ATT_PAGING();
     const int active = 8 * member < head_dim; /* head_dim is a multiple of 16: whole slices */
     const pv_long my_dims = (pv_long)kv_head * head_dim + 8 * member;
 

@@ -343,6 +343,50 @@ static pv_status greedy_run(fixture *f, const int *prompt, float *logits, int *t
     return st;
 }
 
+/* Two models on one backend, with options a and b (pv_llama_options.fuse
+ * and .graphs), each through greedy_run from the same prompt. */
+typedef struct paired {
+    fixture a, b;
+    size_t n; /* floats in each logits array */
+    float *logits_a, *logits_b;
+    int tokens_a[GREEDY_STEPS], tokens_b[GREEDY_STEPS];
+    uint64_t launches_a, launches_b; /* of each one's last decode step */
+    uint64_t graph_runs_a;           /* graphs a ran */
+} paired;
+
+/* Opens both models: PV_ERR_NO_DEVICE when the backend has no device (a
+ * is then free and b untouched, so paired_free is safe either way). */
+static pv_status paired_init(paired *p, const pv_gguf *g, const char *backend, pv_dtype kv, int fuse_a,
+                             int graphs_a, int fuse_b, int graphs_b)
+{
+    memset(p, 0, sizeof *p);
+    pv_status st = fixture_init(&p->a, backend, g, kv, 0, fuse_a, graphs_a);
+    if (st == PV_OK)
+        st = fixture_init(&p->b, backend, g, kv, 0, fuse_b, graphs_b);
+    return st;
+}
+
+static pv_status paired_run(paired *p, const int *prompt)
+{
+    p->n = (size_t)(LEN_A + GREEDY_STEPS) * p->a.n_vocab;
+    p->logits_a = calloc(p->n, sizeof(float));
+    p->logits_b = calloc(p->n, sizeof(float));
+    if (!p->logits_a || !p->logits_b)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
+    const uint64_t runs_before = pv_backend_graph_runs(p->a.be);
+    pv_status st = greedy_run(&p->a, prompt, p->logits_a, p->tokens_a, &p->launches_a);
+    p->graph_runs_a = pv_backend_graph_runs(p->a.be) - runs_before;
+    return st == PV_OK ? greedy_run(&p->b, prompt, p->logits_b, p->tokens_b, &p->launches_b) : st;
+}
+
+static void paired_free(paired *p)
+{
+    free(p->logits_a);
+    free(p->logits_b);
+    fixture_free(&p->b);
+    fixture_free(&p->a);
+}
+
 /* The forward pass with fusions (pv_llama_options.fuse 1, the default)
  * against the same model without them, on one backend: the prefill's and
  * every decode step's logits within tol of each other, the same greedy
@@ -350,48 +394,33 @@ static pv_status greedy_run(fixture *f, const int *prompt, float *logits, int *t
 static void test_fusion(const char *label, const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt,
                         double tol)
 {
-    fixture fused, plain;
-    pv_status st = fixture_init(&fused, backend, g, kv, 0, 1, 1);
+    paired p;
+    pv_status st = paired_init(&p, g, backend, kv, 1, 1, 0, 1);
     if (st == PV_ERR_NO_DEVICE) {
         tap_skip("%s: backend %s: %s", label, backend, pv_last_error());
-        fixture_free(&fused);
+        paired_free(&p);
         return;
     }
     if (st == PV_OK)
-        st = fixture_init(&plain, backend, g, kv, 0, 0, 1);
-    else
-        memset(&plain, 0, sizeof plain);
-    const size_t n = (size_t)(LEN_A + GREEDY_STEPS) * (st == PV_OK ? fused.n_vocab : 0);
-    float *logits_fused = malloc(sizeof(float) * (n ? n : 1)), *logits_plain = malloc(sizeof(float) * (n ? n : 1));
-    int tokens_fused[GREEDY_STEPS] = {0}, tokens_plain[GREEDY_STEPS] = {0};
-    uint64_t launches_fused = 0, launches_plain = 0;
-    if (st == PV_OK && (!logits_fused || !logits_plain))
-        st = pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
-    if (st == PV_OK)
-        st = greedy_run(&fused, prompt, logits_fused, tokens_fused, &launches_fused);
-    if (st == PV_OK)
-        st = greedy_run(&plain, prompt, logits_plain, tokens_plain, &launches_plain);
+        st = paired_run(&p, prompt);
     char what[160];
     snprintf(what, sizeof what, "%s on %s, %s KV: fused and unfused", label, backend, pv_dtype_name(kv));
     if (ok(st == PV_OK, "%s run (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
+        const uint32_t vocab = p.a.n_vocab;
         double worst = 0;
         for (int r = 0; r < LEN_A + GREEDY_STEPS; r++) {
-            double e = rel_err(logits_fused + (size_t)r * fused.n_vocab, logits_plain + (size_t)r * fused.n_vocab,
-                               fused.n_vocab);
+            double e = rel_err(p.logits_a + (size_t)r * vocab, p.logits_b + (size_t)r * vocab, vocab);
             worst = e <= worst ? worst : e;
         }
         ok(worst <= tol, "%s: logits of %d prefill rows and %d decode steps within %.2e (limit %.2g)", what, LEN_A,
            GREEDY_STEPS, worst, tol);
-        ok(memcmp(tokens_fused, tokens_plain, sizeof tokens_fused) == 0,
-           "%s: the same %d greedy tokens (%d %d %d ... against %d %d %d ...)", what, GREEDY_STEPS, tokens_fused[0],
-           tokens_fused[1], tokens_fused[2], tokens_plain[0], tokens_plain[1], tokens_plain[2]);
-        ok(launches_fused < launches_plain, "%s: a decode step launches %llu fused, %llu unfused", what,
-           (unsigned long long)launches_fused, (unsigned long long)launches_plain);
+        ok(memcmp(p.tokens_a, p.tokens_b, sizeof p.tokens_a) == 0,
+           "%s: the same %d greedy tokens (%d %d %d ... against %d %d %d ...)", what, GREEDY_STEPS, p.tokens_a[0],
+           p.tokens_a[1], p.tokens_a[2], p.tokens_b[0], p.tokens_b[1], p.tokens_b[2]);
+        ok(p.launches_a < p.launches_b, "%s: a decode step launches %llu fused, %llu unfused", what,
+           (unsigned long long)p.launches_a, (unsigned long long)p.launches_b);
     }
-    free(logits_fused);
-    free(logits_plain);
-    fixture_free(&plain);
-    fixture_free(&fused);
+    paired_free(&p);
 }
 
 /* ---- graphs ------------------------------------------------------------------ */
@@ -404,47 +433,30 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
  * a recording cannot). */
 static void test_graphs(const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt)
 {
-    fixture graph, plain;
-    pv_status st = fixture_init(&graph, backend, g, kv, 0, 1, 1);
-    if (st == PV_ERR_NO_DEVICE || (st == PV_OK && !pv_backend_graphs(graph.be))) {
+    paired p;
+    pv_status st = paired_init(&p, g, backend, kv, 1, 1, 1, 0);
+    if (st == PV_ERR_NO_DEVICE || (st == PV_OK && !pv_backend_graphs(p.a.be))) {
         tap_skip("graphs on %s: %s", backend, st == PV_OK ? "the backend has none" : pv_last_error());
-        fixture_free(&graph);
+        paired_free(&p);
         return;
     }
     if (st == PV_OK)
-        st = fixture_init(&plain, backend, g, kv, 0, 1, 0);
-    else
-        memset(&plain, 0, sizeof plain);
-    const size_t n = (size_t)(LEN_A + GREEDY_STEPS) * (st == PV_OK ? graph.n_vocab : 0);
-    float *logits_graph = calloc(n ? n : 1, sizeof(float)), *logits_plain = calloc(n ? n : 1, sizeof(float));
-    int tokens_graph[GREEDY_STEPS] = {0}, tokens_plain[GREEDY_STEPS] = {0};
-    uint64_t launches_graph = 0, launches_plain = 0;
-    if (st == PV_OK && (!logits_graph || !logits_plain))
-        st = pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
-    uint64_t runs_before = pv_backend_graph_runs(graph.be);
-    if (st == PV_OK)
-        st = greedy_run(&graph, prompt, logits_graph, tokens_graph, &launches_graph);
-    const uint64_t runs = pv_backend_graph_runs(graph.be) - runs_before;
-    if (st == PV_OK)
-        st = greedy_run(&plain, prompt, logits_plain, tokens_plain, &launches_plain);
+        st = paired_run(&p, prompt);
     char what[160];
     snprintf(what, sizeof what, "graphs on %s, %s KV", backend, pv_dtype_name(kv));
     if (ok(st == PV_OK, "%s: run with and without (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
-        ok(runs >= GREEDY_STEPS && runs <= GREEDY_STEPS + 1,
+        const char *failure = pv_llama_graph_failure(p.a.model);
+        ok(p.graph_runs_a >= GREEDY_STEPS && p.graph_runs_a <= GREEDY_STEPS + 1,
            "%s: %llu of %d forward passes ran as graphs, every decode step's at least%s%s", what,
-           (unsigned long long)runs, GREEDY_STEPS + 1,
-           pv_llama_graph_failure(graph.model)[0] ? "; the last failure: " : "", pv_llama_graph_failure(graph.model));
-        ok(memcmp(logits_graph, logits_plain, sizeof(float) * n) == 0,
+           (unsigned long long)p.graph_runs_a, GREEDY_STEPS + 1, failure[0] ? "; the last failure: " : "", failure);
+        ok(memcmp(p.logits_a, p.logits_b, sizeof(float) * p.n) == 0,
            "%s: the logits of %d prefill rows and %d decode steps equal op by op's, bit for bit", what, LEN_A,
            GREEDY_STEPS);
-        ok(memcmp(tokens_graph, tokens_plain, sizeof tokens_graph) == 0, "%s: the same %d greedy tokens", what,
+        ok(memcmp(p.tokens_a, p.tokens_b, sizeof p.tokens_a) == 0, "%s: the same %d greedy tokens", what,
            GREEDY_STEPS);
-        ok(pv_backend_graph_runs(plain.be) == 0, "%s: graphs 0 runs none", what);
+        ok(pv_backend_graph_runs(p.b.be) == 0, "%s: graphs 0 runs none", what);
     }
-    free(logits_graph);
-    free(logits_plain);
-    fixture_free(&plain);
-    fixture_free(&graph);
+    paired_free(&p);
 }
 
 /* The front end of graphs on a backend without them. */
