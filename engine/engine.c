@@ -50,6 +50,7 @@ void pv_engine_config_defaults(pv_engine_config *cfg)
     memset(cfg, 0, sizeof *cfg);
     cfg->mode = PV_MODE_PENSIEVE;
     cfg->swap_out_chunks = 256;
+    cfg->prefix_sharing = 1;
 }
 
 void pv_sampling_defaults(pv_sampling *s)

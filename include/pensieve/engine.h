@@ -49,12 +49,16 @@ typedef struct pv_engine_config {
                                * max_logit_rows (0 = that) */
     uint32_t swap_out_chunks; /* chunks per ahead-of-time swap-out batch (one transfer) */
     double idle_timeout_s;    /* sessions idle this long are ended; 0 = never */
+    int prefix_sharing;       /* 1: full chunks whose whole prefix equals a chunk
+                               * already cached in the same namespace are shared,
+                               * not stored and prefilled again (pensieve and
+                               * gpu-only modes); 0: every session its own copy */
     pv_clock_fn clock;        /* seconds, for idle times and eviction; NULL = monotonic */
     void *clock_ctx;
 } pv_engine_config;
 
 /* pensieve mode, budget and running limit from the model, 256 swap-out
- * chunks per batch, no idle timeout. */
+ * chunks per batch, no idle timeout, prefix sharing on. */
 void pv_engine_config_defaults(pv_engine_config *cfg);
 
 /* How one turn samples and stops. */
