@@ -73,6 +73,8 @@ uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chu
     pool->owner[slot] = (pv_slot_owner){handle_of(cache, s), chunk, (uint16_t)layer, state};
     s->held_slots[tier]++;
     cache->stats.used_bytes[tier] += cache->cfg.slot_bytes;
+    if (s->refs > 1)
+        cache->stats.shared_saved_bytes[tier] += (uint64_t)(s->refs - 1) * cache->cfg.slot_bytes;
     return slot;
 }
 
@@ -83,6 +85,8 @@ void pv_slot_give(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t slot)
     pool->free_stack[pool->n_free++] = slot;
     s->held_slots[tier]--;
     cache->stats.used_bytes[tier] -= cache->cfg.slot_bytes;
+    if (s->refs > 1)
+        cache->stats.shared_saved_bytes[tier] -= (uint64_t)(s->refs - 1) * cache->cfg.slot_bytes;
 }
 
 /* ---- session table: open addressing, linear probing, backward-shift delete - */
@@ -145,7 +149,7 @@ static pv_status map_grow(pv_cache *cache)
     cache->map = map;
     cache->map_cap = cap;
     for (uint32_t h = 0; h < cache->next_handle; h++)
-        if (cache->sessions[h].id)
+        if (cache->sessions[h].id && !cache->sessions[h].holder)
             map_put(cache, h);
     return PV_OK;
 }
@@ -232,6 +236,7 @@ void pv_cache_free(pv_cache *cache)
         return;
     for (uint32_t h = 0; h < cache->next_handle; h++)
         session_release(&cache->sessions[h]);
+    pv_share_free(cache);
     free(cache->sessions);
     free(cache->free_handles);
     free(cache->map);
@@ -287,26 +292,22 @@ static pv_status new_handle(pv_cache *cache, uint32_t *handle)
     return PV_OK;
 }
 
-pv_status pv_cache_session_open(pv_cache *cache, const char *id)
+uint64_t pv_ns_hash(const char *id)
 {
-    if (!cache || !id)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_session_open: cache and id must not be NULL");
-    size_t len = strlen(id);
-    if (len == 0 || len > PV_SESSION_ID_MAX)
-        return pv_error(PV_ERR_INVALID_ARG, "session id \"%.64s\" has length %zu, allowed [1, %d]", id,
-                        len, PV_SESSION_ID_MAX);
-    uint32_t hash = hash_id(id);
-    uint32_t h = map_find(cache, id, hash);
-    if (h != PV_NONE32) {
-        cache->sessions[h].last_active = pv_cache_now(cache);
-        pv_session_refresh(cache, &cache->sessions[h]);
-        return PV_OK;
-    }
+    uint64_t h = 14695981039346656037ull; /* FNV-1a, 64 bits */
+    for (const unsigned char *p = (const unsigned char *)id; *p && *p != ':'; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return h;
+}
+
+pv_status pv_session_create(pv_cache *cache, const char *id, size_t len, int holder, uint32_t *handle)
+{
     pv_status st;
-    if ((cache->n_sessions + 1) * 2 > cache->map_cap && (st = map_grow(cache)) != PV_OK)
+    if (!holder && (cache->n_sessions + 1) * 2 > cache->map_cap && (st = map_grow(cache)) != PV_OK)
         return st;
     char *copy = malloc(len + 1);
     uint32_t *lead = malloc((size_t)PV_EVICT_SETS * cache->cfg.n_layers * sizeof *lead);
+    uint32_t h = PV_NONE32;
     if (!copy || !lead) {
         free(copy);
         free(lead);
@@ -317,19 +318,63 @@ pv_status pv_cache_session_open(pv_cache *cache, const char *id)
         free(lead);
         return st;
     }
-    memcpy(copy, id, len + 1);
+    memcpy(copy, id, len);
+    copy[len] = 0;
     memset(lead, 0xff, (size_t)PV_EVICT_SETS * cache->cfg.n_layers * sizeof *lead);
     pv_session *s = &cache->sessions[h];
     memset(s, 0, sizeof *s);
     s->id = copy;
-    s->hash = hash;
+    s->hash = hash_id(copy);
     s->lead = lead;
     s->pin_prev = s->pin_next = PV_NONE32;
+    s->parent = s->filler = PV_NONE32;
+    s->holder = (uint8_t)holder;
+    s->ns = pv_ns_hash(copy);
+    s->chain = s->ns;
     s->last_active = pv_cache_now(cache);
-    map_put(cache, h);
-    cache->n_sessions++;
-    pv_session_refresh(cache, s);
+    if (holder) {
+        cache->n_holders++;
+    } else {
+        map_put(cache, h);
+        cache->n_sessions++;
+    }
+    *handle = h;
     return PV_OK;
+}
+
+/* Frees a session whose records are all gone. */
+void pv_session_destroy(pv_cache *cache, uint32_t h)
+{
+    pv_session *s = &cache->sessions[h];
+    if (s->holder)
+        cache->n_holders--;
+    else {
+        map_remove(cache, h);
+        cache->n_sessions--;
+    }
+    session_release(s);
+    cache->free_handles[cache->n_free_handles++] = h;
+}
+
+pv_status pv_cache_session_open(pv_cache *cache, const char *id)
+{
+    if (!cache || !id)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_session_open: cache and id must not be NULL");
+    size_t len = strlen(id);
+    if (len == 0 || len > PV_SESSION_ID_MAX)
+        return pv_error(PV_ERR_INVALID_ARG, "session id \"%.64s\" has length %zu, allowed [1, %d]", id,
+                        len, PV_SESSION_ID_MAX);
+    uint32_t h = map_find(cache, id, hash_id(id));
+    if (h != PV_NONE32) {
+        cache->sessions[h].last_active = pv_cache_now(cache);
+        pv_session_refresh(cache, &cache->sessions[h]);
+        pv_share_sync(cache, &cache->sessions[h], 0);
+        return PV_OK;
+    }
+    pv_status st = pv_session_create(cache, id, len, 0, &h);
+    if (st == PV_OK)
+        pv_session_refresh(cache, &cache->sessions[h]);
+    return st;
 }
 
 void pv_shadow_release(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer)
@@ -351,6 +396,10 @@ void pv_rec_exit(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer)
     pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
     if (r->tier == PV_TIER_NONE)
         return;
+    if (r->filling) {
+        r->filling = 0;
+        cache->filling--;
+    }
     if (r->shadowed)
         pv_shadow_release(cache, s, chunk, layer);
     if (r->tier < PV_SLOT_TIERS) {
@@ -381,14 +430,12 @@ pv_status pv_cache_end_session(pv_cache *cache, const char *id, uint64_t *bytes_
                         id, s->copy_src[PV_TIER_DEVICE] + s->copy_src[PV_TIER_HOST]);
     uint64_t freed = (uint64_t)(s->held_slots[PV_TIER_DEVICE] + s->held_slots[PV_TIER_HOST]) *
                      cache->cfg.slot_bytes;
+    pv_share_cut(cache, s, 0, 0);
     for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1))
         for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
             pv_rec_exit(cache, s, c, l);
     pv_session_refresh(cache, s);
-    map_remove(cache, h);
-    session_release(s);
-    cache->free_handles[cache->n_free_handles++] = h;
-    cache->n_sessions--;
+    pv_session_destroy(cache, h);
     if (bytes_freed)
         *bytes_freed = freed;
     return PV_OK;
@@ -475,6 +522,9 @@ static pv_status cut_chunks(pv_cache *cache, pv_session *s, uint32_t keep, uint3
                                     "%s: chunk %u layer %u of \"%.64s\" is under copy, past the cut "
                                     "at token %u (chunks from %u go); complete or abort the copy first",
                                     fn, c, l, id, n_tokens, keep);
+    /* A shared chunk the cut goes through becomes the session's own (its
+     * tokens past the cut change): from the last full chunk kept on. */
+    pv_share_cut(cache, s, n_tokens / cache->cfg.chunk_tokens, n_tokens % cache->cfg.chunk_tokens != 0);
     /* Leads are found below n_chunks: lowered first, a freed lead finds no
      * successor in the chunks being freed (O(1) instead of a scan). */
     s->n_chunks = keep;
@@ -562,6 +612,7 @@ pv_status pv_cache_touch(pv_cache *cache, const char *id)
         return st;
     cache->sessions[h].last_active = pv_cache_now(cache);
     pv_session_refresh(cache, &cache->sessions[h]);
+    pv_share_sync(cache, &cache->sessions[h], 0);
     return PV_OK;
 }
 
@@ -578,6 +629,7 @@ pv_status pv_cache_session_set_active(pv_cache *cache, const char *id, double la
                         last_active, now);
     cache->sessions[h].last_active = last_active;
     pv_session_refresh(cache, &cache->sessions[h]);
+    pv_share_sync(cache, &cache->sessions[h], 0);
     return PV_OK;
 }
 
@@ -602,6 +654,7 @@ pv_status pv_cache_pin(pv_cache *cache, const char *id)
     }
     s->last_active = pv_cache_now(cache);
     pv_session_refresh(cache, s);
+    pv_share_sync(cache, s, 1);
     return PV_OK;
 }
 
@@ -618,6 +671,9 @@ pv_status pv_cache_unpin(pv_cache *cache, const char *id)
         pin_list_remove(cache, h);
     s->last_active = pv_cache_now(cache);
     pv_session_refresh(cache, s);
+    pv_share_sync(cache, s, -1);
+    if (s->pins == 0)
+        pv_share_unfill(cache, s);
     return PV_OK;
 }
 
@@ -637,6 +693,8 @@ pv_status pv_cache_session_save(pv_cache *cache, const char *id, uint32_t commit
     s->turns++;
     s->last_active = pv_cache_now(cache);
     pv_session_refresh(cache, s);
+    pv_share_sync(cache, s, 0);
+    pv_share_publish(cache, s);
     return PV_OK;
 }
 
@@ -662,11 +720,24 @@ pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_ses
     view->shadows = s->shadows;
     view->pins = s->pins;
     view->last_active = s->last_active;
+    view->shared_chunks = s->n_shared;
     /* Recovery recomputes the prefix through the last chunk with any dropped
-     * layer (attention at that chunk needs every earlier position). */
+     * layer (attention at that chunk needs every earlier position); a
+     * shared chunk counts with its holder's layers. */
     uint32_t last_dropped = PV_NONE32;
+    for (uint32_t c = 0; c < s->n_shared; c++) {
+        const pv_session *o = pv_holder_of(cache, s, c);
+        for (uint32_t l = 0; l < cache->cfg.n_layers; l++) {
+            const pv_chunk_rec *r = pv_rec(cache, o, c, l);
+            view->shared_records[r->tier]++;
+            view->shared_shadows += r->shadowed;
+            view->shared_busy += r->copying || r->filling;
+            if (r->tier == PV_TIER_DROPPED)
+                last_dropped = c;
+        }
+    }
     if (s->records[PV_TIER_DROPPED]) {
-        for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1))
+        for (uint32_t c = pv_chunk_next(s, s->n_shared); c < s->n_chunks; c = pv_chunk_next(s, c + 1))
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
                 if (pv_rec(cache, s, c, l)->tier == PV_TIER_DROPPED) {
                     last_dropped = c;
@@ -748,7 +819,7 @@ pv_status pv_index_ensure(pv_cache *cache, pv_session *s, uint32_t chunk)
                             "no host memory for %u chunks x %u layers of \"%.64s\"", PV_PAGE_CHUNKS,
                             cache->cfg.n_layers, s->id);
         for (size_t i = 0; i < per_page; i++)
-            page[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0};
+            page[i] = (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0, 0};
         s->index[b][p] = page;
     }
     return PV_OK;
@@ -766,29 +837,20 @@ void pv_rec_enter(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer
         pv_lead_add(cache, s, tier, chunk, layer);
 }
 
-pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
-                               pv_tier tier, uint32_t *slot)
+/* Stores (chunk, layer) of session s (a holder for a shared chunk). */
+static pv_status store_on(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t layer, pv_tier tier,
+                          uint32_t *slot)
 {
-    uint32_t h;
-    pv_status st = find_session(cache, id, "pv_cache_store_chunk", &h);
-    if (st != PV_OK)
-        return st;
-    if ((st = check_chunk_args(cache, "pv_cache_store_chunk", chunk, layer)) != PV_OK)
-        return st;
-    if (tier != PV_TIER_DEVICE && tier != PV_TIER_HOST)
-        return pv_error(PV_ERR_INVALID_ARG,
-                        "pv_cache_store_chunk: tier %s cannot hold bytes (use device or host)",
-                        pv_tier_name(tier));
-    pv_session *s = &cache->sessions[h];
+    pv_status st;
     /* No page: the chunk was never stored. */
     const pv_chunk_rec *old_rec = pv_rec(cache, s, chunk, layer);
-    pv_chunk_rec never = {PV_NONE32, PV_TIER_NONE, 0, 0};
+    pv_chunk_rec never = {PV_NONE32, PV_TIER_NONE, 0, 0, 0};
     if (!old_rec)
         old_rec = &never;
     if (old_rec->copying)
         return pv_error(PV_ERR_BUSY,
                         "pv_cache_store_chunk: chunk %u layer %u of \"%.64s\" is under copy", chunk,
-                        layer, id);
+                        layer, s->id);
     pv_pool *pool = &cache->pool[tier];
     /* Check before removing the old copy, so a failure changes nothing. The
      * old copy (or its shadow) frees a slot of the tier; so does reclaiming
@@ -813,6 +875,11 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
     if (chunk >= s->n_chunks)
         s->n_chunks = chunk + 1;
     pv_rec_enter(cache, s, chunk, layer, tier, got);
+    if (s->holder) {
+        /* Other sessions must not read it before the recomputation runs. */
+        pv_rec(cache, s, chunk, layer)->filling = 1;
+        cache->filling++;
+    }
     if (old == PV_TIER_DROPPED) {
         cache->stats.recomputed_chunks++;
         int still_dropped = 0;
@@ -827,6 +894,49 @@ pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, 
     return PV_OK;
 }
 
+pv_status pv_cache_store_chunk(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer,
+                               pv_tier tier, uint32_t *slot)
+{
+    uint32_t h;
+    pv_status st = find_session(cache, id, "pv_cache_store_chunk", &h);
+    if (st != PV_OK)
+        return st;
+    if ((st = check_chunk_args(cache, "pv_cache_store_chunk", chunk, layer)) != PV_OK)
+        return st;
+    if (tier != PV_TIER_DEVICE && tier != PV_TIER_HOST)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_cache_store_chunk: tier %s cannot hold bytes (use device or host)",
+                        pv_tier_name(tier));
+    pv_session *s = &cache->sessions[h];
+    const pv_chunk_rec *own = pv_rec(cache, s, chunk, layer);
+    if (!own || own->tier != PV_REC_SHARED)
+        return store_on(cache, s, chunk, layer, tier, slot);
+    /* A shared chunk: other sessions may be reading its DEVICE copy. The
+     * recomputation writes the same KV into it; a copy elsewhere is
+     * replaced by a fresh slot, which stays unreadable to them until the
+     * recomputation has run. */
+    pv_session *o = &cache->sessions[own->slot];
+    const pv_chunk_rec *r = pv_rec(cache, o, chunk, layer);
+    if (r->copying)
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_store_chunk: shared chunk %u layer %u of \"%.64s\" is under copy", chunk,
+                        layer, id);
+    int on_device = r->tier == PV_TIER_DEVICE || r->shadowed;
+    if (tier == PV_TIER_DEVICE && on_device) {
+        if (slot)
+            *slot = r->shadowed ? pv_rec_shadow(cache, r) : r->slot;
+        return PV_OK;
+    }
+    if ((on_device && o->pins > s->pins) || (o->filler != PV_NONE32 && o->filler != h))
+        return pv_error(PV_ERR_BUSY,
+                        "pv_cache_store_chunk: shared chunk %u layer %u of \"%.64s\" is read on device or "
+                        "being recomputed by another running session; it cannot move to %s",
+                        chunk, layer, id, pv_tier_name(tier));
+    if ((st = store_on(cache, o, chunk, layer, tier, slot)) == PV_OK)
+        o->filler = h;
+    return st;
+}
+
 pv_status pv_cache_mark_dropped(pv_cache *cache, const char *id, uint32_t chunk, uint32_t layer)
 {
     uint32_t h;
@@ -837,6 +947,17 @@ pv_status pv_cache_mark_dropped(pv_cache *cache, const char *id, uint32_t chunk,
         return st;
     pv_session *s = &cache->sessions[h];
     const pv_chunk_rec *old_rec = pv_rec(cache, s, chunk, layer);
+    /* The session's copy is not kept: it stops sharing from this chunk on
+     * and keeps those chunks as DROPPED records of its own. */
+    if (old_rec && old_rec->tier == PV_REC_SHARED) {
+        uint32_t n = s->n_shared;
+        pv_share_cut(cache, s, chunk, 0);
+        for (uint32_t c = chunk; c < n; c++)
+            for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+                pv_rec_enter(cache, s, c, l, PV_TIER_DROPPED, PV_NONE32);
+        pv_session_refresh(cache, s);
+        return PV_OK;
+    }
     if (old_rec && old_rec->copying)
         return pv_error(PV_ERR_BUSY,
                         "pv_cache_mark_dropped: chunk %u layer %u of \"%.64s\" is under copy", chunk,
@@ -864,7 +985,7 @@ static pv_status find_record(const pv_cache *cache, const char *id, uint32_t chu
     if ((st = check_chunk_args(cache, fn, chunk, layer)) != PV_OK)
         return st;
     const pv_session *s = &cache->sessions[h];
-    *rec = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
+    *rec = chunk < s->n_chunks ? pv_rec_resolved(cache, s, chunk, layer, NULL) : NULL;
     return PV_OK;
 }
 
@@ -927,14 +1048,16 @@ pv_status pv_cache_retention_value(pv_cache *cache, const char *id, uint32_t chu
         return st;
     if (!value)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_retention_value: value is NULL");
-    const pv_session *s = &cache->sessions[h];
-    const pv_chunk_rec *r = chunk < s->n_chunks ? pv_rec(cache, s, chunk, layer) : NULL;
+    pv_session *s = &cache->sessions[h];
+    const pv_chunk_rec *r = chunk < s->n_chunks ? pv_rec_resolved(cache, s, chunk, layer, &s) : NULL;
     if (!r || r->tier == PV_TIER_NONE)
         return pv_error(PV_ERR_NOT_FOUND,
                         "pv_cache_retention_value: chunk %u layer %u of \"%.64s\" was never stored",
                         chunk, layer, id);
+    /* A shared chunk: its holder's idle time and cost, the cost counted for
+     * every session sharing it (docs/design/shared-prefixes.md). */
     double idle = pv_cache_now(cache) - s->last_active;
-    double cost = pv_chunk_cost(cache, s, chunk, layer);
+    double cost = pv_chunk_cost(cache, s, chunk, layer) * (s->holder && s->refs > 1 ? s->refs : 1);
     *value = idle > 0 ? cost / idle : INFINITY;
     return PV_OK;
 }
@@ -975,5 +1098,6 @@ pv_status pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_stats_get: cache and stats must not be NULL");
     *stats = cache->stats;
     stats->sessions = cache->n_sessions;
+    stats->shared_chunks = cache->n_holders;
     return PV_OK;
 }

@@ -87,7 +87,7 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
 {
     const pv_session *s = &cache->sessions[h];
     uint32_t n_layers = cache->cfg.n_layers;
-    if (pv_session_find(cache, s->id) != h)
+    if (!s->holder && pv_session_find(cache, s->id) != h)
         FAIL("session table", "session \"%s\" (handle %u) is not found under its id", s->id, h);
     uint32_t count[3] = {0, 0, 0}, copying[PV_SLOT_TIERS] = {0, 0}, reserved[PV_SLOT_TIERS] = {0, 0};
     uint32_t shadows = 0;
@@ -109,6 +109,8 @@ static pv_status check_session(const pv_cache *cache, uint32_t h, uint64_t *reco
                          s->id, c, l, sh, dev->n_slots);
                 shadows++;
             }
+            if (r->tier == PV_REC_SHARED && c < s->n_chunks)
+                continue; /* pv_share_check follows the link */
             if (r->tier == PV_TIER_NONE) {
                 if (r->copying)
                     FAIL("copies", "\"%s\" chunk %u layer %u is under copy but stored nowhere", s->id, c, l);
@@ -221,7 +223,7 @@ pv_status pv_cache_check(const pv_cache *cache)
         return st;
 
     uint64_t records[3] = {0, 0, 0}, evictable[PV_EVICT_SETS] = {0, 0, 0}, shadows = 0;
-    uint32_t copies[PV_SLOT_TIERS] = {0, 0}, live = 0, pinned = 0;
+    uint32_t copies[PV_SLOT_TIERS] = {0, 0}, live = 0, pinned = 0, holders = 0;
     for (uint32_t h = 0; h < cache->next_handle; h++) {
         const pv_session *s = &cache->sessions[h];
         if (!s->id) {
@@ -235,13 +237,15 @@ pv_status pv_cache_check(const pv_cache *cache)
             continue;
         }
         live++;
-        if (s->pins)
+        holders += s->holder;
+        if (s->pins && !s->holder)
             pinned++;
         if ((st = check_session(cache, h, records, evictable, copies, &shadows)) != PV_OK)
             return st;
     }
-    if (live != cache->n_sessions)
-        FAIL("session table", "%u live sessions, counter says %u", live, cache->n_sessions);
+    if (live != cache->n_sessions + cache->n_holders || holders != cache->n_holders)
+        FAIL("session table", "%u live sessions (%u holders), counters say %u sessions and %u holders", live,
+             holders, cache->n_sessions, cache->n_holders);
     if (live + cache->n_free_handles != cache->next_handle)
         FAIL("session table", "%u live + %u free handles != %u handles used", live, cache->n_free_handles,
              cache->next_handle);
@@ -249,8 +253,8 @@ pv_status pv_cache_check(const pv_cache *cache)
     for (uint32_t i = 0; i < cache->map_cap; i++)
         if (cache->map[i] != PV_NONE32)
             mapped++;
-    if (mapped != live)
-        FAIL("session table", "session table holds %u ids for %u live sessions", mapped, live);
+    if (mapped != live - holders)
+        FAIL("session table", "session table holds %u ids for %u live sessions", mapped, live - holders);
     for (int t = 0; t < 3; t++)
         if (records[t] != cache->stats.records[t])
             FAIL("record counters", "%llu %s records, counter says %llu", (unsigned long long)records[t],
@@ -287,11 +291,11 @@ pv_status pv_cache_check(const pv_cache *cache)
     uint64_t last_seq = 0;
     for (uint32_t h = cache->pin_head; h != PV_NONE32; h = cache->sessions[h].pin_next) {
         const pv_session *s = &cache->sessions[h];
-        if (!s->id || !s->pins || s->pin_seq <= last_seq || ++listed > live)
+        if (!s->id || s->holder || !s->pins || s->pin_seq <= last_seq || ++listed > live)
             FAIL("pin list", "pinned-session list is broken at handle %u", h);
         last_seq = s->pin_seq;
     }
     if (listed != pinned)
         FAIL("pin list", "%u sessions pinned, %u on the pinned list", pinned, listed);
-    return PV_OK;
+    return pv_share_check(cache);
 }

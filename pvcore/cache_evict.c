@@ -119,6 +119,10 @@ void pv_frontier_compute(const pv_cache *cache, const pv_session *s, int t, uint
             best_l = l;
         }
     }
+    /* A shared chunk's loss counts once for every session that would
+     * recompute it (docs/design/shared-prefixes.md). */
+    if (s->holder && s->refs > 1)
+        best *= s->refs;
     *chunk = best_c;
     *layer = best_l;
     *cost = best;
@@ -134,7 +138,8 @@ static int evicts_before(const pv_cache *cache, int t, uint32_t a, uint32_t b, d
     double score_b = (now - sb->last_active) * sa->front_cost[t];
     if (score_a != score_b)
         return score_a > score_b;
-    return strcmp(sa->id, sb->id) < 0; /* live ids are unique */
+    int order = strcmp(sa->id, sb->id); /* a holder's id may equal a session's */
+    return order ? order < 0 : a < b;
 }
 
 /* When loser's score overtakes winner's; INFINITY if it never does. */
@@ -468,8 +473,13 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
     if (h == PV_NONE32)
         return pv_error(PV_ERR_NOT_FOUND, "pv_cache_plan_swap_in: unknown session \"%.64s\"", id);
     pv_session *s = &cache->sessions[h];
-    /* Shadowed chunks are read on DEVICE already: nothing to copy. */
+    /* Shadowed chunks are read on DEVICE already: nothing to copy. Shared
+     * chunks come from their holders, once whoever asks first. */
     uint64_t k = s->records[PV_TIER_HOST] - s->copy_src[PV_TIER_HOST] - s->shadows;
+    for (uint32_t c = 0; c < s->n_shared; c++) {
+        const pv_session *o = pv_holder_of(cache, s, c);
+        k += o->records[PV_TIER_HOST] - o->copy_src[PV_TIER_HOST] - o->shadows;
+    }
     if (k == 0)
         return PV_OK;
     const pv_pool *dev = &cache->pool[PV_TIER_DEVICE];
@@ -477,6 +487,7 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
     /* Pinned while planning, so making room takes nothing of its own. */
     s->pins++;
     pv_session_refresh(cache, s);
+    pv_share_sync(cache, s, 1);
     pv_status st = PV_OK;
     uint64_t reclaimable = cache->evictable[PV_TIER_DEVICE] + cache->evictable[PV_SET_SHADOW];
     if (k > dev->n_slots || reclaimable < shortfall)
@@ -491,21 +502,26 @@ pv_status pv_cache_plan_swap_in(pv_cache *cache, const char *id, pv_cache_plan *
         for (uint64_t i = 0; i < shortfall; i++)
             evict_one(cache, PV_TIER_DEVICE, now, plan);
         for (uint32_t c = pv_chunk_next(s, 0); c < s->n_chunks; c = pv_chunk_next(s, c + 1)) {
+            pv_session *o = c < s->n_shared ? pv_holder_of(cache, s, c) : s;
+            uint32_t oh = handle_of(cache, o);
             for (uint32_t l = 0; l < cache->cfg.n_layers; l++) {
-                pv_chunk_rec *r = pv_rec(cache, s, c, l);
+                pv_chunk_rec *r = pv_rec(cache, o, c, l);
                 if (r->tier != PV_TIER_HOST || r->copying || r->shadowed)
                     continue;
-                uint32_t to = pv_slot_take(cache, s, PV_TIER_DEVICE, c, l, PV_SLOT_RESERVED);
-                pv_lead_remove(cache, s, PV_TIER_HOST, c, l);
+                uint32_t to = pv_slot_take(cache, o, PV_TIER_DEVICE, c, l, PV_SLOT_RESERVED);
+                pv_lead_remove(cache, o, PV_TIER_HOST, c, l);
                 r->copying = 1;
-                s->copy_src[PV_TIER_HOST]++;
+                o->copy_src[PV_TIER_HOST]++;
                 cache->pending_in++;
-                plan_push(plan, h, c, l, PV_TIER_HOST, r->slot, PV_TIER_DEVICE, to, 1);
+                plan_push(plan, oh, c, l, PV_TIER_HOST, r->slot, PV_TIER_DEVICE, to, 1);
             }
+            if (o != s)
+                pv_session_refresh(cache, o);
         }
     }
     s->pins--;
     pv_session_refresh(cache, s);
+    pv_share_sync(cache, s, -1);
     return st;
 }
 
@@ -608,6 +624,8 @@ pv_status pv_cache_complete(pv_cache *cache, const pv_cache_move *moves, size_t 
         pv_rec_enter(cache, s, m->chunk, m->layer, m->to, m->to_slot);
         pv_session_refresh(cache, s);
     }
+    for (size_t i = 0; i < n_moves; i++)
+        pv_share_collect(cache, moves[i].session);
     return PV_OK;
 }
 
@@ -624,6 +642,8 @@ pv_status pv_cache_abort(pv_cache *cache, const pv_cache_move *moves, size_t n_m
         pv_lead_add(cache, s, m->from, m->chunk, m->layer);
         pv_session_refresh(cache, s);
     }
+    for (size_t i = 0; i < n_moves; i++)
+        pv_share_collect(cache, moves[i].session);
     return PV_OK;
 }
 

@@ -11,13 +11,19 @@
 /* One (chunk, layer) of a session: 8 bytes, so 19.2M records (10,000
  * sessions x 64 chunks x 30 layers) take 154 MB. */
 typedef struct pv_chunk_rec {
-    uint32_t slot;    /* slot in DEVICE or HOST */
-    uint8_t tier;     /* pv_tier; PV_TIER_NONE when never stored */
+    uint32_t slot;    /* slot in DEVICE or HOST; PV_REC_SHARED: the holder's handle */
+    uint8_t tier;     /* pv_tier; PV_TIER_NONE when never stored; PV_REC_SHARED */
     uint8_t copying;  /* under a two-phase copy: not evictable, not freeable */
     uint8_t shadowed; /* HOST only: its DEVICE slot is still held as a clean
                        * copy after an ahead-of-time swap-out (the slot number
                        * is in the HOST pool's shadow_of, keeping this 8 bytes) */
+    uint8_t filling;  /* a holder's record stored afresh for a recomputation
+                       * that has not run yet: no KV to read */
 } pv_chunk_rec;
+
+/* The tier of a session's record for a chunk it shares: the bytes are the
+ * record of the same (chunk, layer) in the holder session named by slot. */
+#define PV_REC_SHARED 4
 
 /* SHADOW: a DEVICE slot kept as a clean copy of a HOST chunk (lazy reclaim). */
 enum pv_slot_state { PV_SLOT_FREE = 0, PV_SLOT_OWNED, PV_SLOT_RESERVED, PV_SLOT_SHADOW };
@@ -82,7 +88,31 @@ typedef struct pv_session {
     double front_cost[PV_EVICT_SETS];
     uint8_t candidate[PV_EVICT_SETS]; /* unpinned with a frontier: in the tree */
     uint32_t evictable[PV_EVICT_SETS]; /* its share of cache->evictable */
+    /* Shared prefixes (pvcore/cache_share.c). A holder is a hidden session
+     * (not in the id map) that owns the records of one shared chunk, index
+     * n_chunks - 1, its tokens in `tokens`; the sessions sharing it hold
+     * PV_REC_SHARED records naming it. */
+    uint8_t holder;
+    uint32_t refs;          /* holder: sessions linking its chunk */
+    uint32_t parent;        /* holder: the holder of the chunk before, or PV_NONE32 */
+    uint32_t filler;        /* holder: the session whose recomputation fills its
+                             * records marked filling, or PV_NONE32 */
+    uint32_t n_shared;      /* session: chunks [0, n_shared) link holders */
+    uint32_t n_published;   /* session: chunks [0, n_published) can be found by
+                             * other sessions (the shared ones through their
+                             * holders, the rest in the share map as its own) */
+    uint64_t ns;            /* namespace hash: the id's bytes before its first ':' */
+    uint64_t chain;         /* session: chain hash through chunk n_published - 1;
+                             * holder: its chunk's */
 } pv_session;
+
+/* The share map: chain hash -> the holder of a shared chunk, or the session
+ * that owns a published chunk nobody shares yet. */
+typedef struct pv_share_entry {
+    uint64_t key;
+    uint32_t handle;        /* PV_NONE32: empty */
+    uint32_t chunk;
+} pv_share_entry;
 
 /* Kinetic tournament over session handles: see pvcore/cache_evict.c. */
 typedef struct pv_ktree {
@@ -113,6 +143,11 @@ struct pv_cache {
     uint64_t pin_counter;
     uint32_t reserve_slots;
     pv_cache_stats stats;
+    pv_share_entry *share;      /* open addressing, power-of-two capacity */
+    uint32_t share_cap, share_count;
+    uint32_t n_holders;         /* live holders (not in n_sessions) */
+    uint64_t holder_serial;     /* makes holder ids unique */
+    uint64_t filling;           /* holder records with the filling mark */
 };
 
 /* The record of (chunk, layer); NULL where no chunk of its page was ever
@@ -201,6 +236,50 @@ void pv_shadow_release(pv_cache *cache, pv_session *s, uint32_t chunk, uint32_t 
 /* Reclaims the reclaimable shadow of lowest retention value, noting it in
  * plan (may be NULL); 0 if none is reclaimable. */
 int pv_shadow_reclaim(pv_cache *cache, double now, pv_cache_plan *plan);
+
+/* Shared prefixes (pvcore/cache_share.c). */
+/* The holder a session's shared chunk links. */
+static inline pv_session *pv_holder_of(const pv_cache *cache, const pv_session *s, uint32_t chunk)
+{
+    return &cache->sessions[pv_rec(cache, s, chunk, 0)->slot];
+}
+/* A session's record or, for a shared chunk, its holder's (NULL if none). */
+static inline pv_chunk_rec *pv_rec_resolved(const pv_cache *cache, const pv_session *s, uint32_t chunk,
+                                            uint32_t layer, pv_session **owner)
+{
+    pv_chunk_rec *r = pv_rec(cache, s, chunk, layer);
+    pv_session *o = (pv_session *)s;
+    if (r && r->tier == PV_REC_SHARED) {
+        o = &cache->sessions[r->slot];
+        r = pv_rec(cache, o, chunk, layer);
+    }
+    if (owner)
+        *owner = o;
+    return r;
+}
+/* A session's pins or idle time changed (pin_delta: pins added): its
+ * holders follow (a holder is pinned by every pin of its sessions and
+ * active when the latest of them was). */
+void pv_share_sync(pv_cache *cache, pv_session *s, int32_t pin_delta);
+/* Ends s's sharing from full chunk `keep` on, for a truncation or the end
+ * of the session: its published chunks from there leave the share map and
+ * its links from there go (the chunk at `keep`, if it stays partly, keeps
+ * its tokens as a DROPPED record of its own when it was shared). */
+void pv_share_cut(pv_cache *cache, pv_session *s, uint32_t keep, int keep_partial);
+/* After a save: s's committed full chunks become findable. */
+void pv_share_publish(pv_cache *cache, pv_session *s);
+/* A holder whose last session went while a copy of it was in flight is
+ * freed when its copies are over. */
+void pv_share_collect(pv_cache *cache, uint32_t handle);
+/* s is no longer running: recomputations it left unrun mark nothing
+ * filling (such records are dropped again). */
+void pv_share_unfill(pv_cache *cache, pv_session *s);
+pv_status pv_share_check(const pv_cache *cache);
+void pv_share_free(pv_cache *cache);
+/* Allocates a session at a new handle: in the id map or a holder. */
+pv_status pv_session_create(pv_cache *cache, const char *id, size_t len, int holder, uint32_t *handle);
+void pv_session_destroy(pv_cache *cache, uint32_t handle);
+uint64_t pv_ns_hash(const char *id);
 
 /* Test-only (pvcore/cache_testhook.c, linked into tests, not the library):
  * breaks the named invariant (a name pv_cache_check() uses) on purpose. */

@@ -2,7 +2,7 @@
 noinst_HEADERS += tests/test-cache-util.h
 CACHE_TESTS = tests/test-cache-seeds tests/test-cache-plans tests/test-cache-policy \
 	tests/test-cache-badinput tests/test-cache-property tests/test-cache-check \
-	tests/test-cache-truncate
+	tests/test-cache-truncate tests/test-cache-share
 check_PROGRAMS += $(CACHE_TESTS)
 TESTS += $(CACHE_TESTS)
 tests_test_cache_seeds_SOURCES = tests/test-cache-seeds.c
@@ -20,6 +20,9 @@ tests_test_cache_badinput_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
 tests_test_cache_truncate_SOURCES = tests/test-cache-truncate.c
 tests_test_cache_truncate_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cache_truncate_LDADD = $(PV_LINK)
+tests_test_cache_share_SOURCES = tests/test-cache-share.c
+tests_test_cache_share_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_cache_share_LDADD = $(PV_LINK)
 tests_test_cache_property_SOURCES = tests/test-cache-property.c
 tests_test_cache_property_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cache_property_LDADD = $(PV_LINK)

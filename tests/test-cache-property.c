@@ -29,22 +29,6 @@ enum {
     MAX_INFLIGHT = 256,
 };
 
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-    /* xorshift64*: small, fast, the same on every platform */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
-
-static uint32_t pick(uint32_t n)
-{
-    return (uint32_t)(rng() % n);
-}
-
 typedef struct shadow_session {
     int live;
     uint32_t pins;

@@ -6,7 +6,25 @@
 
 #include <pensieve/cache.h>
 
+#include <stdint.h>
 #include <string.h>
+
+/* The randomized tests' generator (xorshift64*: small, fast, the same on
+ * every platform); seed rng_state with a nonzero value. */
+static uint64_t rng_state;
+
+static inline uint64_t rng(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+
+static inline uint32_t pick(uint32_t n)
+{
+    return (uint32_t)(rng() % n);
+}
 
 /* A clock the test moves by hand, so eviction order is deterministic. */
 typedef struct test_clock {

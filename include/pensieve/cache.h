@@ -69,6 +69,9 @@ typedef struct pv_cache_config {
     uint64_t host_bytes;    /* HOST pool budget; 0: no host tier (evictions drop) */
     double high_water;      /* device use above which swap-out is planned ahead */
     double reserve;         /* fraction of device slots kept for admission */
+    int share_prefixes;     /* 1: sessions can share full chunks of a common
+                             * prefix (pv_cache_share_prefix); 0: none is
+                             * published for sharing */
     uint64_t device_limit_bytes; /* the device's memory, from the caller (the
                              * engine asks its backend; pvcore knows no
                              * backend): device_bytes above it is an error
@@ -172,9 +175,16 @@ typedef struct pv_session_view {
     uint32_t recompute_tokens;  /* leading tokens to recompute: through the last
                                  * chunk with a dropped layer, capped at the history */
     uint32_t shadows;           /* HOST records whose DEVICE shadow is still held */
-    uint64_t held_bytes[PV_SLOT_TIERS]; /* DEVICE includes shadow slots */
+    uint64_t held_bytes[PV_SLOT_TIERS]; /* DEVICE includes shadow slots; the
+                                 * session's own, shared chunks not included */
     uint32_t pins;
     double last_active;
+    uint32_t shared_chunks;     /* chunks [0, shared_chunks) are shared */
+    uint32_t shared_records[3]; /* their (chunk, layer) records per DEVICE, HOST, DROPPED */
+    uint32_t shared_shadows;    /* of those in HOST, the ones with a DEVICE shadow */
+    uint32_t shared_busy;       /* of those, records under copy or stored for a
+                                 * recomputation that has not run (another
+                                 * running session's): wait before reading */
 } pv_session_view;
 
 /* Seed 004's restore: describes the session's saved context. It changes
@@ -186,6 +196,47 @@ pv_status pv_cache_session_restore(const pv_cache *cache, const char *id, pv_ses
  * DEVICE includes shadow slots (they are held until reclaimed). */
 pv_status pv_cache_held_bytes(const pv_cache *cache, const char *id,
                               uint64_t *device_bytes, uint64_t *host_bytes);
+
+/* ---- shared prefixes -------------------------------------------------------- */
+
+/* With cfg.share_prefixes, a full chunk whose whole prefix (the same tokens
+ * from position 0) equals a chunk another session of the same namespace
+ * holds is kept once: the sessions link one copy (a holder, invisible to
+ * the id functions) instead of storing their own. A session's namespace is
+ * its id's bytes before the first ':' (all of an id without one is not a
+ * namespace: such ids share the empty namespace); sessions of different
+ * namespaces never share. Chunks are found by a chain hash of (the previous
+ * chunk's, this chunk's tokens) and compared token by token, so sharing
+ * starts at position 0 and stops at the first difference.
+ *
+ * A session's full chunks become findable when a save commits them
+ * (pv_cache_session_save), never before their KV is computed. A shared
+ * chunk moves between tiers once for all its sessions; its retention value
+ * is its cost times the number of sessions sharing it over the idle time of
+ * the latest of them; it is pinned while any of them is; when dropped, one
+ * recomputation (pv_cache_store_chunk through any of them) serves all.
+ * Lookups, peeks and swap-in plans of a session see its shared chunks as
+ * its own; its view and held bytes count them apart. A truncation through
+ * a shared chunk, or pv_cache_mark_dropped on one, leaves the session its
+ * own DROPPED record there (recomputed next turn).
+ *
+ * pv_cache_share_prefix links the session's next chunks to shared ones:
+ * from its first chunk not yet shared, while the chunk was never stored in
+ * the session, its tokens (tokens [0, n_head) = head, then tail) match a
+ * findable chunk with the same prefix, and at least one token stays after
+ * it (the next turn computes the logits). Tokens of linked chunks past the
+ * session's history are appended to it; the history must be a prefix of
+ * head + tail where they overlap (a chunk that disagrees is not linked).
+ * *shared_tokens (may be NULL) gets shared_chunks x chunk_tokens. Shares
+ * nothing (PV_OK) without cfg.share_prefixes. */
+pv_status pv_cache_share_prefix(pv_cache *cache, const char *id, const int32_t *head, size_t n_head,
+                                 const int32_t *tail, size_t n_tail, uint32_t *shared_tokens);
+
+/* The first n_tokens tokens of the session's history have their KV now:
+ * shared chunks it stored for a recomputation below that are readable by
+ * the other sessions (until then, their views count them busy; if the
+ * session is unpinned first, those chunks are dropped again). */
+pv_status pv_cache_share_filled(pv_cache *cache, const char *id, uint32_t n_tokens);
 
 /* ---- chunks --------------------------------------------------------------- */
 
@@ -330,6 +381,10 @@ typedef struct pv_cache_stats {
     uint64_t capacity_bytes[PV_SLOT_TIERS];
     uint64_t records[3];           /* (chunk, layer) records per tier */
     uint32_t sessions;
+    uint64_t shared_chunks;        /* chunks shared by sessions (each one copy) */
+    uint64_t shared_links;         /* sessions' links to them (a chunk shared by
+                                    * three sessions: three links) */
+    uint64_t shared_saved_bytes[PV_SLOT_TIERS]; /* bytes one copy per session would add */
 } pv_cache_stats;
 
 pv_status pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
@@ -344,7 +399,11 @@ pv_status pv_cache_stats_get(const pv_cache *cache, pv_cache_stats *stats);
  *   pv_cache_check: invariant "<name>" violated: <details>
  * where <name> is one of: one tier, byte counters, record counters, session
  * index, ended session, free list, shadow, copies, frontier, eviction tree,
- * pin list, session table. */
+ * pin list, session table, shared chunks (a session links holders of its
+ * chunks [0, shared) with the same namespace, tokens and parent), reference
+ * counts (a holder's count and pins equal its sessions' links and pins; no
+ * holder without one, unless a copy of it is in flight), share map (every
+ * findable chunk is in it under its chain hash, nothing else). */
 pv_status pv_cache_check(const pv_cache *cache);
 
 #ifdef __cplusplus
