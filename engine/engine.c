@@ -356,6 +356,7 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
     e->cache_cfg.chunk_tokens = e->chunk_tokens;
     e->cache_cfg.n_layers = e->n_layers;
     e->cache_cfg.slot_bytes = e->slot_bytes;
+    e->cache_cfg.share_prefixes = e->cfg.prefix_sharing != 0;
     if (e->cfg.mode == PV_MODE_GPU_ONLY)
         e->cache_cfg.host_bytes = 0;
     /* A device budget past the device's memory fails at init, not later. */
@@ -715,6 +716,8 @@ pv_status pv_engine_stats_get(const pv_engine *e, pv_engine_stats *stats)
     stats->swap_in_chunks = cs.swap_in_chunks;
     stats->swap_out_chunks = cs.swap_out_chunks;
     stats->dropped_chunks = cs.dropped_chunks;
+    stats->shared_chunks = cs.shared_chunks;
+    stats->shared_saved_bytes = cs.shared_saved_bytes[PV_TIER_DEVICE] + cs.shared_saved_bytes[PV_TIER_HOST];
     stats->sessions = (uint32_t)e->n_sessions;
     stats->running = (uint32_t)e->n_running;
     stats->waiting = (uint32_t)e->n_waiting;
@@ -733,16 +736,21 @@ pv_status pv_engine_check(pv_engine *e)
     pv_status st = pv_cache_check(e->cache);
     if (st != PV_OK)
         return st;
-    /* No DEVICE slot is read by two running requests, and every slot in a
-     * running request's table is in the pool. */
+    /* No DEVICE slot is read by two running requests but a shared chunk's,
+     * and every slot in a running request's table is in the pool. */
     uint8_t *owner = calloc((size_t)e->n_device_slots, 1);
     if (!owner)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_check: %" PRId64 " bytes", e->n_device_slots);
+    enum { OWN = 1, SHARED = 2 };
     for (size_t i = 0; i < e->n_running && st == PV_OK; i++) {
         const pv_request *r = e->running[i];
+        pv_session_view view;
+        if ((st = pv_cache_session_restore(e->cache, r->session->id, &view)) != PV_OK)
+            break;
         for (uint32_t l = 0; l < e->n_layers && st == PV_OK; l++)
             for (uint32_t c = 0; c < r->n_chunks && st == PV_OK; c++) {
                 int32_t slot = r->slots[(size_t)l * r->cap_chunks + c];
+                uint8_t kind = c < view.shared_chunks ? SHARED : OWN;
                 if (slot < 0)
                     continue;
                 if (slot >= e->n_device_slots)
@@ -750,11 +758,13 @@ pv_status pv_engine_check(pv_engine *e)
                                   "engine: request %" PRIu64 " chunk %u layer %u: slot %d outside the "
                                   "%" PRId64 "-slot device pool",
                                   r->id, c, l, slot, e->n_device_slots);
-                else if (owner[slot]++)
+                else if (owner[slot] && (owner[slot] != SHARED || kind != SHARED))
                     st = pv_error(PV_ERR_STATE,
                                   "engine: device slot %d is in two running contexts (request %" PRIu64
                                   " chunk %u layer %u)",
                                   slot, r->id, c, l);
+                else
+                    owner[slot] = kind;
             }
     }
     free(owner);

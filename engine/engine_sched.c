@@ -152,9 +152,32 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
     }
     if ((st = pv_cache_pin(e->cache, id)) != PV_OK)
         return st;
+    /* Leading chunks of the turn that other sessions of the namespace hold
+     * already are linked, not computed: their tokens join the history. */
+    uint32_t shared_end;
+    if ((st = pv_cache_share_prefix(e->cache, id, s->history.v, s->history.n, r->feed.v + r->fed,
+                                    r->feed.n - r->fed, &shared_end)) != PV_OK)
+        goto unpin;
+    if (shared_end > s->history.n) {
+        size_t n = shared_end - s->history.n;
+        if ((st = pv_ivec_append(&s->history, r->feed.v + r->fed, n)) != PV_OK)
+            goto unpin;
+        r->fed += n;
+        e->stats.shared_prompt_tokens += n;
+        if (r->t_admit == 0) {
+            r->result.context_tokens += (uint32_t)n;
+            r->result.new_tokens -= (uint32_t)n;
+        }
+    }
     pv_session_view view;
     if ((st = pv_cache_session_restore(e->cache, id, &view)) != PV_OK)
         goto unpin;
+    /* A shared chunk another running turn is copying in or recomputing is
+     * read once that turn has run. */
+    if (view.shared_busy && e->n_running > 0) {
+        st = PV_OK;
+        goto unpin;
+    }
     const uint64_t H = s->history.n;
     /* A cache history shorter than ours (a fresh cache session: stateless
      * mode, or after a suspension mid-recovery) means recompute it all. */
@@ -168,7 +191,8 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
      * of host records). A recomputed chunk's layers kept on HOST or DEVICE
      * are replaced, not added to (the cache holds nothing past the
      * history: pv_cache_session_trim). */
-    const uint64_t on_device = (uint64_t)view.records[PV_TIER_DEVICE] + view.shadows;
+    const uint64_t on_device = (uint64_t)view.records[PV_TIER_DEVICE] + view.shadows +
+                               view.shared_records[PV_TIER_DEVICE] + view.shared_shadows;
     const uint64_t context = (uint64_t)(end_chunks > Hc ? end_chunks : Hc) * L;
     if (on_device > context) {
         st = pv_error(PV_ERR_STATE,
@@ -277,6 +301,8 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
      * resumed after a suspension reads its history (and its own tokens so
      * far) again; that work shows in the engine's statistics only. */
     if (r->t_admit == 0) {
+        uint64_t shared = (uint64_t)view.shared_chunks * e->chunk_tokens;
+        r->result.shared_tokens = shared > R ? (uint32_t)((shared < H ? shared : H) - R) : 0;
         r->result.reused_device = (uint32_t)((dev_tok_layers + L / 2) / L);
         r->result.reused_host = (uint32_t)((host_tok_layers + L / 2) / L);
         r->result.recomputed = (uint32_t)R;
@@ -657,6 +683,9 @@ static pv_status advance(pv_engine *e, size_t n_seqs, const uint32_t *take_of)
                                                                                 : s->history.n;
         if (have > known &&
             (st = pv_cache_append_tokens(e->cache, s->id, s->history.v + known, have - known)) != PV_OK)
+            return st;
+        /* Shared chunks this batch recomputed are readable by the others. */
+        if (view.shared_chunks && (st = pv_cache_share_filled(e->cache, s->id, (uint32_t)have)) != PV_OK)
             return st;
     }
     return PV_OK;

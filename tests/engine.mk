@@ -15,6 +15,11 @@ tests_test_engine_pipeline_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
 
 # Whole-conversation turns (common prefix kept, divergence truncated in
 # every tier), cancellation, NULL sessions and the engine loop's thread.
+check_PROGRAMS += tests/test-engine-share
+TESTS += tests/test-engine-share
+tests_test_engine_share_SOURCES = tests/test-engine-share.c tests/engine-util.h
+tests_test_engine_share_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_share_LDADD = $(PV_LINK)
 check_PROGRAMS += tests/test-engine-conversation
 TESTS += tests/test-engine-conversation
 tests_test_engine_conversation_SOURCES = tests/test-engine-conversation.c tests/engine-util.h

@@ -99,6 +99,8 @@ typedef struct pv_turn_result {
     uint32_t reused_device;    /* history tokens read from DEVICE as they were */
     uint32_t reused_host;      /* history tokens swapped in from HOST */
     uint32_t recomputed;       /* history tokens recomputed (dropped, or stateless) */
+    uint32_t shared_tokens;    /* of reused_device + reused_host: tokens of chunks
+                                * shared with other sessions (a common prefix) */
     uint32_t new_tokens;       /* prompt tokens of this turn */
     uint32_t generated;        /* tokens generated */
     uint32_t suspensions;      /* times the request was suspended for room */
@@ -237,6 +239,10 @@ typedef struct pv_engine_stats {
     uint64_t recomputed_tokens;   /* of which history recomputed */
     uint64_t decode_tokens;       /* tokens forwarded as decode steps */
     uint64_t reused_device_tokens, reused_host_tokens; /* history tokens reused */
+    uint64_t shared_prompt_tokens; /* prompt tokens not computed: another session's
+                                    * chunks held them (shared prefixes) */
+    uint64_t shared_chunks;       /* chunks held once for several sessions now */
+    uint64_t shared_saved_bytes;  /* device + host bytes one copy per session would add */
     uint64_t swap_in_chunks, swap_out_chunks, dropped_chunks; /* (chunk, layer) records */
     uint64_t suspensions;
     uint64_t sessions_timed_out;
