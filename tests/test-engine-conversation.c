@@ -1341,13 +1341,7 @@ static void loop_idle_timeout(void)
 
 int main(int argc, char **argv)
 {
-    /* Spinning OpenMP workers would starve the loop's and the clients'
-     * threads on a small machine and burn CPU while idle; libgomp reads its
-     * settings at load, so set them and start again. */
-    if (argc > 0 && !getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    eu_passive_openmp(argc, argv);
     pv_status st = eu_model_init(&M, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
     if (!ok(st == PV_OK, "cpu: synthetic model, %d layers, %d-token chunks (%s)", LAYERS, CHUNK,
             st == PV_OK ? "ok" : pv_last_error())) {

@@ -138,13 +138,7 @@ static void swap_in_calls(void)
 
 int main(int argc, char **argv)
 {
-    /* Spinning OpenMP workers starve the copy queue's thread on a small
-     * machine; libgomp reads its settings at load, so set them and start
-     * again. */
-    if (argc > 0 && !getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    eu_passive_openmp(argc, argv);
     pv_delay_options o = {.h2d_delay_s = COPY_S, .attention_delay_s = ATTN_S};
     pv_backend *be = NULL;
     pv_status st = pv_delay_backend_init(&be, &o);

@@ -270,11 +270,7 @@ static void switched_off(void)
 
 int main(int argc, char **argv)
 {
-    /* OpenMP threads spin while idle unless told not to (read at load). */
-    if (argc > 0 && !getenv("OMP_WAIT_POLICY")) {
-        setenv("OMP_WAIT_POLICY", "passive", 1);
-        execv("/proc/self/exe", argv);
-    }
+    eu_passive_openmp(argc, argv);
     pv_status st = eu_model_init(&M, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
     if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
         eu_model_free(&M);
