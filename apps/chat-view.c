@@ -144,9 +144,9 @@ static int print_session_grid(chat *ch, pv_cache *cache, const char *name, uint3
                RESET(ch), v.n_tokens);
         return 0;
     }
-    printf("%s%s%s%s: %zu tokens, %u chunks; (chunk, layer) records: %u device, %u host "
+    printf("%s%s%s%s: %zu tokens, %u chunks (%u shared); own (chunk, layer) records: %u device, %u host "
            "(%u with a device copy), %u dropped\n",
-           BOLD(ch), mark, name, RESET(ch), v.n_tokens, v.n_chunks, v.records[PV_TIER_DEVICE],
+           BOLD(ch), mark, name, RESET(ch), v.n_tokens, v.n_chunks, v.shared_chunks, v.records[PV_TIER_DEVICE],
            v.records[PV_TIER_HOST], v.shadows, v.records[PV_TIER_DROPPED]);
     if (!v.n_chunks)
         return 0;
@@ -155,6 +155,12 @@ static int print_session_grid(chat *ch, pv_cache *cache, const char *name, uint3
     for (uint32_t c = 0; c < v.n_chunks; c += 10)
         printf(c + 10 < v.n_chunks ? "%-10u" : "%u", c);
     printf("\n");
+    if (v.shared_chunks) {
+        printf("  shared   ");
+        for (uint32_t c = 0; c < v.shared_chunks; c++)
+            putchar('=');
+        printf("  (chunks 0-%u held once with other sessions that start the same way)\n", v.shared_chunks - 1);
+    }
     for (uint32_t layer = 0; layer < n_layers; layer++) {
         printf("  layer %2u ", layer);
         int prev = CELL_NONE;
@@ -249,6 +255,10 @@ int chat_print_cache(chat *ch, const char *only)
            fmt_size(cs.used_bytes[PV_TIER_DEVICE]).s, fmt_size(cs.capacity_bytes[PV_TIER_DEVICE]).s,
            fmt_size(cs.shadow_bytes).s, fmt_size(cs.used_bytes[PV_TIER_HOST]).s,
            fmt_size(cs.capacity_bytes[PV_TIER_HOST]).s);
+    if (cs.shared_chunks)
+        printf("shared prefixes: %llu chunks held once for %llu session links, %s saved\n",
+               (unsigned long long)cs.shared_chunks, (unsigned long long)cs.shared_links,
+               fmt_size(cs.shared_saved_bytes[PV_TIER_DEVICE] + cs.shared_saved_bytes[PV_TIER_HOST]).s);
     if (ch->o->mode == PV_MODE_STATELESS)
         printf("stateless mode keeps no KV between turns: every turn recomputes its history\n");
     print_legend(ch);

@@ -17,6 +17,7 @@ typedef struct chat_options {
     uint64_t device_bytes, host_bytes; /* 0: from --config or the defaults */
     pv_dtype kv_dtype;
     pv_llama_weights weights;
+    int no_prefix_sharing;            /* sessions keep their own copy of a common prefix */
     float temperature, top_p;
     uint64_t seed;
     int32_t max_tokens;

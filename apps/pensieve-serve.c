@@ -39,6 +39,9 @@ static void usage(FILE *f)
             "  --weights native|f32      weights as in the file (default) or widened to f32\n"
             "  --max-sessions N          named sessions at most (default 0 = no limit)\n"
             "  --session-idle-timeout S  end sessions idle for S seconds (default 0 = never)\n"
+            "  --no-prefix-sharing       every session keeps its own copy of a common prefix (a\n"
+            "                            system prompt), for comparison; by default sessions of one\n"
+            "                            API key share its full chunks\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/\n"
             "  --api-keys FILE           one key per line; each key's sessions are its own\n"
             "  --max-body SIZE           largest request body (default 8M)\n"
@@ -144,7 +147,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
            OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
            OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX, OPT_STATEBODY, OPT_ALLOWHOST,
-           OPT_HTTPTIMEOUT };
+           OPT_HTTPTIMEOUT, OPT_NOSHARE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"synthetic", no_argument, 0, OPT_SYNTH},
@@ -162,6 +165,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"weights", required_argument, 0, OPT_WEIGHTS},
         {"max-sessions", required_argument, 0, OPT_MAXSESS},
         {"session-idle-timeout", required_argument, 0, OPT_IDLE},
+        {"no-prefix-sharing", no_argument, 0, OPT_NOSHARE},
         {"api-key", required_argument, 0, OPT_KEY},
         {"api-keys", required_argument, 0, OPT_KEYS},
         {"max-body", required_argument, 0, OPT_BODY},
@@ -245,6 +249,9 @@ static int parse_args(int argc, char **argv, serve_options *o)
         case OPT_IDLE:
             if (app_opt_float(prog, "--session-idle-timeout", optarg, 0, 1e9, &idle)) return -1;
             o->stack.idle_timeout_s = idle;
+            break;
+        case OPT_NOSHARE:
+            o->stack.no_prefix_sharing = 1;
             break;
         case OPT_KEY:
             if (add_key(o, optarg, "--api-key")) return -1;

@@ -278,6 +278,15 @@ static void snapshot(out_buf *b, const pv_metrics_snapshot *snap)
            "Bytes copied from device to host.", c->swap_out_bytes);
     scalar(b, "pensieve_cache_dropped_chunks_total", "counter",
            "Chunk records dropped (to be recomputed when needed).", c->dropped_chunks);
+    scalar(b, "pensieve_cache_shared_chunks", "gauge",
+           "Chunks held once for several sessions of one API key (a common prefix).", c->shared_chunks);
+    scalar(b, "pensieve_cache_shared_links", "gauge",
+           "Sessions' links to shared chunks (a chunk three sessions share: three).", c->shared_links);
+    per_tier(b, "pensieve_cache_shared_saved_bytes", "gauge",
+             "Bytes one copy per session of the shared chunks would add, per tier.",
+             c->shared_saved_bytes, PV_SLOT_TIERS);
+    scalar(b, "pensieve_engine_shared_prompt_tokens_total", "counter",
+           "Prompt tokens not computed because a shared chunk held them.", e->shared_prompt_tokens);
 }
 
 /* snap NULL: the server's own metrics only (no engine to ask yet). */

@@ -346,9 +346,10 @@ static pv_status session_op(pv_engine *e, void *arg)
                 tier < 3)
                 per_tier[tier]++;
         }
-        json_array_append_new(c->chunks, json_pack("{s:i, s:I, s:I, s:I}", "index", (int)ch, "device",
+        json_array_append_new(c->chunks, json_pack("{s:i, s:I, s:I, s:I, s:b}", "index", (int)ch, "device",
                                                    per_tier[PV_TIER_DEVICE], "host", per_tier[PV_TIER_HOST],
-                                                   "dropped", per_tier[PV_TIER_DROPPED]));
+                                                   "dropped", per_tier[PV_TIER_DROPPED], "shared",
+                                                   ch < c->view.shared_chunks));
     }
     return PV_OK;
 }
@@ -419,6 +420,9 @@ static enum MHD_Result serve_session(srv_req *r, const char *id, int remove)
         json_object_set_new(j, "bytes", json_pack("{s:I, s:I}", "device",
                                                   (json_int_t)c.view.held_bytes[PV_TIER_DEVICE], "host",
                                                   (json_int_t)c.view.held_bytes[PV_TIER_HOST]));
+        /* Shared chunks are held once for the sessions of this key that
+         * start the same way; "bytes" counts the session's own only. */
+        json_object_set_new(j, "shared_chunks", json_integer(c.view.shared_chunks));
         json_object_set_new(j, "chunks", c.chunks);
     } else {
         json_decref(c.chunks);

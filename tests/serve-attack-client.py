@@ -1,5 +1,6 @@
 """pensieve-serve against a hostile or careless client (issue 29, items
-1-8), over loopback on the synthetic model. Each check names what a server
+1-8; issue 28's namespaces of shared prefixes), over loopback on the
+synthetic model. Each check names what a server
 that got it wrong would show. Run by tests/test-serve-attack.sh:
     python3 serve-attack-client.py SERVE TMPDIR
 Prints TAP."""
@@ -369,8 +370,55 @@ def main():
     srv.stop()
 
 
+def shared_prefixes():
+    """Issue 28: sessions of one key share a common system prompt's chunks;
+    another key's never do (a cache-timing side channel otherwise)."""
+    keys = os.path.join(TMP, "share-keys")
+    with open(keys, "w") as f:
+        f.write("key-one\nkey-two\n")
+    system = " ".join("rule %d: answer briefly and kindly." % i for i in range(40))
+
+    def turn(port, key, session):
+        body = {"model": "m", "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": session}]}
+        st, data = request(port, "POST", "/v1/chat/completions", body,
+                           {"Authorization": "Bearer " + key, "X-Session-Id": session})
+        usage = json.loads(data).get("usage", {}) if st == 200 else {}
+        return usage.get("prompt_tokens_details", {}).get("cached_tokens"), usage.get("prompt_tokens")
+
+    def shared_chunks(port, key, session):
+        st, data = request(port, "GET", "/v1/sessions/" + session, headers={"Authorization": "Bearer " + key})
+        j = json.loads(data) if st == 200 else {}
+        return j.get("shared_chunks"), sum(1 for c in j.get("chunks", []) if c.get("shared"))
+
+    srv = Server("--api-keys", keys)
+    if not t.ok(srv.port is not None, "pensieve-serve starts with two API keys", srv.log_text()):
+        return
+    port = srv.port
+    first = turn(port, "key-one", "p")
+    second = turn(port, "key-one", "q")
+    other = turn(port, "key-two", "r")
+    t.ok(first[0] == 0 and second[0] and second[0] >= 64 and other[0] == 0,
+         "the same system prompt: key one's second session reads %s of %s prompt tokens from the first's "
+         "chunks; key two's first session none (%s)" % (second[0], second[1], other[0]))
+    q, r = shared_chunks(port, "key-one", "q"), shared_chunks(port, "key-two", "r")
+    t.ok(q[0] and q[0] == q[1] and r == (0, 0),
+         "GET /v1/sessions marks the shared chunks: key one's q %s (%s marked), key two's r %s" % (q[0], q[1], r))
+    metrics = request(port, "GET", "/metrics", headers={"Authorization": "Bearer key-one"})[1].decode()
+    line = [x for x in metrics.splitlines() if x.startswith("pensieve_cache_shared_chunks ")]
+    t.ok(line and int(line[0].split()[1]) == q[0], "/metrics counts the shared chunks: %s" % line)
+    srv.stop()
+    srv = Server("--api-keys", keys, "--no-prefix-sharing")
+    if srv.port:
+        turn(srv.port, "key-one", "p")
+        again = turn(srv.port, "key-one", "q")
+        t.ok(again[0] == 0, "--no-prefix-sharing: the second session reads nothing of the first's (%s)" % again[0])
+    srv.stop()
+
+
 try:
     main()
+    shared_prefixes()
 except Exception:
     t.error("the attack client raised")
 print("1..%d" % t.n)

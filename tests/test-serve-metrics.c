@@ -407,6 +407,11 @@ static void snapshot(void)
     snap.cache.swap_out_chunks = 3007;
     snap.cache.swap_out_bytes = 3008;
     snap.cache.dropped_chunks = 3009;
+    snap.cache.shared_chunks = 3010;
+    snap.cache.shared_links = 3011;
+    snap.cache.shared_saved_bytes[PV_TIER_DEVICE] = 3012;
+    snap.cache.shared_saved_bytes[PV_TIER_HOST] = 3013;
+    snap.engine.shared_prompt_tokens = 3014;
     /* Past 2^53: printed as an integer, not through a double. */
     snap.cache.misses = 18446744073709551615ULL;
 
@@ -435,6 +440,12 @@ static void snapshot(void)
            has_line(text, "pensieve_cache_swap_out_bytes_total 3008") &&
            has_line(text, "pensieve_cache_dropped_chunks_total 3009"),
        "swap-in, swap-out (chunks and bytes) and dropped chunks");
+    ok(has_line(text, "pensieve_cache_shared_chunks 3010") && has_line(text, "pensieve_cache_shared_links 3011") &&
+           has_line(text, "pensieve_cache_shared_saved_bytes{tier=\"device\"} 3012") &&
+           has_line(text, "pensieve_cache_shared_saved_bytes{tier=\"host\"} 3013") &&
+           has_line(text, "pensieve_engine_shared_prompt_tokens_total 3014") &&
+           has_line(text, "# TYPE pensieve_cache_shared_chunks gauge"),
+       "shared prefixes: chunks, links, bytes saved per tier, prompt tokens not computed");
     ok(has_line(text, "pensieve_requests_running 12") &&
            has_line(text, "pensieve_requests_waiting 13") && has_line(text, "pensieve_sessions 11") &&
            has_line(text, "# TYPE pensieve_requests_running gauge") &&
