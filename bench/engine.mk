@@ -11,3 +11,10 @@ noinst_PROGRAMS += bench/bench-state
 bench_bench_state_SOURCES = bench/bench-state.c bench/bench-util.h
 bench_bench_state_CFLAGS = $(AM_CFLAGS)
 bench_bench_state_LDADD = $(PV_LINK)
+
+# Shared prefixes (issue 28): sessions with one system prompt, with and
+# without sharing: time to first token and bytes held against one copy.
+noinst_PROGRAMS += bench/bench-share
+bench_bench_share_SOURCES = bench/bench-share.c bench/bench-util.h
+bench_bench_share_CFLAGS = $(AM_CFLAGS)
+bench_bench_share_LDADD = $(PV_LINK)
