@@ -1120,6 +1120,70 @@ uint64_t pv_backend_graph_runs(const pv_backend *be)
     return be ? be->graph_runs : 0;
 }
 
+/* ---- timing markers ------------------------------------------------------------ */
+
+pv_status pv_marker_init(pv_marker **out, pv_backend *be)
+{
+    if (!out)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_init: out is NULL");
+    *out = NULL;
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_init: backend is NULL");
+    pv_marker *m = calloc(1, sizeof *m);
+    if (!m)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_marker_init: cannot allocate the marker record");
+    m->backend = be;
+    pv_status st = be->ops->marker_init(be, m);
+    if (st != PV_OK) {
+        free(m);
+        return st;
+    }
+    *out = m;
+    return PV_OK;
+}
+
+void pv_marker_free(pv_marker *m)
+{
+    if (!m)
+        return;
+    m->backend->ops->marker_free(m->backend, m);
+    free(m);
+}
+
+/* A marker of be, by name in the messages. */
+static pv_status need_marker(const char *fn, const char *arg, const pv_backend *be, const pv_marker *m)
+{
+    if (!m)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s is NULL", fn, arg);
+    if (m->backend != be)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s belongs to backend '%s', not to this '%s'", fn, arg,
+                        m->backend->ops->name, be->ops->name);
+    return PV_OK;
+}
+
+pv_status pv_marker_record(pv_backend *be, pv_marker *m)
+{
+    if (!be)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_record: backend is NULL");
+    PV_TRY(need_marker("pv_marker_record", "marker", be, m));
+    PV_TRY(be->ops->marker_record(be, m));
+    m->recorded = 1;
+    return PV_OK;
+}
+
+pv_status pv_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds)
+{
+    if (!be || !seconds)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_elapsed: %s is NULL", be ? "seconds" : "backend");
+    *seconds = 0;
+    PV_TRY(need_marker("pv_marker_elapsed", "start", be, start));
+    PV_TRY(need_marker("pv_marker_elapsed", "end", be, end));
+    if (!start->recorded || !end->recorded)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_elapsed: the %s marker was never recorded",
+                        start->recorded ? "end" : "start");
+    return be->ops->marker_elapsed(be, start, end, seconds);
+}
+
 /* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
  * not overlap: a fused op writes one while it still reads the other. */
 static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 10 /* 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 11 /* 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -117,6 +117,7 @@ typedef struct pv_device_info {
 typedef struct pv_backend pv_backend;
 typedef struct pv_buffer pv_buffer;
 typedef struct pv_event pv_event;
+typedef struct pv_marker pv_marker;
 typedef struct pv_kernel_tuning pv_kernel_tuning; /* backends/kernel-tuning.h */
 
 struct pv_buffer {
@@ -132,6 +133,14 @@ struct pv_event {
     void *handle;
 };
 
+/* A timing marker (pv_marker_init): the device's time when the compute
+ * queue reached its latest record. */
+struct pv_marker {
+    pv_backend *backend;
+    void *handle;  /* backend object: cudaEvent_t, cl_event, the CPU's time */
+    int recorded;  /* pv_marker_record has succeeded at least once */
+};
+
 /* ---- Queues and ordering ---------------------------------------------------
  * A backend has two in-order queues (CUDA streams, OpenCL command queues).
  * Work on one queue runs in the order enqueued; the two queues run
@@ -140,8 +149,8 @@ struct pv_event {
  *   COMPUTE: every op but slot_transfer (gemm, attention, kv_write,
  *            slot_gather/scatter, embed_gather, rmsnorm, rope, swiglu, add,
  *            softmax, argmax, sample_top_p, sample_batch, qmatmul and the
- *            fused ops), pv_buffer_write, pv_buffer_read, and
- *            pv_copy_async(PV_QUEUE_COMPUTE, ...).
+ *            fused ops), pv_buffer_write, pv_buffer_read,
+ *            pv_copy_async(PV_QUEUE_COMPUTE, ...) and pv_marker_record.
  *   COPY:    pv_copy_async(PV_QUEUE_COPY, ...) and pv_slot_transfer: swap
  *            traffic between the host pool and the device pool,
  *            overlapping compute.
@@ -506,6 +515,15 @@ typedef struct pv_backend_ops {
     /* Optional (NULL: no graphs): pv_backend_graph_begin / _end. */
     pv_status (*graph_begin)(pv_backend *be, uint64_t key);
     pv_status (*graph_end)(pv_backend *be, int run, int *ran);
+    /* Timing markers (pv_marker_*): marker_init fills m->handle;
+     * marker_record takes the compute queue's time without waiting, also
+     * while a graph is recorded; marker_elapsed waits for both markers'
+     * latest records (never called while a graph is recorded on a
+     * backend with graphs: it returns PV_ERR_UNSUPPORTED there). */
+    pv_status (*marker_init)(pv_backend *be, pv_marker *m);
+    void (*marker_free)(pv_backend *be, pv_marker *m);
+    pv_status (*marker_record)(pv_backend *be, pv_marker *m);
+    pv_status (*marker_elapsed)(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds);
     /* 1: the ops run the portable kernels (kernels/) with the parameters
      * of be->tuning, which init may give its own defaults. */
     int tunable_kernels;
@@ -662,9 +680,10 @@ uint64_t pv_backend_copies(const pv_backend *be);
  * which the update takes), so the host pays one launch and the device runs
  * the kernels back to back. What runs and in which order is exactly what
  * the ops would have run.
- * Between the two calls only ops, pv_copy_async on COMPUTE and
- * pv_queue_wait belong: blocking reads and writes, pv_backend_finish,
- * pv_event_wait, pv_event_record on COMPUTE, argmax, sample_top_p and sample_batch
+ * Between the two calls only ops, pv_copy_async on COMPUTE,
+ * pv_queue_wait and pv_marker_record belong: blocking reads and writes,
+ * pv_backend_finish, pv_event_wait, pv_event_record on COMPUTE,
+ * pv_marker_elapsed, argmax, sample_top_p and sample_batch
  * return PV_ERR_UNSUPPORTED, and so may an op that would have to wait for
  * the host (its staging full). pv_backend_graph_end always ends the
  * recording, and runs it when `run` (the caller's ops all succeeded);
@@ -677,6 +696,40 @@ pv_status pv_backend_graph_begin(pv_backend *be, uint64_t key);
 pv_status pv_backend_graph_end(pv_backend *be, int run, int *ran);
 /* Graphs that ran (*ran = 1) since be opened (0 for NULL). */
 uint64_t pv_backend_graph_runs(const pv_backend *be);
+
+/* ---- timing markers -----------------------------------------------------------
+ * The host's clock around a step that is waited for says how long the step
+ * took, not how long the device worked on it. A marker takes the device's
+ * own time when the COMPUTE queue reaches it; the time between two markers
+ * is the device's time between them, the kernels' and any gap where the
+ * device waited for the host's next launch:
+ *   CUDA    a timing event recorded on the compute stream (cudaEventRecord;
+ *           cudaEventElapsedTime, about 0.5 us resolution)
+ *   OpenCL  a marker command's CL_PROFILING_COMMAND_END (the compute queue
+ *           is created with profiling on)
+ *   CPU     the host's monotonic clock when pv_marker_record is called:
+ *           every op has run when its call returns, so that is when the
+ *           queue reaches the marker, and the time between two markers is
+ *           the host's time between the two calls.
+ * pv_marker_record enqueues and returns: it never waits for the device.
+ * It may be called between pv_backend_graph_begin and _end: the marker
+ * then takes its time when the graph runs (CUDA: an event record node of
+ * the graph), and keeps its earlier record when the graph does not run
+ * (*ran = 0; the caller, who enqueues the work again, records it again;
+ * a marker whose only record was in such a graph reads as an error).
+ * A marker may be recorded again and again; its latest record counts.
+ * pv_marker_elapsed blocks the host until the queue has reached both
+ * markers' latest records, then *seconds = time(end) - time(start): zero
+ * or more when end was recorded after start, negative when before. Not
+ * between graph_begin and graph_end (PV_ERR_UNSUPPORTED on a backend with
+ * graphs). NULL arguments, a marker never recorded, and a marker or
+ * backend that is not the other's are PV_ERR_INVALID_ARG. A marker is
+ * freed with pv_marker_free, without waiting; one recorded into a graph
+ * lives as long as that graph may run again. */
+pv_status pv_marker_init(pv_marker **out, pv_backend *be);
+void pv_marker_free(pv_marker *m);
+pv_status pv_marker_record(pv_backend *be, pv_marker *m);
+pv_status pv_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds);
 
 /* Head dims the attention kernels are built for. */
 int pv_attention_head_dim_supported(int32_t head_dim);

@@ -12,7 +12,11 @@
  *                   bandwidth (bench-device.h), / bytes of weights and K/V
  *                   a decode step reads
  * the host time of a single-stream decode step (inside pv_llama_forward,
- * which returns once the step is enqueued) beside the whole step's time,
+ * which returns once the step is enqueued) beside the whole step's time
+ * and the device's time for it (timing markers, pv_marker_*, recorded
+ * before the step's first launch and after its last: the kernels and any
+ * gap where the device waited for the host's next launch; on the CPU
+ * backend, whose ops run inside the call, the host's time for the call),
  * with the cores' nominal FMA rate (bench-util.h) beside the GEMM peak,
  * and the kernel launches each kind of step enqueues (pv_backend_launches),
  * with the model's fused ops (--fuse 1, the default) or without (--fuse 0):
@@ -69,6 +73,15 @@ typedef struct launch_probe {
     double enqueue_s; /* host time inside pv_llama_forward, summed over the calls */
 } launch_probe;
 
+/* Per-step times of the timed single-stream decode steps: the host's
+ * inside pv_llama_forward, and the device's between a marker recorded
+ * before the call and one after it. */
+typedef struct step_times {
+    pv_marker *start, *end;
+    double *host_s, *device_s; /* [capacity] */
+    int n, capacity;
+} step_times;
+
 typedef struct launch_count {
     uint64_t per_step;
     double per_layer; /* < 0: not defined (one layer) */
@@ -85,18 +98,29 @@ static pv_status probe_layer(void *ctx, uint32_t layer)
 }
 
 /* One forward call of b, finished, with its launches counted into *out
- * (when out is not NULL). */
+ * (when out is not NULL) and its times appended to *times (when times is
+ * not NULL). */
 static pv_status counted_forward(pv_llama *model, pv_backend *be, pv_llama_batch *b, launch_probe *probe,
-                                 launch_count *out)
+                                 launch_count *out, step_times *times)
 {
     b->before_layer = probe_layer;
     b->before_layer_ctx = probe;
     const uint64_t before = pv_backend_launches(be);
+    pv_status st = times ? pv_marker_record(be, times->start) : PV_OK;
+    if (st != PV_OK)
+        return st;
     const double t0 = bench_now_s();
-    pv_status st = pv_llama_forward(model, b);
-    probe->enqueue_s += bench_now_s() - t0;
+    st = pv_llama_forward(model, b);
+    const double host_s = bench_now_s() - t0;
+    probe->enqueue_s += host_s;
+    if (st == PV_OK && times)
+        st = pv_marker_record(be, times->end);
     if (st == PV_OK)
         st = pv_backend_finish(be);
+    if (st == PV_OK && times && times->n < times->capacity) {
+        st = pv_marker_elapsed(be, times->start, times->end, &times->device_s[times->n]);
+        times->host_s[times->n++] = host_s;
+    }
     if (st == PV_OK && out) {
         out->per_step = pv_backend_launches(be) - before;
         out->per_layer = probe->n_layers > 1 ? (double)(probe->at_last - probe->at_first) / (probe->n_layers - 1)
@@ -207,7 +231,17 @@ int main(int argc, char **argv)
                    "  launches/layer  (count when layer n_layers - 1 starts writing the KV pool - count\n"
                    "                  when layer 0 does) / (n_layers - 1): one layer in the steady state\n"
                    "  outside         launches/step - n_layers x launches/layer (embedding, first norm,\n"
-                   "                  last residual, the output rows' norm and projection)\n");
+                   "                  last residual, the output rows' norm and projection)\n"
+                   "A single-stream decode step's times (--json: decode_host_s, decode_step_s, decode_device_s,\n"
+                   "decode_host_over_device):\n"
+                   "  host            inside pv_llama_forward, which returns once the step is enqueued\n"
+                   "  in all          the step waited for, on the host's clock\n"
+                   "  device          between timing markers (pv_marker_*) before the step's first launch and\n"
+                   "                  after its last, on the device's clock (CUDA events, OpenCL profiling):\n"
+                   "                  the kernels and the gaps where the device waited for the host; the\n"
+                   "                  median over the timed steps. On the CPU backend, whose ops run inside\n"
+                   "                  the call, the host's clock around the call: about the host time\n"
+                   "  host/device     the median step's host time over the median device time\n");
             return 0;
         case 'k':
             if (strcmp(optarg, "f32") == 0 || strcmp(optarg, "f16") == 0) {
@@ -229,8 +263,9 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (prompt < 1 || prompt > 512 || decode < 1 || reps < 1 || reps > 16 || batch < 1 || batch > 64) {
-        fprintf(stderr, "bench-model: --prompt in [1, 512], --decode >= 1, --reps in [1, 16], --batch in "
+    if (prompt < 1 || prompt > 512 || decode < 1 || decode > 1 << 20 || reps < 1 || reps > 16 || batch < 1 ||
+        batch > 64) {
+        fprintf(stderr, "bench-model: --prompt in [1, 512], --decode in [1, 2^20], --reps in [1, 16], --batch in "
                         "[1, 64]\n");
         return 2;
     }
@@ -300,6 +335,15 @@ int main(int argc, char **argv)
     double gemm_best = gemm_peak(be, hp, prompt, reps, &gemm_rate);
     double t_prefill[16], t_decode[16], t_enqueue[16];
     launch_probe probe = {.be = be, .n_layers = hp->n_layers};
+    step_times steps = {.capacity = reps * decode};
+    steps.host_s = malloc(sizeof *steps.host_s * (size_t)steps.capacity);
+    steps.device_s = malloc(sizeof *steps.device_s * (size_t)steps.capacity);
+    if (!steps.host_s || !steps.device_s) {
+        fprintf(stderr, "bench-model: cannot allocate the step times\n");
+        return 1;
+    }
+    if (pv_marker_init(&steps.start, be) != PV_OK || pv_marker_init(&steps.end, be) != PV_OK)
+        return fail("timing markers");
     launch_count prefill_launches = {0}, decode_launches = {0}, batch_launches = {0, -1.0};
     for (int r = 0; r <= reps; r++) { /* run 0 warms up */
         double t0 = bench_now_s();
@@ -307,7 +351,7 @@ int main(int argc, char **argv)
         b.tokens = tokens;
         b.token_pos = pos;
         last = prompt - 1;
-        if (counted_forward(model, be, &b, &probe, &prefill_launches) != PV_OK)
+        if (counted_forward(model, be, &b, &probe, &prefill_launches, NULL) != PV_OK)
             return fail("prefill");
         double t1 = bench_now_s();
         last = 0;
@@ -316,7 +360,8 @@ int main(int argc, char **argv)
             b.n_tokens = 1;
             b.tokens = tokens + i;
             b.token_pos = pos + i;
-            if (counted_forward(model, be, &b, &probe, i == prompt ? &decode_launches : NULL) != PV_OK)
+            if (counted_forward(model, be, &b, &probe, i == prompt ? &decode_launches : NULL, r > 0 ? &steps : NULL) !=
+                PV_OK)
                 return fail("decode");
         }
         double t2 = bench_now_s();
@@ -333,6 +378,11 @@ int main(int argc, char **argv)
      * a step's whole time is that plus the wait. Host time near the step
      * time means the device waits for the host. */
     const double enqueue_s = bench_median(t_enqueue, reps), step_s = bench_median(t_decode, reps);
+    /* The device's time for a step, between markers before its first
+     * launch and after its last, and the median step's host time against
+     * it: far under 1 when the device, not the host, sets the pace. */
+    const double device_s = bench_median(steps.device_s, steps.n);
+    const double host_over_device = bench_median(steps.host_s, steps.n) / device_s;
 
     /* Batched decode: every sequence holds the same prompt (prefilled once),
      * then each step decodes one token of each, with logits for all, at the
@@ -346,7 +396,7 @@ int main(int argc, char **argv)
             b.tokens = tokens;
             b.token_pos = pos;
             last = prompt - 1;
-            if (counted_forward(model, be, &b, &probe, NULL) != PV_OK)
+            if (counted_forward(model, be, &b, &probe, NULL, NULL) != PV_OK)
                 return fail("batch prefill");
         }
         double t_batch[16];
@@ -366,7 +416,7 @@ int main(int argc, char **argv)
                 d.token_pos = step_pos;
                 d.n_logits = batch < lo.max_logit_rows ? batch : lo.max_logit_rows;
                 d.logit_rows = step_rows;
-                if (counted_forward(model, be, &d, &probe, i == prompt ? &batch_launches : NULL) != PV_OK)
+                if (counted_forward(model, be, &d, &probe, i == prompt ? &batch_launches : NULL, NULL) != PV_OK)
                     return fail("batch decode");
             }
             if (r > 0)
@@ -423,13 +473,14 @@ int main(int argc, char **argv)
                ", \"weight_bytes_per_token\": %" PRIu64 ", \"process_rss_after_load\": %" PRIu64
                ", \"kv\": \"%s\", \"kv_bytes_per_token\": %.0f, \"decode_gbs\": %.3f, \"batch\": %d, "
                "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
-               "\"decode_host_fraction\": %.4f, \"decode_bound_reference\": \"%s\",\n"
+               "\"decode_host_fraction\": %.4f, \"decode_device_s\": %.9f, \"decode_host_over_device\": %.4f, "
+               "\"decode_bound_reference\": \"%s\",\n"
                " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"graph_failure\": \"%s\", "
                "\"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
                rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
-               enqueue_s / step_s, read_name, fuse, graphs, pv_backend_graph_runs(be), graph_failure, hp->n_layers);
+               enqueue_s / step_s, device_s, host_over_device, read_name, fuse, graphs, pv_backend_graph_runs(be), graph_failure, hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
         if (batch > 1)
@@ -489,6 +540,10 @@ int main(int argc, char **argv)
                "graphs %s, %" PRIu64 " run\n",
                enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s,
                !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be));
+        printf("decode step on the device's clock (timing markers around it%s): %.1f us; the median step's host "
+               "time / device time %.2f\n",
+               on_device ? "" : "; the CPU's are the host's clock around the call", device_s * 1e6,
+               host_over_device);
         if (graph_failure[0])
             printf("the last step that did not run as a graph: %s\n", graph_failure);
         printf("(timings: median of %d after a warm-up)\n", reps);
@@ -501,6 +556,10 @@ int main(int argc, char **argv)
     free(step_seq);
     free(step_pos);
     free(step_rows);
+    free(steps.host_s);
+    free(steps.device_s);
+    pv_marker_free(steps.start);
+    pv_marker_free(steps.end);
     pv_buffer_free(pool);
     pv_llama_free(model);
     pv_backend_free(be);

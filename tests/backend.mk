@@ -45,6 +45,16 @@ tests_test_backend_launches_SOURCES = tests/test-backend-launches.c
 tests_test_backend_launches_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_backend_launches_LDADD = $(PV_LINK)
 
+# Timing markers on every built backend: the device's time between two
+# markers around a long GEMM chain against the host's wall time, an empty
+# interval, the wrong order, records that never wait, misuse, and markers
+# recorded into a graph.
+check_PROGRAMS += tests/test-backend-timing
+TESTS += tests/test-backend-timing
+tests_test_backend_timing_SOURCES = tests/test-backend-timing.c
+tests_test_backend_timing_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_timing_LDADD = $(PV_LINK)
+
 # qmatmul and embed_gather over GGUF weight types on every built backend:
 # every type x batch size against a double-precision product.
 check_PROGRAMS += tests/test-backend-qmatmul

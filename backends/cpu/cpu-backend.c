@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Cache-line and SIMD friendly; also what posix_memalign needs. */
@@ -282,6 +283,37 @@ static pv_status cpu_finish(pv_backend *be)
     return PV_OK;
 }
 
+/* A marker's time is the host's monotonic clock at its record: every op
+ * has run when its call returns, so the queue reaches the marker then. The
+ * handle holds the seconds. */
+static pv_status cpu_marker_init(pv_backend *be, pv_marker *m)
+{
+    double *t = calloc(1, sizeof *t);
+    if (!t)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a marker (%zu bytes)", sizeof *t);
+    m->handle = t;
+    return PV_OK;
+}
+
+static void cpu_marker_free(pv_backend *be, pv_marker *m)
+{
+    free(m->handle);
+}
+
+static pv_status cpu_marker_record(pv_backend *be, pv_marker *m)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    *(double *)m->handle = (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+    return PV_OK;
+}
+
+static pv_status cpu_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds)
+{
+    *seconds = *(const double *)end->handle - *(const double *)start->handle;
+    return PV_OK;
+}
+
 /* C[m x n] = alpha * op(A)[m x k] op(B)[k x n] + beta * C, row-major. */
 static pv_status cpu_gemm(pv_backend *be, const pv_gemm_args *a)
 {
@@ -393,4 +425,8 @@ const pv_backend_ops pv_cpu_backend_ops = {
     .qmatmul_swiglu = cpu_qmatmul_swiglu,
     .slot_transfer = cpu_slot_transfer,
     .sample_batch = cpu_sample_batch,
+    .marker_init = cpu_marker_init,
+    .marker_free = cpu_marker_free,
+    .marker_record = cpu_marker_record,
+    .marker_elapsed = cpu_marker_elapsed,
 };

@@ -602,11 +602,17 @@ static pv_status event_new(pv_backend *be, pv_event **out)
     return PV_OK;
 }
 
-static void cuda_event_free(pv_backend *be, pv_event *ev)
+/* Events and markers: a failure here has nothing left to report to. */
+static void event_destroy(pv_backend *be, cudaEvent_t e)
 {
     cudaSetDevice(impl_of(be)->device);
-    cudaEventDestroy((cudaEvent_t)ev->handle);
+    cudaEventDestroy(e);
     (void)cudaGetLastError();
+}
+
+static void cuda_event_free(pv_backend *be, pv_event *ev)
+{
+    event_destroy(be, (cudaEvent_t)ev->handle);
     free(ev);
 }
 
@@ -1224,6 +1230,51 @@ static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args 
     return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
+/* ---- timing markers ---------------------------------------------------------------------
+ * A marker is a timing event recorded on the compute stream. While a graph
+ * is recorded, cudaEventRecordExternal makes the record an event record
+ * node of the graph (a plain record there would only mark the capture's
+ * dependencies and leave the event without a time), so the event takes its
+ * time whenever the graph runs. */
+
+static pv_status cuda_marker_init(pv_backend *be, pv_marker *m)
+{
+    PV_TRY(enter(impl_of(be)));
+    cudaEvent_t ev;
+    CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDefault), "%s", "timing marker");
+    m->handle = ev;
+    return PV_OK;
+}
+
+static void cuda_marker_free(pv_backend *be, pv_marker *m)
+{
+    event_destroy(be, (cudaEvent_t)m->handle);
+}
+
+static pv_status cuda_marker_record(pv_backend *be, pv_marker *m)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    CUDA_TRY(cudaEventRecordWithFlags((cudaEvent_t)m->handle, cu->stream[PV_QUEUE_COMPUTE],
+                                      cu->capturing ? cudaEventRecordExternal : cudaEventRecordDefault),
+             "timing marker%s", cu->capturing ? " in a graph" : "");
+    return PV_OK;
+}
+
+static pv_status cuda_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    PV_TRY(not_capturing(cu, "the time between markers"));
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)start->handle), "%s", "start marker");
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)end->handle), "%s", "end marker");
+    float ms = 0;
+    CUDA_TRY(cudaEventElapsedTime(&ms, (cudaEvent_t)start->handle, (cudaEvent_t)end->handle), "%s",
+             "the time between markers");
+    *seconds = ms * 1e-3;
+    return PV_OK;
+}
+
 /* ---- graphs (backend.h) ------------------------------------------------------------------ */
 
 static pv_status cuda_graph_begin(pv_backend *be, uint64_t key)
@@ -1359,6 +1410,10 @@ static const pv_backend_ops cuda_backend_ops = {
     .sample_batch = cuda_sample_batch,
     .graph_begin = cuda_graph_begin,
     .graph_end = cuda_graph_end,
+    .marker_init = cuda_marker_init,
+    .marker_free = cuda_marker_free,
+    .marker_record = cuda_marker_record,
+    .marker_elapsed = cuda_marker_elapsed,
     .tunable_kernels = 1,
 };
 
