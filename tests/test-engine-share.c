@@ -14,6 +14,8 @@
  * and the switch off shares nothing at all. */
 #include "engine-util.h"
 
+#include <pensieve/state.h>
+
 #include <inttypes.h>
 #include <unistd.h>
 
@@ -114,6 +116,8 @@ static void session_name(int i, char *buf)
     snprintf(buf, 32, "k%d:s%d", i < SESSIONS / 2 ? 1 : 2, i);
 }
 
+static conv convs[SESSIONS]; /* each session's conversation as its client sees it */
+
 typedef struct run_stats {
     int answers, equal;
     uint32_t shared_first[SESSIONS]; /* shared_tokens of each first turn */
@@ -127,7 +131,6 @@ typedef struct run_stats {
 static void run(pv_engine *e, int concurrent, run_stats *rs)
 {
     memset(rs, 0, sizeof *rs);
-    static conv convs[SESSIONS];
     rng_state = 0x28;
     for (int i = 0; i < SESSIONS; i++)
         convs[i].n = 0;
@@ -249,6 +252,55 @@ static void isolation(void)
     pv_engine_free(e);
 }
 
+/* A state export carries its own copy of the shared chunks; imported, the
+ * session holds them as its own and answers as before. */
+static void state_roundtrip(void)
+{
+    pv_engine *e = new_engine(PV_MODE_PENSIEVE, 4096, 4096, 1);
+    if (!e) {
+        ok(0, "state: engine");
+        return;
+    }
+    run_stats rs;
+    bad_checks = 0;
+    run(e, 1, &rs);
+    pv_session_view before, after;
+    pv_cache *cache = pv_engine_cache(e);
+    pv_cache_session_restore(cache, "k1:s1", &before);
+    pv_session_image *img = NULL;
+    pv_status st = pv_engine_session_export(e, "k1:s1", 1, &img, NULL);
+    if (st == PV_OK)
+        st = pv_engine_end_session(e, "k1:s1");
+    if (st == PV_OK)
+        st = pv_engine_session_import(e, img, NULL);
+    pv_session_image_free(img);
+    if (st == PV_OK)
+        st = pv_cache_session_restore(cache, "k1:s1", &after);
+    uint32_t own = after.records[0] + after.records[1] + after.records[2];
+    ok(st == PV_OK && before.shared_chunks == PROMPT / CHUNK && after.shared_chunks == 0 &&
+           own == after.n_chunks * LAYERS && pv_engine_check(e) == PV_OK,
+       "state: an export of a session sharing %u chunks imports as its own copy (%u shared, %u of %u records "
+       "its own): %s",
+       before.shared_chunks, after.shared_chunks, own, after.n_chunks * LAYERS, st == PV_OK ? "ok" : pv_last_error());
+    /* Its next turn answers as a fresh run of the whole conversation. */
+    conv *c = &convs[1];
+    int32_t more[5];
+    for (int k = 0; k < 5; k++)
+        more[k] = c->v[k + 7];
+    memcpy(c->v + c->n, more, sizeof more);
+    c->n += 5;
+    eu_result got, want;
+    memset(&got, 0, sizeof got);
+    pv_turn t = {.tokens = more, .n_tokens = 5, .sampling = greedy(6)};
+    pv_turn_callbacks cb = {eu_on_token, eu_on_done, &got};
+    if (pv_engine_submit(e, "k1:s1", &t, &cb, NULL) != PV_OK || drive(e) != PV_OK)
+        got.status = PV_ERR_STATE;
+    fresh(c, 6, &want);
+    ok(same(&got, &want) && bad_checks == 0, "state: the imported session's next answer equals the fresh one "
+       "(%d tokens, fresh %d)", got.n, want.n);
+    pv_engine_free(e);
+}
+
 static void switched_off(void)
 {
     pv_engine *e = new_engine(PV_MODE_PENSIEVE, 4096, 0, 0);
@@ -293,6 +345,7 @@ int main(int argc, char **argv)
     mode_case("gpu-only, 60 device slots", PV_MODE_GPU_ONLY, 60, 0, 2, 1);
     mode_case("stateless with sharing", PV_MODE_STATELESS, 4096, 0, 4, 0);
     isolation();
+    state_roundtrip();
     switched_off();
     pv_engine_free(REF);
     eu_model_free(&M);
