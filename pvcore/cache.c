@@ -295,7 +295,8 @@ static pv_status new_handle(pv_cache *cache, uint32_t *handle)
 uint64_t pv_ns_hash(const char *id)
 {
     uint64_t h = 14695981039346656037ull; /* FNV-1a, 64 bits */
-    for (const unsigned char *p = (const unsigned char *)id; *p && *p != ':'; p++)
+    const char *colon = strchr(id, ':');
+    for (const unsigned char *p = (const unsigned char *)id; colon && p < (const unsigned char *)colon; p++)
         h = (h ^ *p) * 1099511628211ull;
     return h;
 }

@@ -40,16 +40,13 @@ static uint64_t chain_next(uint64_t parent, const int32_t *tokens, uint32_t n)
     return mix64(h);
 }
 
-/* The namespaces of two ids agree (bytes before the first ':'). */
+/* The namespaces of two ids agree: the bytes before the first ':', empty
+ * for an id without one. */
 static int same_namespace(const char *a, const char *b)
 {
-    for (;; a++, b++) {
-        int end_a = !*a || *a == ':', end_b = !*b || *b == ':';
-        if (end_a || end_b)
-            return end_a && end_b;
-        if (*a != *b)
-            return 0;
-    }
+    const char *ca = strchr(a, ':'), *cb = strchr(b, ':');
+    size_t na = ca ? (size_t)(ca - a) : 0, nb = cb ? (size_t)(cb - b) : 0;
+    return na == nb && memcmp(a, b, na) == 0;
 }
 
 /* The chain hash through chunk n - 1 of session s (its namespace's for 0). */

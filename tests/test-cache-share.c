@@ -283,6 +283,55 @@ static int bytes_ok(void)
     return 1;
 }
 
+/* One session's first chunk stored and saved; a second session's first
+ * turn with the same tokens: shared tokens. */
+static uint32_t shares_with(pv_cache *c, const char *first, const char *second)
+{
+    const int32_t t[2 * CT + 1] = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+    uint32_t shared = 0;
+    if (pv_cache_session_open(c, first) != PV_OK ||
+        pv_cache_share_prefix(c, first, NULL, 0, t, 2 * CT + 1, &shared) != PV_OK || shared)
+        return UINT32_MAX;
+    for (uint32_t k = 0; k < 2; k++)
+        for (uint32_t l = 0; l < LAYERS; l++)
+            if (pv_cache_store_chunk(c, first, k, l, PV_TIER_DEVICE, NULL) != PV_OK)
+                return UINT32_MAX;
+    if (pv_cache_append_tokens(c, first, t, 2 * CT + 1) != PV_OK ||
+        pv_cache_session_save(c, first, 2 * CT + 1) != PV_OK || pv_cache_session_open(c, second) != PV_OK ||
+        pv_cache_share_prefix(c, second, NULL, 0, t, 2 * CT + 1, &shared) != PV_OK)
+        return UINT32_MAX;
+    pv_cache_end_session(c, first, NULL);
+    pv_cache_end_session(c, second, NULL);
+    return shared;
+}
+
+/* A namespace is the bytes before an id's first ':', empty without one. */
+static void namespaces(void)
+{
+    pv_cache_config cfg;
+    pv_cache_config_defaults(&cfg);
+    cfg.n_layers = LAYERS;
+    cfg.chunk_tokens = CT;
+    cfg.slot_bytes = TEST_SLOT_BYTES;
+    cfg.device_bytes = 64 * TEST_SLOT_BYTES;
+    cfg.host_bytes = 0;
+    cfg.share_prefixes = 1;
+    pv_cache *c = NULL;
+    if (pv_cache_init(&c, &cfg, test_clock_read, &clk) != PV_OK) {
+        ok(0, "namespaces: cache");
+        return;
+    }
+    uint32_t plain = shares_with(c, "x", "y"), same = shares_with(c, "k:x", "k:y:z"),
+             other = shares_with(c, "k:x", "q:x"), mixed = shares_with(c, "x", "k:y"),
+             prefix = shares_with(c, "k:x", "kk:x");
+    ok(plain == 2 * CT && same == 2 * CT && other == 0 && mixed == 0 && prefix == 0,
+       "namespaces: ids without ':' share (%u tokens), k:x and k:y:z share (%u), k:x and q:x do not (%u), "
+       "x and k:y do not (%u), k:x and kk:x do not (%u)",
+       plain, same, other, mixed, prefix);
+    check_ok(c, "after the namespace cases");
+    pv_cache_free(c);
+}
+
 int main(int argc, char **argv)
 {
     uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x5eed28;
@@ -433,5 +482,6 @@ int main(int argc, char **argv)
        cs.shared_chunks, cs.shared_links, cs.used_bytes[0], cs.used_bytes[1]);
     check_ok(cache, "after every session ended");
     pv_cache_free(cache);
+    namespaces();
     return tap_done();
 }
