@@ -209,6 +209,7 @@ static int stack_engine(app_stack *st, const app_stack_options *o, const char *p
     pv_engine_config_defaults(&ec);
     ec.mode = o->mode;
     ec.idle_timeout_s = o->idle_timeout_s;
+    ec.prefix_sharing = !o->no_prefix_sharing;
     ec.clock = o->clock;
     ec.clock_ctx = o->clock_ctx;
     pv_status s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, cc, &ec);

@@ -33,6 +33,7 @@ typedef struct app_stack_options {
     pv_dtype kv_dtype;
     pv_llama_weights weights;
     double idle_timeout_s;
+    int no_prefix_sharing;             /* pv_engine_config.prefix_sharing = 0 (a comparison's baseline) */
     pv_clock_fn clock;                 /* the engine's clock (NULL: monotonic), e.g. a virtual one */
     void *clock_ctx;
     const char *tune_hint;             /* how to get a profile, for the line saying there is none
