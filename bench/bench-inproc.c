@@ -217,7 +217,9 @@ static pv_status run_workload(run_state *r)
     const wl_workload *w = r->w;
     for (int32_t i = 0; i < w->n; i++) {
         r->convs[i].due_s = w->conv[i].arrival_s;
-        snprintf(r->convs[i].session, sizeof r->convs[i].session, "conv-%d", i);
+        /* One namespace (the bytes before ':') for the whole run: one
+         * client's conversations, which may share a common prefix. */
+        snprintf(r->convs[i].session, sizeof r->convs[i].session, "bench:conv-%d", i);
     }
     r->t0 = r->clock ? r->clock->now : bench_now_s();
     pv_status st = PV_OK;
