@@ -94,11 +94,9 @@ static void text_free(bh_text *t)
 
 /* ---- generated messages -------------------------------------------------------------- */
 
-pv_status bh_words(uint64_t seed, int32_t conv, int32_t turn, int32_t n, bh_text *t)
+/* n words drawn from state s into *t. */
+static pv_status words_from(uint64_t s, int32_t n, bh_text *t)
 {
-    /* A stream per (conversation, turn): wl_mix64 is a bijection, so
-     * distinct keys start distinct states. */
-    uint64_t s = wl_mix64(seed) ^ wl_mix64(((uint64_t)(uint32_t)conv << 32) | (uint32_t)turn);
     uint64_t draw = 0;
     text_clear(t);
     PV_TRY(text_add(t, "", 0, MAX_TEXT, "a message"));
@@ -112,6 +110,18 @@ pv_status bh_words(uint64_t seed, int32_t conv, int32_t turn, int32_t n, bh_text
         PV_TRY(text_add(t, word, strlen(word), MAX_TEXT, "a message"));
     }
     return PV_OK;
+}
+
+pv_status bh_words(uint64_t seed, int32_t conv, int32_t turn, int32_t n, bh_text *t)
+{
+    /* A stream per (conversation, turn): wl_mix64 is a bijection, so
+     * distinct keys start distinct states. */
+    return words_from(wl_mix64(seed) ^ wl_mix64(((uint64_t)(uint32_t)conv << 32) | (uint32_t)turn), n, t);
+}
+
+pv_status bh_system_words(uint64_t seed, int32_t k, int32_t n, bh_text *t)
+{
+    return words_from(wl_system_prompt_state(seed, k), n, t);
 }
 
 /* ---- the event stream ------------------------------------------------------------------ */
@@ -512,6 +522,9 @@ pv_status bh_chat_body(const bh_options *o, const wl_conversation *c, int32_t co
     }
     bh_text drawn = {0};
     pv_status st = PV_OK;
+    if (!bad && c->system_tokens > 0 && (st = bh_system_words(o->seed, c->system_prompt, c->system_tokens,
+                                                               &drawn)) == PV_OK)
+        bad = json_array_append_new(messages, chat_message("system", drawn.p, drawn.n));
     for (int32_t k = 0; !bad && st == PV_OK && k <= turn; k++) {
         const char *text = c->turns[k].text;
         size_t len = text ? strlen(text) : 0;
@@ -580,7 +593,8 @@ static pv_status start_turn(run *r, int32_t i)
     curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
     const wl_turn *t = &c->turns[turn];
     q->record = r->out->n_records;
-    r->out->records[q->record] = (br_record){.submit_s = since(r), .first_s = -1, .input_tokens = t->input_tokens,
+    r->out->records[q->record] = (br_record){.submit_s = since(r), .first_s = -1,
+                                             .input_tokens = t->input_tokens + (turn == 0 ? c->system_tokens : 0),
                                              .target_tokens = t->output_tokens};
     PV_TRY(add_transfer(r, q));
     r->out->n_records++;

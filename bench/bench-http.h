@@ -15,7 +15,10 @@
  * Generated turns' messages are input_tokens words drawn from 256 common
  * English words (each one token with its leading space in a GPT-2 style
  * vocabulary), deterministic per seed, conversation and turn; replayed
- * turns send their text. The server counts the real prompt.
+ * turns send their text. A conversation with a preamble sends it first in
+ * every request, as a system message of system_tokens such words,
+ * deterministic per seed and preamble (bh_system_words). The server counts
+ * the real prompt.
  *
  * A request fails on an HTTP status other than 200, an error object in the
  * stream, a stream that ends without "data: [DONE]", a transport error or
@@ -106,7 +109,8 @@ void bh_answer_free(bh_answer *a); /* and initialises it again */
 pv_status bh_answer_event(bh_answer *a, double now, const char *data, size_t len);
 
 /* The POST body of turn `turn` of conversation c (index conv, for the
- * generated words): every earlier user message with answers[k] after it,
+ * generated words): its preamble as a system message (when it has one),
+ * every earlier user message with answers[k] after it,
  * then the new message, max_tokens the turn's output_tokens, streamed with
  * usage, greedy. *out is malloc'd JSON. */
 pv_status bh_chat_body(const bh_options *o, const wl_conversation *c, int32_t conv, int32_t turn,
@@ -120,5 +124,10 @@ void bh_metrics_parse(const char *text, size_t len, br_counters *out);
 /* The generated message of a conversation's turn: n words, separated by
  * spaces, into *t (replacing what it held). */
 pv_status bh_words(uint64_t seed, int32_t conv, int32_t turn, int32_t n, bh_text *t);
+
+/* Preamble k of the workload drawn with seed, as n words the same way,
+ * from wl_system_prompt_state(seed, k): the same text in every
+ * conversation that drew k. */
+pv_status bh_system_words(uint64_t seed, int32_t k, int32_t n, bh_text *t);
 
 #endif

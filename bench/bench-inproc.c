@@ -25,6 +25,7 @@ typedef struct run_state {
     pv_engine *engine;
     bi_clock *clock; /* NULL: real time */
     uint32_t n_vocab;
+    uint64_t seed; /* the workload's: the preambles' ids */
     const char *label;
     double t0;
     conv_state *convs;
@@ -134,17 +135,35 @@ static pv_status advance_clock(run_state *r)
     return PV_OK;
 }
 
+pv_status bi_prompt_ids(const wl_conversation *c, int32_t turn, uint64_t seed, uint32_t n_vocab, uint64_t *rng,
+                        int32_t **ids, size_t *n)
+{
+    const int32_t pre = turn == 0 ? c->system_tokens : 0;
+    const size_t len = (size_t)pre + (size_t)c->turns[turn].input_tokens;
+    int32_t *grown = realloc(*ids, len * sizeof *grown);
+    if (!grown)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %zu prompt tokens", len);
+    *ids = grown;
+    wl_system_prompt_ids(seed, c->system_prompt, pre, n_vocab, grown);
+    for (size_t k = (size_t)pre; k < len; k++)
+        grown[k] = wl_token_id(wl_splitmix64(rng), n_vocab);
+    *n = len;
+    return PV_OK;
+}
+
 /* Sends conversation i's next turn. */
 static pv_status submit_turn(run_state *r, int32_t i)
 {
     conv_state *cs = &r->convs[i];
-    const wl_turn *t = &r->w->conv[i].turns[cs->next];
+    const wl_conversation *c = &r->w->conv[i];
+    const wl_turn *t = &c->turns[cs->next];
     request_ctx *ctx = malloc(sizeof *ctx);
     if (!ctx)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: no memory for a request");
     *ctx = (request_ctx){r, i, r->out->n_records};
     br_record *rec = &r->out->records[r->out->n_records];
-    *rec = (br_record){.submit_s = since(r), .first_s = -1, .input_tokens = t->input_tokens,
+    *rec = (br_record){.submit_s = since(r), .first_s = -1,
+                       .input_tokens = t->input_tokens + (cs->next == 0 ? c->system_tokens : 0),
                        .target_tokens = t->output_tokens};
     pv_turn turn;
     memset(&turn, 0, sizeof turn);
@@ -156,17 +175,13 @@ static pv_status submit_turn(run_state *r, int32_t i)
         turn.messages = &msg;
         turn.n_messages = 1;
     } else {
-        int32_t *ids = realloc(cs->prompt_ids, (size_t)t->input_tokens * sizeof *ids);
-        if (!ids) {
+        const pv_status st = bi_prompt_ids(c, cs->next, r->seed, r->n_vocab, &r->rng, &cs->prompt_ids,
+                                           &turn.n_tokens);
+        if (st != PV_OK) {
             free(ctx);
-            return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-bench: %d prompt tokens", t->input_tokens);
+            return st;
         }
-        cs->prompt_ids = ids;
-        /* the vocabulary's middle half: no end or control tokens */
-        for (int32_t k = 0; k < t->input_tokens; k++)
-            ids[k] = (int32_t)(r->n_vocab / 4 + wl_splitmix64(&r->rng) % (r->n_vocab / 2));
-        turn.tokens = ids;
-        turn.n_tokens = (size_t)t->input_tokens;
+        turn.tokens = cs->prompt_ids;
     }
     const pv_turn_callbacks cb = {on_token, on_done, ctx};
     pv_status st = pv_engine_submit(r->engine, cs->session, &turn, &cb, NULL);
@@ -202,7 +217,9 @@ static pv_status run_workload(run_state *r)
     const wl_workload *w = r->w;
     for (int32_t i = 0; i < w->n; i++) {
         r->convs[i].due_s = w->conv[i].arrival_s;
-        snprintf(r->convs[i].session, sizeof r->convs[i].session, "conv-%d", i);
+        /* One namespace (the bytes before ':') for the whole run: one
+         * client's conversations, which may share a common prefix. */
+        snprintf(r->convs[i].session, sizeof r->convs[i].session, "bench:conv-%d", i);
     }
     r->t0 = r->clock ? r->clock->now : bench_now_s();
     pv_status st = PV_OK;
@@ -251,7 +268,7 @@ pv_status bi_run(pv_engine *engine, bi_clock *clock, uint32_t n_vocab, const wl_
 {
     memset(out, 0, sizeof *out);
     run_state r = {.w = w, .engine = engine, .clock = clock, .n_vocab = n_vocab, .label = label, .out = out,
-                   .rng = seed};
+                   .seed = seed, .rng = seed};
     for (int32_t i = 0; i < w->n; i++)
         r.total += w->conv[i].n_turns;
     const size_t n_records = (size_t)(r.total ? r.total : 1);

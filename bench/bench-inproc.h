@@ -5,9 +5,11 @@
  * turn. In virtual time (bi_clock) nothing sleeps: the clock jumps to the
  * next turn due, and each iteration moves it by a cost model of the tokens
  * it forwarded, so a run is a function of the workload and the engine's
- * decisions alone, the same on any machine and under any load. Generated turns are token ids (random ids of the vocabulary's
- * middle, never an end token), answered with ignore_eos so every answer has
- * the length the workload drew; replayed turns are chat messages. */
+ * decisions alone, the same on any machine and under any load. Generated
+ * turns are token ids (random ids of the vocabulary's middle, never an end
+ * token; a first turn's preamble, wl_system_prompt_ids, in front),
+ * answered with ignore_eos so every answer has the length the workload
+ * drew; replayed turns are chat messages. */
 #ifndef PV_BENCH_INPROC_H
 #define PV_BENCH_INPROC_H
 
@@ -26,9 +28,17 @@ typedef struct bi_clock {
 
 double bi_clock_read(void *clock);
 
+/* The token ids of generated turn `turn` of conversation c: on the first
+ * turn the conversation's preamble (wl_system_prompt_ids of seed), then
+ * input_tokens ids drawn from *rng (wl_token_id), into *ids (realloc'd,
+ * kept on failure); *n gets their count. */
+pv_status bi_prompt_ids(const wl_conversation *c, int32_t turn, uint64_t seed, uint32_t n_vocab, uint64_t *rng,
+                        int32_t **ids, size_t *n);
+
 /* Runs w through engine (fresh: its statistics become out->counters);
  * clock NULL: real time, else the engine's virtual clock;
- * n_vocab bounds the generated ids, seed draws them, label names the
+ * n_vocab bounds the generated ids, seed draws them (the workload's seed:
+ * it also names the preambles), label names the
  * progress line. *out is filled (br_run_free releases it) also when a turn
  * fails; the status is not PV_OK only when the run itself could not go on
  * (out of memory, the engine refusing a submit or failing a step). */

@@ -11,7 +11,8 @@
 /* One request (one turn of a conversation). */
 typedef struct br_record {
     double submit_s, first_s, end_s; /* since the run's start; first_s < 0: no token came */
-    int32_t input_tokens;            /* the new message, as drawn (or counted, replayed) */
+    int32_t input_tokens;            /* the new message, as drawn (or counted, replayed), and a first
+                                        turn's preamble */
     int32_t target_tokens;           /* max_tokens: the answer's drawn length */
     int32_t generated;               /* tokens the answer had */
     int failed;                      /* an error instead of an answer */

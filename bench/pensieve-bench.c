@@ -239,6 +239,11 @@ static pv_status run_engine(const bench_options *o, pv_engine_mode mode, int pol
         s = pv_error(PV_ERR_INVALID_ARG, "%s: the device pool holds %lld chunks of a conversation: too small a "
                      "--device-mem for any conversation",
                      prog, (long long)pool_chunks);
+    else if (s == PV_OK && rep->context_cap < (int64_t)o->workload.system_prompt_tokens + 2)
+        s = pv_error(PV_ERR_INVALID_ARG, "%s: conversations are capped at %lld tokens here (the model's context, "
+                     "the device pool's %lld chunks): no room for a %d-token system prompt and a turn; a larger "
+                     "--device-mem, or fewer --system-prompt-tokens",
+                     prog, (long long)rep->context_cap, (long long)pool_chunks, (int)o->workload.system_prompt_tokens);
     wl_workload w = {0};
     if (s == PV_OK)
         s = load_workload(o, rate, (int32_t)rep->context_cap, &st.tok, &w, rep);
@@ -424,6 +429,12 @@ static void print_table(const bench_options *o, const bench_results *res)
     printf("pensieve-bench: %s, %s conversations %s, think %.3g s, time scale %.3g, length scale %.3g, seed %llu\n",
            o->replay ? o->replay : wl_dataset_stats_of(w->dataset)->name, o->replay ? "replayed" : "generated", count,
            w->think_mean_s, w->time_scale, w->length_scale, (unsigned long long)w->seed);
+    char preamble[96] = "no system prompt";
+    if (w->system_prompt_tokens > 0)
+        snprintf(preamble, sizeof preamble, "system prompt %d tokens, one of %d", (int)w->system_prompt_tokens,
+                 (int)w->system_prompts);
+    printf("%s; prefix sharing %s\n", preamble,
+           o->http ? "as the server has it" : o->stack.no_prefix_sharing ? "off" : "on");
     if (o->virtual_step_s > 0)
         printf("in virtual time: an engine iteration takes %.3g ms + %.3g ms a token it forwards\n",
                o->virtual_step_s * 1e3, o->virtual_token_s * 1e3);
@@ -518,11 +529,14 @@ static void print_json(const bench_options *o, const bench_results *res)
     const wl_options *w = &o->workload;
     json_t *root = json_object(), *runs = json_array();
     json_object_set_new(root, "workload",
-                        json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:I,s:i}", "source",
+                        json_pack("{s:s,s:i,s:f,s:f,s:f,s:f,s:I,s:i,s:i,s:i}", "source",
                                   o->replay ? "replay" : wl_dataset_stats_of(w->dataset)->name, "conversations",
                                   w->n_conversations, "duration_s", o->duration_s, "think_mean_s", w->think_mean_s, "time_scale", w->time_scale,
                                   "length_scale", w->length_scale, "seed", (json_int_t)w->seed, "context_cap",
-                                  w->context_cap));
+                                  w->context_cap, "system_prompt_tokens", w->system_prompt_tokens, "system_prompts",
+                                  w->system_prompts));
+    /* null over HTTP: the server's own switch */
+    json_object_set_new(root, "prefix_sharing", o->http ? json_null() : json_boolean(!o->stack.no_prefix_sharing));
     for (int i = 0; i < res->n_runs; i++)
         json_array_append_new(runs, report_json(&res->runs[i]));
     json_object_set_new(root, "virtual_time", o->virtual_step_s > 0 ? json_pack("{s:f,s:f}", "step_s",
@@ -612,6 +626,12 @@ static void usage(FILE *f)
             "  --length-scale X     multiplies the mean input and output lengths (default 1)\n"
             "  --context-cap N      a conversation ends before passing N tokens (default 16384)\n"
             "  --seed N             the workload's draws (default 1)\n"
+            "  --system-prompt-tokens N   every conversation starts with a shared preamble of N tokens, one of\n"
+            "                       --system-prompts drawn per conversation, kept in its history and counted\n"
+            "                       in the context cap (default 0: none); in process N token ids in front of\n"
+            "                       the first turn, over HTTP a system message of N words (about N tokens);\n"
+            "                       refused with --replay, whose conversations are sent as recorded\n"
+            "  --system-prompts K   distinct preambles to draw from (default 4)\n"
             "sweep:\n"
             "  --rates LIST         a sweep over these rates (comma list, rising)\n"
             "  --sweep              a sweep sized for SmolLM2 on a small CPU, in under 15 minutes: rates\n"
@@ -631,6 +651,8 @@ static void usage(FILE *f)
             "  --host-mem SIZE      host tier budget\n"
             "  --config FILE        cache settings (INI)\n"
             "  --profile FILE       device profile from pensieve-tune\n"
+            "  --no-prefix-sharing  each session keeps its own copy of a common prefix (the engine's\n"
+            "                       prefix_sharing off), for comparison; refused with --http (the server's own)\n"
             "  --virtual-time STEP_MS,TOKEN_MS   no sleeping, no wall clock: an engine iteration takes\n"
             "                       STEP_MS + TOKEN_MS per token it forwards; a run depends on the workload\n"
             "                       and the engine's decisions only (repeatable, e.g. to compare policies)\n"
@@ -709,6 +731,7 @@ enum {
     OPT_DATASET = 256, OPT_REPLAY, OPT_CONVS, OPT_RATE, OPT_THINK, OPT_TIME_SCALE, OPT_LENGTH_SCALE, OPT_CAP,
     OPT_SEED, OPT_MODES, OPT_JSON, OPT_RATES, OPT_SWEEP, OPT_TARGET, OPT_POLICIES, OPT_PLOT, OPT_HTTP,
     OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION, OPT_BAN_TOKENS, OPT_VIRTUAL_TIME,
+    OPT_SYSTEM_PROMPT_TOKENS, OPT_SYSTEM_PROMPTS, OPT_NO_PREFIX_SHARING,
     OPT_STACK /* the stack's options (app_stack_option) */
 };
 
@@ -728,6 +751,9 @@ static int parse_options(int argc, char **argv, bench_options *o)
         {"no-sessions", no_argument, 0, OPT_NO_SESSIONS}, {"duration", required_argument, 0, OPT_DURATION},
         {"ban-tokens", required_argument, 0, OPT_BAN_TOKENS},
         {"virtual-time", required_argument, 0, OPT_VIRTUAL_TIME},
+        {"system-prompt-tokens", required_argument, 0, OPT_SYSTEM_PROMPT_TOKENS},
+        {"system-prompts", required_argument, 0, OPT_SYSTEM_PROMPTS},
+        {"no-prefix-sharing", no_argument, 0, OPT_NO_PREFIX_SHARING},
         {"policy", required_argument, 0, OPT_STACK},      {"model", required_argument, 0, OPT_STACK},
         {"synthetic", no_argument, 0, OPT_STACK},         {"backend", required_argument, 0, OPT_STACK},
         {"device-mem", required_argument, 0, OPT_STACK},  {"host-mem", required_argument, 0, OPT_STACK},
@@ -787,6 +813,15 @@ static int parse_options(int argc, char **argv, bench_options *o)
             if (app_opt_long(prog, "--seed", optarg, 0, INT32_MAX, &v)) return -1;
             o->workload.seed = (uint64_t)v;
             break;
+        case OPT_SYSTEM_PROMPT_TOKENS:
+            if (app_opt_long(prog, "--system-prompt-tokens", optarg, 0, 1 << 24, &v)) return -1;
+            o->workload.system_prompt_tokens = (int32_t)v;
+            break;
+        case OPT_SYSTEM_PROMPTS:
+            if (app_opt_long(prog, "--system-prompts", optarg, 1, 1000000, &v)) return -1;
+            o->workload.system_prompts = (int32_t)v;
+            break;
+        case OPT_NO_PREFIX_SHARING: o->stack.no_prefix_sharing = 1; break;
         case OPT_MODES:
             if (parse_list(optarg, MAX_MODES, parse_mode_item, o->modes, &o->n_modes)) {
                 fprintf(stderr, "%s: --modes '%s': want a comma list of pensieve, gpu-only, stateless\n", prog,
@@ -857,6 +892,11 @@ static int parse_options(int argc, char **argv, bench_options *o)
     if (o->http && (given[OPT_MODES - OPT_DATASET] || given[OPT_POLICIES - OPT_DATASET] || have_stack)) {
         fprintf(stderr, "%s: --http runs against a server: --modes, --policies and the stack's options are the "
                 "server's own\n", prog);
+        return -1;
+    }
+    if (o->http && o->stack.no_prefix_sharing) {
+        fprintf(stderr, "%s: --no-prefix-sharing is in process only: over --http, sharing is the server's own "
+                "setting\n", prog);
         return -1;
     }
     if (o->http && o->virtual_step_s > 0) {

@@ -50,6 +50,7 @@ void wl_options_default(wl_options *o)
         .time_scale = 1.0,
         .length_scale = 1.0,
         .context_cap = 16384,
+        .system_prompts = 4,
     };
 }
 
@@ -79,6 +80,19 @@ pv_status wl_options_check(const wl_options *o, int replay)
         return pv_error(PV_ERR_INVALID_ARG,
                         "workload context_cap = %d: must be >= 2 (one input and one output token)",
                         (int)o->context_cap);
+    if (o->system_prompt_tokens < 0 || o->system_prompt_tokens > o->context_cap - 2)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "workload system_prompt_tokens = %d: must be in [0, context_cap - 2 = %d] (the "
+                        "preamble and a turn of one input and one output token)",
+                        (int)o->system_prompt_tokens, (int)o->context_cap - 2);
+    if (o->system_prompts < 1)
+        return pv_error(PV_ERR_INVALID_ARG, "workload system_prompts = %d: must be >= 1",
+                        (int)o->system_prompts);
+    if (replay && o->system_prompt_tokens > 0)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "workload system_prompt_tokens = %d: a replay sends its file's conversations "
+                        "as recorded, with no preamble",
+                        (int)o->system_prompt_tokens);
     return PV_OK;
 }
 
@@ -114,6 +128,36 @@ static wl_rng wl_stream(uint64_t seed, int64_t i, int tag)
 {
     uint64_t k = (uint64_t)i * WL_STREAMS + (uint64_t)tag + 1;
     return (wl_rng){wl_mix64(seed + WL_GAMMA * k)};
+}
+
+/* Conversation i's preamble choice. The arrivals use index 0's stream
+ * only, so the arrival streams of indices 1.. are free: index i + 1's is
+ * distinct from every other stream, and adding it moved none of them
+ * (the workloads of before issue 28 are unchanged). */
+static wl_rng wl_system_stream(uint64_t seed, int64_t i)
+{
+    return wl_stream(seed, i + 1, WL_STREAM_ARRIVALS);
+}
+
+/* Preamble k's contents: its index offsets a key of their own, hashed and
+ * mixed with the seed (bijections both: distinct k, distinct states). */
+#define WL_SYSTEM_KEY UINT64_C(0x73797374656D0000) /* "system" */
+
+uint64_t wl_system_prompt_state(uint64_t seed, int32_t k)
+{
+    return wl_mix64(seed ^ wl_mix64(WL_SYSTEM_KEY + (uint64_t)(uint32_t)k));
+}
+
+int32_t wl_token_id(uint64_t draw, uint32_t n_vocab)
+{
+    return (int32_t)(n_vocab / 4 + draw % (n_vocab / 2));
+}
+
+void wl_system_prompt_ids(uint64_t seed, int32_t k, int32_t n, uint32_t n_vocab, int32_t *ids)
+{
+    uint64_t s = wl_system_prompt_state(seed, k);
+    for (int32_t i = 0; i < n; i++)
+        ids[i] = wl_token_id(wl_splitmix64(&s), n_vocab);
 }
 
 /* Uniform in (0, 1): never 0, so log() stays finite. */
@@ -242,8 +286,10 @@ pv_status wl_generate(const wl_options *o, wl_workload *out)
     const wl_dataset_stats *ds = wl_dataset_stats_of(o->dataset);
     double in_mean = ds->input_tokens * o->length_scale;
     double out_mean = ds->output_tokens * o->length_scale;
-    /* Every turn holds at least 2 tokens, so no more than cap/2 fit. */
-    int64_t max_turns = o->context_cap / 2;
+    /* What the preamble leaves; every turn holds at least 2 tokens, so no
+     * more than cap/2 fit. */
+    const int32_t cap = o->context_cap - o->system_prompt_tokens;
+    int64_t max_turns = cap / 2;
 
     wl_workload w = {calloc((size_t)o->n_conversations, sizeof *w.conv), 0};
     if (!w.conv)
@@ -265,8 +311,13 @@ pv_status wl_generate(const wl_options *o, wl_workload *out)
             turns[k].input_tokens = wl_lognormal_tokens(&r, in_mean);
             turns[k].output_tokens = wl_lognormal_tokens(&r, out_mean);
         }
-        w.conv[i].n_turns = wl_apply_cap(turns, n, o->context_cap);
+        w.conv[i].n_turns = wl_apply_cap(turns, n, cap);
         wl_draw_thinks(o, i, turns, w.conv[i].n_turns);
+        if (o->system_prompt_tokens > 0) {
+            wl_rng sr = wl_system_stream(o->seed, i);
+            w.conv[i].system_tokens = o->system_prompt_tokens;
+            w.conv[i].system_prompt = (int32_t)(wl_next(&sr) % (uint64_t)o->system_prompts);
+        }
     }
     wl_draw_arrivals(o, w.conv, w.n);
     *out = w;

@@ -21,20 +21,31 @@
  * the same normal draws.
  *
  * Random streams: the arrival gaps come from one stream; conversation i
- * has its own stream for its turn count and lengths and another for its
- * think times, all derived from the seed. So conversation i does not
- * depend on n_conversations or the cap, and a replay with the same seed
- * and rate gets the same arrivals (and think times, turn for turn) as a
- * generated workload.
+ * has its own stream for its turn count and lengths, another for its
+ * think times and another for which preamble it starts with, all derived
+ * from the seed. So conversation i does not depend on n_conversations or
+ * the cap, a replay with the same seed and rate gets the same arrivals
+ * (and think times, turn for turn) as a generated workload, and a
+ * workload with preambles has the same turns as one without (up to the
+ * cap).
  *
- * Context cap: a conversation's context after turn k is the sum of the
- * inputs and outputs of turns 1..k. The conversation ends before the first
- * turn that would take it past context_cap. A first turn that alone is past
- * the cap is shortened instead, so every conversation keeps one turn: its
- * output keeps at most cap/2 (rounded down) tokens, its input is cut to
- * what is left of the cap, and the output is then cut to cap - input (so a
- * short input leaves the output more than half). In a replay the text is
- * not cut, only the counts (the caller decides what to do with it). */
+ * Shared preambles (issue 28): with system_prompt_tokens N > 0 every
+ * generated conversation starts with one of system_prompts preambles of N
+ * tokens, drawn uniformly, in front of its first turn and so in the
+ * history of every later one. The workload holds only the choice; the
+ * drivers build preamble k from (seed, k) alone (wl_system_prompt_ids,
+ * bench-http.h's bh_system_words), so every conversation that drew k
+ * sends the same tokens.
+ *
+ * Context cap: a conversation's context after turn k is its preamble plus
+ * the sum of the inputs and outputs of turns 1..k. The conversation ends
+ * before the first turn that would take it past context_cap. A first turn
+ * that alone is past what the preamble leaves of the cap (cap below) is
+ * shortened instead, so every conversation keeps one turn: its output
+ * keeps at most cap/2 (rounded down) tokens, its input is cut to what is
+ * left of the cap, and the output is then cut to cap - input (so a short
+ * input leaves the output more than half). In a replay the text is not
+ * cut, only the counts (the caller decides what to do with it). */
 #ifndef PV_BENCH_WORKLOAD_H
 #define PV_BENCH_WORKLOAD_H
 
@@ -67,8 +78,10 @@ typedef struct wl_turn {
 } wl_turn;
 
 typedef struct wl_conversation {
-    double arrival_s; /* when the first turn is sent, from the start of the run */
-    int32_t n_turns;  /* >= 1 */
+    double arrival_s;      /* when the first turn is sent, from the start of the run */
+    int32_t system_tokens; /* the preamble's length in tokens; 0: none (zeroed, replayed) */
+    int32_t system_prompt; /* which preamble, in [0, system_prompts), when system_tokens > 0 */
+    int32_t n_turns;       /* >= 1 */
     wl_turn *turns;
 } wl_conversation;
 
@@ -84,14 +97,20 @@ typedef struct wl_options {
     double length_scale;     /* multiplies the mean input and output lengths (a small model on a
                                 CPU), default 1; lengths stay >= 1 */
     int32_t context_cap;     /* see the context cap above; default 16384, >= 2 */
+    int32_t system_prompt_tokens; /* each conversation's preamble, in tokens; default 0: none;
+                                     at most context_cap - 2; generated workloads only */
+    int32_t system_prompts;  /* distinct preambles to draw from, default 4, >= 1 */
 } wl_options;
 
-/* sharegpt, seed 1, 100 conversations, rate 1, think 60, scales 1, cap 16384. */
+/* sharegpt, seed 1, 100 conversations, rate 1, think 60, scales 1, cap
+ * 16384, no preamble (4 to draw from when one is asked for). */
 void wl_options_default(wl_options *o);
 
 /* The options' refusals, shared by generate and replay (replay allows
- * n_conversations 0): PV_ERR_INVALID_ARG naming the field, its value and
- * the limit. rate, think_mean_s and the scales must be finite. */
+ * n_conversations 0 and refuses a preamble: a replayed file's
+ * conversations are sent as recorded): PV_ERR_INVALID_ARG naming the
+ * field, its value and the limit. rate, think_mean_s and the scales must
+ * be finite. */
 pv_status wl_options_check(const wl_options *o, int replay);
 
 typedef struct wl_workload {
@@ -131,6 +150,19 @@ pv_status wl_load_jsonl(const char *path, const wl_options *o,
 #define WL_GAMMA UINT64_C(0x9E3779B97F4A7C15)
 uint64_t wl_mix64(uint64_t z);
 uint64_t wl_splitmix64(uint64_t *state);
+
+/* Preamble k of a workload drawn with this seed: the splitmix64 state its
+ * tokens or words are drawn from, in order (a state of its own for each
+ * (seed, k)). */
+uint64_t wl_system_prompt_state(uint64_t seed, int32_t k);
+
+/* A generated token id from a draw: the vocabulary's middle half, so never
+ * an end or control token (n_vocab >= 2). */
+int32_t wl_token_id(uint64_t draw, uint32_t n_vocab);
+
+/* Preamble k as n token ids (in process, where generated turns are ids):
+ * ids[i] = wl_token_id of the i-th draw from wl_system_prompt_state. */
+void wl_system_prompt_ids(uint64_t seed, int32_t k, int32_t n, uint32_t n_vocab, int32_t *ids);
 
 /* Frees the turns, texts and conversations and zeroes *w; a no-op on a
  * zeroed workload or NULL. */

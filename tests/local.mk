@@ -1,5 +1,5 @@
 # Tests print TAP; Automake's tap-driver reads it. One fragment per area.
-noinst_HEADERS += tests/tap.h
+noinst_HEADERS += tests/tap.h tests/real-tokenizer.h
 include tests/backend.mk
 include tests/delay.mk
 include tests/cache.mk

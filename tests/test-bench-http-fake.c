@@ -6,7 +6,10 @@
  * end plus the think time, sessions are named and deleted once, answers
  * dribbled a few bytes at a time read the same, and usage, /metrics and
  * each way a request can fail (an HTTP 500, an error event, a stream
- * without [DONE], no answer before the timeout) end up in the records. */
+ * without [DONE], no answer before the timeout) end up in the records.
+ * Shared preambles (issue 28): every request of a conversation with one
+ * starts with it as a system message, the same text wherever a
+ * conversation drew the same preamble, another for another. */
 #include "bench/bench-http.h"
 #include "bench/bench-util.h"
 #include "tap.h"
@@ -51,6 +54,7 @@ typedef struct fake {
     int deletes[MAX_CONV];
     double deleted_at[MAX_CONV];
     int done_answers; /* completions answered with [DONE]: the "turns done" of its /metrics */
+    char system[MAX_CONV][4096]; /* the system message each conversation's first turn began with, "" none */
 } fake;
 
 typedef struct conn {
@@ -107,15 +111,26 @@ static int conv_of(const fake *f, const char *first)
     return -1;
 }
 
-/* The messages are the conversation so far: user k as drawn (or
- * replayed), then what the fake answered k, ..., then the new message. */
+/* 1 when a request's messages begin with a system message. */
+static int has_system(json_t *messages)
+{
+    return eq(json_string_value(json_object_get(json_array_get(messages, 0), "role")), "system");
+}
+
+/* The messages are the conversation so far: its preamble when it has one
+ * (as the first turn sent it), user k as drawn (or replayed), then what
+ * the fake answered k, ..., then the new message. */
 static int history_matches(const fake *f, int i, int turn, json_t *messages)
 {
-    int good = json_array_size(messages) == (size_t)(2 * turn + 1);
+    const size_t sys = (size_t)has_system(messages);
+    const char *system = json_string_value(json_object_get(json_array_get(messages, 0), "content"));
+    int good = json_array_size(messages) == sys + (size_t)(2 * turn + 1) &&
+               (int)sys == (f->w->conv[i].system_tokens > 0) && (!sys || eq(system, f->system[i]));
     for (int k = 0; good && k <= turn; k++) {
         const wl_turn *t = &f->w->conv[i].turns[k];
         bh_text words = {0};
-        json_t *u = json_array_get(messages, (size_t)(2 * k)), *a = json_array_get(messages, (size_t)(2 * k + 1));
+        json_t *u = json_array_get(messages, sys + (size_t)(2 * k)),
+               *a = json_array_get(messages, sys + (size_t)(2 * k + 1));
         const char *want = t->text;
         if (!want && bh_words(f->o.seed, i, k, t->input_tokens, &words) == PV_OK)
             want = words.p;
@@ -134,8 +149,9 @@ static int chat(fake *f, int fd, const char *session, const char *body)
 {
     json_t *j = json_loads(body, 0, NULL);
     json_t *messages = json_object_get(j, "messages");
-    const int i = conv_of(f, json_string_value(json_object_get(json_array_get(messages, 0), "content")));
-    const int turn = (int)json_array_size(messages) / 2;
+    const size_t sys = (size_t)has_system(messages);
+    const int i = conv_of(f, json_string_value(json_object_get(json_array_get(messages, sys), "content")));
+    const int turn = (int)(json_array_size(messages) - sys) / 2;
     if (i < 0 || turn >= f->w->conv[i].n_turns || f->n_log == MAX_LOG) {
         f->unknown++;
         respond(fd, 400, "application/json", "{\"error\":{\"message\":\"who is this?\"}}", 0);
@@ -148,6 +164,9 @@ static int chat(fake *f, int fd, const char *session, const char *body)
     *l = (logged){.conv = i, .turn = turn, .arrived = bench_now_s(),
                   .session = !session ? 0 : strcmp(session, want_session) == 0 ? 1 : -1};
     const int max_tokens = (int)json_integer_value(json_object_get(j, "max_tokens"));
+    if (turn == 0 && sys) /* later turns must repeat it */
+        snprintf(f->system[i], sizeof f->system[i], "%s",
+                 json_string_value(json_object_get(json_array_get(messages, 0), "content")));
     l->well_formed = history_matches(f, i, turn, messages) &&
                      max_tokens == f->w->conv[i].turns[turn].output_tokens &&
                      json_is_true(json_object_get(j, "stream")) && json_is_true(json_object_get(j, "ignore_eos")) &&
@@ -459,6 +478,56 @@ static void test_conversations(void)
     br_run_free(&r);
 }
 
+/* Six conversations, the first five with preambles 0, 1, 2, 0, 1 of 40
+ * words, the last without: each request carries its conversation's
+ * preamble first, the same text wherever the preamble is the same. */
+static void test_preambles(void)
+{
+    static fake f;
+    enum { N = 6 };
+    wl_conversation convs[N];
+    wl_turn turns[N][MAX_TURNS];
+    wl_workload w;
+    workload(&w, convs, turns, N, 2, 0.01, 0.01);
+    for (int i = 0; i < N - 1; i++) {
+        convs[i].system_tokens = 40;
+        convs[i].system_prompt = i % 3;
+    }
+    const behave how[N] = {NORMAL, NORMAL, NORMAL, NORMAL, NORMAL, NORMAL};
+    br_run r;
+    double t0;
+    pv_status st = run(&f, &w, how, 1, 10, &r, &t0);
+    int formed = st == PV_OK && f.n_log == 2 * N && f.unknown == 0;
+    for (int k = 0; formed && k < f.n_log; k++)
+        formed = f.log[k].well_formed;
+    ok(formed, "every request carries its conversation's preamble as the first message, every turn the same (%s)",
+       st == PV_OK ? "ok" : pv_last_error());
+    int same = formed, differ = formed, sized = formed;
+    for (int i = 0; formed && i < N - 1; i++) {
+        bh_text want = {0};
+        sized = sized && bh_system_words(f.o.seed, i % 3, 40, &want) == PV_OK && strcmp(f.system[i], want.p) == 0;
+        free(want.p);
+        for (int j = i + 1; j < N - 1; j++) {
+            const int eq_text = strcmp(f.system[i], f.system[j]) == 0;
+            if (i % 3 == j % 3)
+                same = same && eq_text;
+            else
+                differ = differ && !eq_text;
+        }
+    }
+    ok(same && sized, "conversations that drew the same preamble sent its 40 words (\"%.40s...\")", f.system[0]);
+    ok(differ && !f.system[N - 1][0], "different preambles sent different words; the conversation without one none");
+    /* conversation i's messages are 2 + i words, 27 in all; a first turn's
+     * answer is 3 tokens */
+    int64_t first = 0, later = 0;
+    for (int64_t k = 0; k < r.n_records; k++)
+        *(r.records[k].target_tokens == 3 ? &first : &later) += r.records[k].input_tokens;
+    ok(r.n_records == 2 * N && first == 27 + 5 * 40 && later == 27,
+       "a first turn's input counts its preamble: first turns %lld tokens, later %lld", (long long)first,
+       (long long)later);
+    br_run_free(&r);
+}
+
 /* One conversation of two turns answered as how: the records and the first
  * error. */
 static void test_failure(behave how, int want_records, const char *want_error, double timeout)
@@ -503,6 +572,7 @@ int main(void)
 {
     alarm(120); /* a driver that never ends its run fails the test instead of hanging it */
     test_conversations();
+    test_preambles();
     test_failure(HTTP_500_AT_TURN_1, 2, "conversation 0 turn 1: HTTP 500: boom at turn 1", 10);
     test_failure(ERROR_EVENT, 1, "conversation 0 turn 0: an error event: cancelled", 10);
     test_failure(NO_DONE, 1, "conversation 0 turn 0: the stream ended without data: [DONE]", 10);

@@ -4,8 +4,9 @@
 # turn is answered at its drawn length, later turns find their history
 # cached, the client's usage and the server's /metrics counters agree, and
 # the sessions are deleted at the end; without sessions nothing is cached;
-# a stateless server recomputes the history instead; an unreachable URL
-# fails at once naming it. Prints TAP.
+# a stateless server recomputes the history instead; a preamble reaches
+# the server in every turn; an unreachable URL fails at once naming it.
+# Prints TAP.
 set -u
 top_builddir=${top_builddir:-.}
 bench=$top_builddir/bench/pensieve-bench
@@ -88,6 +89,15 @@ assert r["prompt_tokens"] > r["cached_tokens"] > 0 and e["recomputed_tokens"] ==
 # each conversation's session was deleted once it ended
 assert gauge("pensieve_sessions") == 0, gauge("pensieve_sessions")
 print("# %d of %d prompt tokens cached" % (r["cached_tokens"], r["prompt_tokens"]))
+PY
+    run_bench preamble --system-prompt-tokens 48 --system-prompts 2
+    check $? "pensieve-bench --http runs with a preamble ($(tail -n 1 "$tmp/preamble.err"))"
+    check_json preamble "with a preamble the server answers every turn, each prompt carrying it" <<'PY'
+assert p["workload"]["system_prompt_tokens"] == 48 and p["prefix_sharing"] is None, p
+# 48 words are at least 48 tokens on any vocabulary, in every turn's prompt
+assert r["prompt_tokens"] >= 48 * r["requests"], r
+assert r["input_tokens"] >= 48 * r["workload_conversations"], r
+print("# %d prompt tokens over %d requests" % (r["prompt_tokens"], r["requests"]))
 PY
     run_bench plain --no-sessions
     check $? "pensieve-bench --http runs without sessions ($(tail -n 1 "$tmp/plain.err"))"

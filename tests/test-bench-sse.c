@@ -6,8 +6,14 @@
  * first content, not its role chunk, and takes usage over its chunk
  * count; a request body carries the whole conversation in order; the
  * /metrics reader takes pensieve's counters and nothing else, from any
- * text; generated messages are deterministic words. */
+ * text; generated messages are deterministic words. A preamble (issue 28)
+ * is a system message in front of every turn, its words a function of the
+ * seed and its index; on SmolLM2's tokenizer (skipped when absent) N words
+ * are about N tokens, and two conversations with the same preamble render
+ * to the same ids through the end of the system turn, with different ones
+ * to ids that part within the first chunk. */
 #include "bench/bench-http.h"
+#include "real-tokenizer.h"
 #include "tap.h"
 
 #include <jansson.h>
@@ -271,6 +277,28 @@ static void test_body(void)
        "banned tokens go as logit_bias -100 by id (%.200s)", body ? body : "(none)");
     json_decref(j);
     free(body);
+
+    /* with a preamble: a system message first, then the turns as before */
+    wl_conversation pc = c;
+    pc.system_tokens = 6;
+    pc.system_prompt = 2;
+    bh_text sys = {0};
+    o.n_ban_tokens = 0;
+    st = bh_chat_body(&o, &pc, 4, 1, answers, &body);
+    j = st == PV_OK ? json_loads(body, 0, NULL) : NULL;
+    m = json_object_get(j, "messages");
+    good = json_array_size(m) == 4 && bh_system_words(5, 2, 6, &sys) == PV_OK;
+    const char *want_sys[4][2] = {{"system", sys.p}, {"user", w0.p}, {"assistant", "first answer"}, {"user", w1.p}};
+    for (size_t k = 0; good && k < 4; k++) {
+        json_t *e = json_array_get(m, k);
+        good = strcmp(json_string_value(json_object_get(e, "role")), want_sys[k][0]) == 0 &&
+               strcmp(json_string_value(json_object_get(e, "content")), want_sys[k][1]) == 0;
+    }
+    ok(good, "with a preamble, turn 2's body starts with it as a system message of its words (%.200s)",
+       body ? body : "(none)");
+    json_decref(j);
+    free(body);
+    free(sys.p);
     free(w0.p);
     free(w1.p);
 }
@@ -424,6 +452,99 @@ static void test_words(void)
     free(b.p);
 }
 
+/* ---- preambles ------------------------------------------------------------------------- */
+
+static int words_in(const char *s)
+{
+    int n = *s != '\0';
+    for (; *s; s++)
+        n += *s == ' ';
+    return n;
+}
+
+static void test_system_words(void)
+{
+    bh_text a = {0}, b = {0}, m = {0};
+    int same = bh_system_words(9, 2, 50, &a) == PV_OK && bh_system_words(9, 2, 50, &b) == PV_OK &&
+               strcmp(a.p, b.p) == 0 && words_in(a.p) == 50;
+    ok(same, "a preamble is the same 50 words for the same seed and index");
+    int differ = bh_system_words(9, 3, 50, &b) == PV_OK && strcmp(a.p, b.p) != 0 &&
+                 bh_system_words(10, 2, 50, &b) == PV_OK && strcmp(a.p, b.p) != 0 &&
+                 bh_words(9, 0, 2, 50, &m) == PV_OK && strcmp(a.p, m.p) != 0;
+    ok(differ, "another index or seed gives another; it is no conversation's message");
+    free(a.p);
+    free(b.p);
+    free(m.p);
+}
+
+/* The ids of msgs rendered with the chat template and its generation
+ * prompt, as a server runs a request (malloc'd, *n of them). */
+static int32_t *render(const pv_tokenizer *tok, const pv_chat_message *msgs, size_t n_msgs, int gen, size_t *n)
+{
+    size_t len = 0;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    if (pv_tokenizer_apply_chat(tok, msgs, n_msgs, gen, NULL, 0, &len) == PV_OK && (text = malloc(len + 1)) &&
+        pv_tokenizer_apply_chat(tok, msgs, n_msgs, gen, text, len + 1, &len) == PV_OK &&
+        (ids = malloc((len + 1) * sizeof *ids)) &&
+        pv_tokenizer_encode(tok, text, len, PV_TOKENIZE_PARSE_SPECIAL | (tok->add_bos ? PV_TOKENIZE_ADD_BOS : 0),
+                            ids, len + 1, n) != PV_OK) {
+        free(ids);
+        ids = NULL;
+    }
+    free(text);
+    return ids;
+}
+
+static size_t first_difference(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    size_t k = 0;
+    while (k < na && k < nb && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* On SmolLM2's tokenizer: a preamble of 1,000 words is about 1,000
+ * tokens, and reaches the model as the same ids in every conversation that
+ * drew it, whatever follows. */
+static void test_system_tokens(void)
+{
+    pv_tokenizer tok;
+    if (real_tokenizer_load(&tok) != 1)
+        return;
+    enum { N = 1000 };
+    bh_text p0 = {0}, p1 = {0}, u1 = {0}, u2 = {0};
+    int32_t *alone = NULL, *sys = NULL, *a = NULL, *b = NULL, *c = NULL;
+    size_t n_alone = 0, n_sys = 0, na = 0, nb = 0, nc = 0;
+    if (bh_system_words(1, 0, N, &p0) == PV_OK && bh_system_words(1, 1, N, &p1) == PV_OK &&
+        bh_words(1, 0, 0, 20, &u1) == PV_OK && bh_words(1, 1, 0, 20, &u2) == PV_OK &&
+        (alone = malloc((p0.n + 1) * sizeof *alone)) &&
+        pv_tokenizer_encode(&tok, p0.p, p0.n, 0, alone, p0.n + 1, &n_alone) == PV_OK) {
+        const pv_chat_message only[] = {{"system", p0.p}}, ma[] = {{"system", p0.p}, {"user", u1.p}},
+                              mb[] = {{"system", p0.p}, {"user", u2.p}}, mc[] = {{"system", p1.p}, {"user", u1.p}};
+        sys = render(&tok, only, 1, 0, &n_sys);
+        a = render(&tok, ma, 2, 1, &na);
+        b = render(&tok, mb, 2, 1, &nb);
+        c = render(&tok, mc, 2, 1, &nc);
+    }
+    ok(alone && n_alone >= N && n_alone <= N + N / 50, "a preamble of %d words is %zu SmolLM2 tokens", N, n_alone);
+    const size_t ab = a && b ? first_difference(a, na, b, nb) : 0, ac = a && c ? first_difference(a, na, c, nc) : 0;
+    ok(sys && a && b && n_sys > n_alone && ab >= n_sys,
+       "two conversations with the same preamble: the same %zu ids through its system turn (%zu in common)", n_sys,
+       ab);
+    ok(sys && a && c && ac < 32, "different preambles part after %zu ids, within the first 32-token chunk", ac);
+    free(alone);
+    free(sys);
+    free(a);
+    free(b);
+    free(c);
+    free(p0.p);
+    free(p1.p);
+    free(u1.p);
+    free(u2.p);
+    pv_tokenizer_free(&tok);
+}
+
 int main(void)
 {
     test_sse();
@@ -431,5 +552,7 @@ int main(void)
     test_body();
     test_metrics();
     test_words();
+    test_system_words();
+    test_system_tokens();
     return tap_done();
 }

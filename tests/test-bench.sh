@@ -3,7 +3,9 @@
 # conversations in every mode, in process. Every request sent completes,
 # every answer has the length the workload drew (ignore_eos), the history
 # tokens each turn found add up by tier, stateless mode recomputes all of
-# them and pensieve mode some fewer, and bad options are refused.
+# them and pensieve mode some fewer, and bad options are refused. A shared
+# preamble (issue 28) goes once in front of each conversation and stays in
+# its history; the report names it and the prefix-sharing switch.
 set -u
 top_builddir=${top_builddir:-.}
 bench=$top_builddir/bench/pensieve-bench
@@ -66,6 +68,39 @@ check $? "pensieve mode swaps through the host tier, gpu-only drops and recomput
 "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 >"$tmp/table" 2>&1 &&
     grep -q "^pensieve " "$tmp/table"
 check $? "the table names the mode ($(head -n 2 "$tmp/table" | tail -n 1))"
+# A preamble of 64 tokens: the same conversations (the cap is far), each
+# turn's prompt 64 tokens longer (it is in the history), each first turn's
+# input 64 longer; the report names the preamble and the switch.
+for tokens in 0 64; do
+    unshared=
+    [ $tokens -eq 0 ] || unshared=--no-prefix-sharing
+    "$bench" --synthetic --conversations 6 --rate 50 --think 0.2 --length-scale 0.25 --seed 3 --modes pensieve,stateless \
+        --system-prompt-tokens $tokens --system-prompts 3 $unshared --json >"$tmp/pre$tokens.json" 2>"$tmp/err" || break
+done
+python3 - "$tmp/pre0.json" "$tmp/pre64.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+assert (b["workload"]["system_prompt_tokens"], b["workload"]["system_prompts"]) == (64, 3), b["workload"]
+assert a["workload"]["system_prompt_tokens"] == 0 and a["workload"]["system_prompts"] == 3 and a["prefix_sharing"] is True and b["prefix_sharing"] is False, a
+for ra, rb in zip(a["runs"], b["runs"]):
+    assert ra["mode"] == rb["mode"] and rb["failed"] == 0, (ra, rb)
+    n, convs = ra["requests"], ra["workload_conversations"]
+    assert rb["requests"] == n and rb["target_tokens"] == ra["target_tokens"], (ra, rb)
+    assert rb["prompt_tokens"] - ra["prompt_tokens"] == 64 * n, (ra["prompt_tokens"], rb["prompt_tokens"], n)
+    assert rb["input_tokens"] - ra["input_tokens"] == 64 * convs, (ra["input_tokens"], rb["input_tokens"])
+print("# %d requests: prompts %d -> %d tokens" % (n, ra["prompt_tokens"], rb["prompt_tokens"]))
+PY
+check $? "a 64-token preamble is in every turn's prompt once, the conversations otherwise the same ($(tail -n 1 "$tmp/why"))"
+"$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 --system-prompt-tokens 40 \
+    >"$tmp/table" 2>&1 && grep -q "^system prompt 40 tokens, one of 4; prefix sharing on" "$tmp/table" &&
+    "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 --no-prefix-sharing \
+        >"$tmp/table2" 2>&1 && grep -q "^no system prompt; prefix sharing off" "$tmp/table2"
+check $? "the table names the preamble and prefix sharing ($(grep -m 1 "prefix sharing" "$tmp/table"); $(grep -m 1 "prefix sharing" "$tmp/table2"))"
+"$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --device-mem 128K --system-prompt-tokens 2000 \
+    >/dev/null 2>"$tmp/err"
+[ $? -eq 1 ] && grep -q "no room for a 2000-token system prompt.*--device-mem" "$tmp/err"
+check $? "a preamble past what the device pool holds for a conversation fails naming --device-mem ($(cat "$tmp/err" | tail -n 1))"
+
 # A sweep: each mode runs at rising rates until one misses the target; the
 # best rates, the throughput ratios and the policies' runs follow from the
 # runs listed. Tiers small enough that pensieve mode drops history at some
@@ -239,4 +274,20 @@ check $? "--virtual-time without the token cost is refused ($(cat "$tmp/err"))"
 "$bench" --http http://127.0.0.1:9 --virtual-time 10,1 >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] && grep -q "in process only" "$tmp/err"
 check $? "--virtual-time over HTTP is refused ($(cat "$tmp/err"))"
+# refused: want STATUS PATTERN ARGS...
+refused() {
+    want=$1 pattern=$2
+    shift 2
+    "$bench" "$@" >/dev/null 2>"$tmp/err"
+    st=$?
+    [ $st -eq 2 ] && grep -q -- "$pattern" "$tmp/err"
+    check $? "$want is refused (status $st: $(cat "$tmp/err"))"
+}
+refused "a negative preamble" "system-prompt-tokens" --synthetic --system-prompt-tokens -1
+refused "a preamble that is not a number" "system-prompt-tokens" --synthetic --system-prompt-tokens 10x
+refused "no preambles to draw from" "system-prompts" --synthetic --system-prompt-tokens 10 --system-prompts 0
+refused "a preamble leaving no turn under the cap" "system_prompt_tokens = 99: must be in \[0, context_cap - 2 = 98\]" \
+    --synthetic --system-prompt-tokens 99 --context-cap 100
+refused "a preamble with --replay" "a replay sends" --synthetic --replay /dev/null --system-prompt-tokens 10
+refused "--no-prefix-sharing over HTTP" "server's own setting" --http http://127.0.0.1:9 --no-prefix-sharing
 tap_done

@@ -10,6 +10,7 @@
 #include <pensieve/gguf.h>
 #include <pensieve/tokenizer.h>
 
+#include "real-tokenizer.h"
 #include "tap.h"
 
 #include <stdint.h>
@@ -517,19 +518,10 @@ static void test_many_merges(void)
 
 static void test_real_model(void)
 {
-    char path[4096];
-    if (pv_default_model_path(path, sizeof path) != PV_OK || access(path, R_OK) != 0) {
-        tap_skip("real model absent (%s): run scripts/get-model", path);
-        return;
-    }
-    pv_gguf g;
     pv_tokenizer tok;
-    pv_status st = pv_gguf_init(&g, path);
-    if (st == PV_OK && (st = pv_tokenizer_init(&tok, &g)) != PV_OK)
-        pv_gguf_free(&g);
-    if (!ok(st == PV_OK, "SmolLM2 tokenizer loads%s%s", st ? ": " : "", st ? pv_last_error() : ""))
+    if (real_tokenizer_load(&tok) != 1)
         return;
-    pv_gguf_free(&g); /* the tokenizer keeps its own copies */
+    pv_status st;
     ok(tok.n_vocab == 49152 && tok.bos_id == 1 && tok.eos_id == 2 && tok.im_start_id == 1 &&
            tok.im_end_id == 2 && tok.has_chat_template && tok.chat.default_system &&
            strncmp(tok.chat.default_system, "You are a helpful AI assistant named SmolLM", 43) == 0,

@@ -3,7 +3,13 @@
  * exactly, the same seed gives the same workload, the context cap holds,
  * bad options are refused naming the field, and JSONL replay reads good
  * files (system messages, content parts, an unanswered turn) and refuses
- * bad ones naming path:line. */
+ * bad ones naming path:line. Shared preambles (issue 28): the workloads
+ * of before them are unchanged (digests recorded from the code of
+ * before), a preamble only takes its room under the cap, the choice is
+ * uniform, and the in-process driver's token ids of a preamble are the
+ * same in every conversation that drew it and differ within the first
+ * chunk between preambles. */
+#include "bench/bench-inproc.h"
 #include "bench/workload.h"
 #include "tap.h"
 
@@ -86,8 +92,9 @@ static void test_datasets(void)
     wl_options_default(&o);
     ok(o.dataset == WL_SHAREGPT && o.seed == 1 && o.n_conversations == 100 && o.rate == 1 &&
            o.think_mean_s == 60 && o.time_scale == 1 && o.length_scale == 1 &&
-           o.context_cap == 16384,
-       "defaults: sharegpt, seed 1, 100 conversations, rate 1, think 60, scales 1, cap 16384");
+           o.context_cap == 16384 && o.system_prompt_tokens == 0 && o.system_prompts == 4,
+       "defaults: sharegpt, seed 1, 100 conversations, rate 1, think 60, scales 1, cap 16384, no "
+       "preamble, 4 to draw from");
 }
 
 /* Means of 10,000 conversations; the time and length scales against the
@@ -186,6 +193,19 @@ static void test_determinism(void)
     ok(a.conv == NULL && a.n == 0, "wl_free zeroes and is a no-op after");
 }
 
+/* Whether every conversation o generates is one turn of 1 input and 1
+ * output token (a cap that leaves room for no more). */
+static int one_turn_of_two(const wl_options *o)
+{
+    wl_workload w = {0};
+    int ones = wl_generate(o, &w) == PV_OK;
+    for (int32_t i = 0; ones && i < w.n; i++)
+        ones = w.conv[i].n_turns == 1 && w.conv[i].turns[0].input_tokens == 1 &&
+               w.conv[i].turns[0].output_tokens == 1;
+    wl_free(&w);
+    return ones;
+}
+
 /* Cap 300 against the same seed with no effective cap: each capped
  * conversation is the longest prefix that fits, its first turn shortened
  * by the documented rule when alone past the cap. */
@@ -248,12 +268,7 @@ static void test_cap(void)
        shortened);
     wl_free(&w);
     o.context_cap = 2;
-    int ones = wl_generate(&o, &w) == PV_OK;
-    for (int32_t i = 0; ones && i < w.n; i++)
-        ones = w.conv[i].n_turns == 1 && w.conv[i].turns[0].input_tokens == 1 &&
-               w.conv[i].turns[0].output_tokens == 1;
-    ok(ones, "cap 2: every conversation is one turn of 1 input and 1 output token");
-    wl_free(&w);
+    ok(one_turn_of_two(&o), "cap 2: every conversation is one turn of 1 input and 1 output token");
     wl_free(&ref);
 }
 
@@ -283,6 +298,12 @@ static void test_refusals(void)
     o = d, o.length_scale = INFINITY, refused(&o, "length_scale = inf", "length_scale inf");
     o = d, o.context_cap = 1, refused(&o, "context_cap = 1", "context_cap 1");
     o = d, o.dataset = (wl_dataset)9, refused(&o, "dataset = 9", "dataset 9");
+    o = d, o.system_prompt_tokens = -1, refused(&o, "system_prompt_tokens = -1", "system_prompt_tokens -1");
+    o = d, o.system_prompt_tokens = 16383,
+    refused(&o, "system_prompt_tokens = 16383: must be in [0, context_cap - 2 = 16382]",
+            "a preamble with no room for a turn under the cap");
+    o = d, o.system_prompts = 0, refused(&o, "system_prompts = 0", "system_prompts 0");
+    o = d, o.system_prompts = -2, refused(&o, "system_prompts = -2", "system_prompts -2");
     refused(NULL, "NULL", "NULL options");
     o = d, o.think_mean_s = 0;
     wl_workload w = {0};
@@ -291,6 +312,214 @@ static void test_refusals(void)
         for (int32_t k = 0; k < w.conv[i].n_turns; k++)
             zero = zero && w.conv[i].turns[k].think_s == 0;
     ok(zero, "think_mean_s 0 is allowed: no think time");
+    wl_free(&w);
+}
+
+/* ---- shared preambles (issue 28) ------------------------------------------------ */
+
+static uint64_t fnv(uint64_t h, int64_t v)
+{
+    for (int b = 0; b < 8; b++) {
+        h ^= (uint64_t)(v >> (8 * b)) & 0xff;
+        h *= UINT64_C(0x100000001B3);
+    }
+    return h;
+}
+
+/* FNV-1a over every conversation's arrival, turns, lengths and think
+ * times (times in whole microseconds, so a last-bit difference between
+ * libms does not count). */
+static uint64_t digest(const wl_workload *w)
+{
+    uint64_t h = UINT64_C(0xCBF29CE484222325);
+    h = fnv(h, w->n);
+    for (int32_t i = 0; i < w->n; i++) {
+        const wl_conversation *c = &w->conv[i];
+        h = fnv(h, llround(c->arrival_s * 1e6));
+        h = fnv(h, c->n_turns);
+        for (int32_t k = 0; k < c->n_turns; k++) {
+            h = fnv(h, c->turns[k].input_tokens);
+            h = fnv(h, c->turns[k].output_tokens);
+            h = fnv(h, llround(c->turns[k].think_s * 1e6));
+        }
+    }
+    return h;
+}
+
+/* Two workloads' digests, recorded from bench/workload.c as it was before
+ * preambles (commit 0b94d1b): seed 42, 300 conversations, the defaults;
+ * and ultrachat at cap 300, length scale 2, rate 3, time scale 0.1. */
+#define DIGEST_DEFAULT UINT64_C(0xe181eeb4687838f9)
+#define DIGEST_CAPPED UINT64_C(0x39391baa836c0277)
+
+static int digest_is(const wl_options *o, uint64_t want, const char *what)
+{
+    wl_workload w = {0};
+    pv_status st = wl_generate(o, &w);
+    const uint64_t got = st == PV_OK ? digest(&w) : 0;
+    int none = 1;
+    for (int32_t i = 0; i < w.n; i++)
+        none = none && w.conv[i].system_tokens == (o->system_prompt_tokens > 0 ? o->system_prompt_tokens : 0);
+    wl_free(&w);
+    return ok(st == PV_OK && got == want && none, "%s: digest 0x%016llx, want 0x%016llx", what,
+              (unsigned long long)got, (unsigned long long)want);
+}
+
+static void test_preamble_workload(void)
+{
+    wl_options o;
+    wl_options_default(&o);
+    o.seed = 42;
+    o.n_conversations = 300;
+    digest_is(&o, DIGEST_DEFAULT, "no preamble: the workload of before preambles");
+    wl_options c = o;
+    c.dataset = WL_ULTRACHAT;
+    c.context_cap = 300;
+    c.length_scale = 2;
+    c.rate = 3;
+    c.time_scale = 0.1;
+    digest_is(&c, DIGEST_CAPPED, "no preamble, cap 300: the workload of before preambles");
+    /* A preamble takes its tokens off the cap and draws nothing else: with
+     * the cap raised by as much, the turns are those of before. */
+    o.system_prompt_tokens = 64;
+    o.context_cap += 64;
+    o.system_prompts = 3;
+    digest_is(&o, DIGEST_DEFAULT, "preamble 64, cap 16384 + 64: the same turns, arrivals and thinks");
+    c.system_prompt_tokens = 100;
+    c.context_cap += 100;
+    digest_is(&c, DIGEST_CAPPED, "preamble 100, cap 300 + 100: the same turns, cut where they were");
+
+    /* The choice: uniform over the preambles, per conversation, and not
+     * moved by how many conversations there are. */
+    wl_options u;
+    wl_options_default(&u);
+    u.seed = 5;
+    u.n_conversations = 4000;
+    u.system_prompt_tokens = 200;
+    u.system_prompts = 4;
+    u.context_cap = 1000;
+    wl_workload w = {0}, few = {0};
+    pv_clear_error();
+    if (!ok(wl_generate(&u, &w) == PV_OK, "4,000 conversations with a preamble of 200 tokens: %s",
+            pv_last_error()))
+        return;
+    int counts[4] = {0}, in_range = 1, under = 1;
+    for (int32_t i = 0; i < w.n; i++) {
+        const wl_conversation *cv = &w.conv[i];
+        in_range = in_range && cv->system_tokens == 200 && cv->system_prompt >= 0 && cv->system_prompt < 4;
+        if (in_range)
+            counts[cv->system_prompt]++;
+        under = under && cv->n_turns >= 1 && 200 + context_of(cv) <= 1000;
+    }
+    ok(in_range, "every conversation has a preamble of 200 tokens, one of 4");
+    ok(under, "cap 1000: the preamble and the turns fit under it");
+    int even = 1;
+    for (int k = 0; k < 4; k++)
+        even = even && near(counts[k], 1000, 0.1);
+    ok(even, "the 4 preambles drawn about 1,000 times each: %d %d %d %d", counts[0], counts[1], counts[2],
+       counts[3]);
+    u.n_conversations = 50;
+    int same = wl_generate(&u, &few) == PV_OK;
+    for (int32_t i = 0; same && i < few.n; i++)
+        same = few.conv[i].system_prompt == w.conv[i].system_prompt;
+    ok(same, "50 conversations draw the preambles the first 50 of 4,000 drew");
+    wl_free(&few);
+    wl_free(&w);
+
+    /* The whole cap but two tokens: every conversation one turn of 1 + 1. */
+    u.system_prompt_tokens = 998;
+    ok(one_turn_of_two(&u), "preamble 998 under cap 1000: one turn of 1 input and 1 output token each");
+
+    wl_options r;
+    wl_options_default(&r);
+    r.system_prompt_tokens = 10;
+    pv_status st = wl_load_jsonl("/nonexistent/pv-workload.jsonl", &r, NULL, NULL, &w);
+    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "system_prompt_tokens = 10") &&
+           strstr(pv_last_error(), "replay") && w.n == 0,
+       "a replay refuses a preamble: %s", pv_last_error());
+}
+
+/* The first position where a and b differ, n if none. */
+static int32_t first_difference(const int32_t *a, const int32_t *b, int32_t n)
+{
+    int32_t k = 0;
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* The in-process driver's prompts (bi_prompt_ids): a first turn is its
+ * preamble's ids then the message's; conversations that drew the same
+ * preamble start with the same ids, different preambles differ within
+ * the first chunk (32 tokens: no full chunk in common); later turns and
+ * conversations without a preamble are the message alone, its ids drawn
+ * from the run's stream as before preambles. */
+static void test_preamble_ids(void)
+{
+    enum { N = 80, VOCAB = 49152 };
+    wl_options o;
+    wl_options_default(&o);
+    o.seed = 9;
+    o.n_conversations = 40;
+    o.system_prompt_tokens = N;
+    o.system_prompts = 3;
+    wl_workload w = {0};
+    if (!ok(wl_generate(&o, &w) == PV_OK, "40 conversations with 3 preambles of 80 tokens"))
+        return;
+    int32_t first[40][N];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    uint64_t rng = 123;
+    int shaped = 1, later = 1, ranged = 1;
+    for (int32_t i = 0; i < w.n && shaped; i++) {
+        const wl_conversation *c = &w.conv[i];
+        shaped = bi_prompt_ids(c, 0, o.seed, VOCAB, &rng, &ids, &n) == PV_OK &&
+                 n == (size_t)N + (size_t)c->turns[0].input_tokens;
+        if (!shaped)
+            break;
+        memcpy(first[i], ids, sizeof first[i]);
+        for (size_t k = 0; k < n; k++)
+            ranged = ranged && ids[k] >= VOCAB / 4 && ids[k] < VOCAB / 4 + VOCAB / 2;
+        for (int32_t t = 1; t < c->n_turns && later; t++)
+            later = bi_prompt_ids(c, t, o.seed, VOCAB, &rng, &ids, &n) == PV_OK &&
+                    n == (size_t)c->turns[t].input_tokens;
+    }
+    ok(shaped, "a first turn is 80 preamble ids and its message's");
+    ok(later, "a later turn is its message alone: the preamble is already in the history");
+    ok(ranged, "every id in the vocabulary's middle half");
+    int same = 1, differ = 1, pairs_same = 0, pairs_differ = 0;
+    for (int32_t i = 0; shaped && i < w.n; i++)
+        for (int32_t j = i + 1; j < w.n; j++) {
+            const int32_t at = first_difference(first[i], first[j], N);
+            if (w.conv[i].system_prompt == w.conv[j].system_prompt) {
+                same = same && at == N;
+                pairs_same++;
+            } else {
+                differ = differ && at < 32;
+                pairs_differ++;
+            }
+        }
+    ok(shaped && same && pairs_same > 0,
+       "conversations that drew the same preamble send the same 80 ids first (%d pairs)", pairs_same);
+    ok(shaped && differ && pairs_differ > 0,
+       "different preambles differ within the first 32 ids (%d pairs)", pairs_differ);
+    int32_t again[N], other[N];
+    wl_system_prompt_ids(o.seed, w.conv[0].system_prompt, N, VOCAB, again);
+    wl_system_prompt_ids(o.seed + 1, w.conv[0].system_prompt, N, VOCAB, other);
+    ok(shaped && memcmp(again, first[0], sizeof again) == 0 && first_difference(again, other, N) < 32,
+       "a preamble is a function of the seed and its index: the same again, another seed another");
+
+    /* Without a preamble: the message's ids exactly as drawn before. */
+    wl_conversation plain = w.conv[0];
+    plain.system_tokens = 0;
+    rng = 77;
+    uint64_t ref = 77;
+    int before = bi_prompt_ids(&plain, 0, o.seed, VOCAB, &rng, &ids, &n) == PV_OK &&
+                 n == (size_t)plain.turns[0].input_tokens;
+    for (size_t k = 0; before && k < n; k++)
+        before = ids[k] == (int32_t)(VOCAB / 4 + wl_splitmix64(&ref) % (VOCAB / 2));
+    ok(before && rng == ref, "no preamble: the message's ids, drawn from the run's stream as before");
+    free(ids);
     wl_free(&w);
 }
 
@@ -486,6 +715,8 @@ int main(void)
     test_determinism();
     test_cap();
     test_refusals();
+    test_preamble_workload();
+    test_preamble_ids();
     test_replay_good();
     test_replay_bad();
     wl_options o;
