@@ -91,6 +91,23 @@ for ra, rb in zip(a["runs"], b["runs"]):
 print("# %d requests: prompts %d -> %d tokens" % (n, ra["prompt_tokens"], rb["prompt_tokens"]))
 PY
 check $? "a 64-token preamble is in every turn's prompt once, the conversations otherwise the same ($(tail -n 1 "$tmp/why"))"
+# The switch reaches the engine: one preamble for all, with sharing the
+# engine prefills fewer tokens than without (the same greedy answers).
+for sharing in on off; do
+    flag=
+    [ $sharing = on ] || flag=--no-prefix-sharing
+    "$bench" --synthetic --conversations 6 --rate 2 --think 0.2 --length-scale 0.25 --seed 3 --modes pensieve \
+        --system-prompt-tokens 64 --system-prompts 1 $flag --json >"$tmp/share-$sharing.json" 2>"$tmp/err" || break
+done
+python3 - "$tmp/share-on.json" "$tmp/share-off.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+on, off = (json.load(open(f))["runs"][0] for f in sys.argv[1:])
+assert on["failed"] == 0 and off["failed"] == 0 and on["requests"] == off["requests"], (on, off)
+a, b = on["engine"]["prefill_tokens"], off["engine"]["prefill_tokens"]
+assert a < b, (a, b)
+print("# prefilled tokens: %d with sharing, %d without" % (a, b))
+PY
+check $? "--no-prefix-sharing reaches the engine ($(tail -n 1 "$tmp/why"))"
 "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 --system-prompt-tokens 40 \
     >"$tmp/table" 2>&1 && grep -q "^system prompt 40 tokens, one of 4; prefix sharing on" "$tmp/table" &&
     "$bench" --synthetic --conversations 2 --modes pensieve --rate 50 --think 0 --length-scale 0.1 --no-prefix-sharing \
