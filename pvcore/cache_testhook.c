@@ -32,6 +32,18 @@ static int has_shadow(const pv_cache *cache, const pv_session *s)
     return s->shadows > 0;
 }
 
+static int links(const pv_cache *cache, const pv_session *s)
+{
+    (void)cache;
+    return s->n_shared > 1;
+}
+
+static int is_holder(const pv_cache *cache, const pv_session *s)
+{
+    (void)cache;
+    return s->holder;
+}
+
 static int is_candidate(const pv_cache *cache, const pv_session *s)
 {
     (void)cache;
@@ -119,6 +131,25 @@ pv_status pv_cache_test_corrupt(pv_cache *cache, const char *invariant)
                 cache->map[i] = PV_NONE32;
                 break;
             }
+    } else if (strcmp(invariant, "shared chunks") == 0) {
+        /* A session's chunk 1 links chunk 0's holder. */
+        if (!(s = find_live(cache, links)))
+            goto missing;
+        for (l = 0; l < cache->cfg.n_layers; l++)
+            pv_rec(cache, s, 1, l)->slot = pv_rec(cache, s, 0, 0)->slot;
+    } else if (strcmp(invariant, "reference counts") == 0) {
+        /* A link counted that no session holds (the holders' own counts
+         * feed their retention values: the frontier check sees those). */
+        if (!find_live(cache, is_holder))
+            goto missing;
+        cache->stats.shared_links++;
+    } else if (strcmp(invariant, "share map") == 0) {
+        /* A holder is no longer findable: its entry names another chunk. */
+        if (!(s = find_live(cache, is_holder)))
+            goto missing;
+        for (uint32_t i = 0; i < cache->share_cap; i++)
+            if (cache->share[i].handle == handle_of(cache, s))
+                cache->share[i].chunk++;
     } else {
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_test_corrupt: no invariant named \"%s\"",
                         invariant);
