@@ -1,5 +1,5 @@
 /* Shared prefixes through the engine (issue 28), on the synthetic model
- * (cpu backend).
+ * and on SmolLM2 when scripts/get-model installed it (cpu backend).
  *
  * Conversations in two namespaces (API keys) start with one of two system
  * prompts and go on with turns of their own, several sessions in flight at
@@ -320,20 +320,23 @@ static void switched_off(void)
     pv_engine_free(e);
 }
 
+/* The model in M is loaded: its slot size, the two prompts, the reference. */
+static int start(void)
+{
+    SLOT = pv_llama_slot_bytes(M.model);
+    rng_state = 0x28;
+    for (int p = 0; p < 2; p++)
+        for (int k = 0; k < PROMPT; k++)
+            system_prompt[p][k] = any_token();
+    REF = new_engine(PV_MODE_STATELESS, 4096 * pv_llama_hparams_of(M.model)->n_layers, 0, 0);
+    return ok(REF != NULL, "reference engine");
+}
+
 int main(int argc, char **argv)
 {
     eu_passive_openmp(argc, argv);
     pv_status st = eu_model_init(&M, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
-    if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
-        eu_model_free(&M);
-        return tap_done();
-    }
-    SLOT = pv_llama_slot_bytes(M.model);
-    for (int p = 0; p < 2; p++)
-        for (int k = 0; k < PROMPT; k++)
-            system_prompt[p][k] = any_token();
-    REF = new_engine(PV_MODE_STATELESS, 4096, 0, 0);
-    if (!ok(REF != NULL, "reference engine")) {
+    if (!ok(st == PV_OK, "cpu: synthetic model (%s)", st == PV_OK ? "ok" : pv_last_error()) || !start()) {
         eu_model_free(&M);
         return tap_done();
     }
@@ -347,6 +350,36 @@ int main(int argc, char **argv)
     isolation();
     state_roundtrip();
     switched_off();
+    pv_engine_free(REF);
+    eu_model_free(&M);
+
+    /* SmolLM2 (scripts/get-model), the same conversations in every mode
+     * under the same pressure: 20 chunk columns of device, 13 of host. */
+    char path[4096];
+    if (pv_default_model_path(path, sizeof path) != PV_OK || access(path, R_OK) != 0) {
+        tap_skip("SmolLM2 absent (%s): run scripts/get-model", path);
+        return tap_done();
+    }
+    pv_gguf g;
+    if ((st = pv_gguf_init(&g, path)) == PV_OK) {
+        pv_llama_options o;
+        pv_llama_options_default(&o);
+        o.chunk_tokens = CHUNK;
+        o.max_batch_tokens = 128;
+        o.max_logit_rows = 16;
+        memset(&M, 0, sizeof M);
+        if ((st = pv_tokenizer_init(&M.tok, &g)) == PV_OK && (st = pv_backend_init(&M.be, "cpu", 0)) == PV_OK)
+            st = pv_llama_init(&M.model, M.be, &g, &o);
+        pv_gguf_free(&g);
+    }
+    if (!ok(st == PV_OK, "SmolLM2 loads (%s)", st == PV_OK ? "ok" : pv_last_error()) || !start()) {
+        eu_model_free(&M);
+        return tap_done();
+    }
+    uint64_t L = pv_llama_hparams_of(M.model)->n_layers;
+    mode_case("SmolLM2, pensieve, 20 + 13 chunk columns", PV_MODE_PENSIEVE, 20 * L, 13 * L, 2, 1);
+    mode_case("SmolLM2, gpu-only, 20 chunk columns", PV_MODE_GPU_ONLY, 20 * L, 0, 2, 1);
+    mode_case("SmolLM2, stateless with sharing", PV_MODE_STATELESS, 4096 * L, 0, 4, 0);
     pv_engine_free(REF);
     eu_model_free(&M);
     return tap_done();
