@@ -37,7 +37,9 @@ budget="--device-mem 192K --host-mem 64K"
 # One thread: the synthetic model is tiny, and OpenMP threads spinning on
 # shared cores only slow the test down.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-common="--synthetic -n 8 $budget"
+# Without prefix sharing: the accounting checks below follow each session's
+# own records (sharing is checked on its own further down).
+common="--synthetic -n 8 $budget --no-prefix-sharing"
 
 cat >"$tmp/chat.txt" <<'EOF'
 /switch alice
@@ -133,9 +135,9 @@ ok $? "/cache NAME draws that session alone"
 # Every session's picture agrees with its record counts: rows of one cell
 # per chunk, '#' device, '+' and '*' host ('*' with a device copy), '.' dropped.
 awk 'function check() { if (name != "" && (d != D || h + s != H || s != S || x != X)) bad = 1 }
-     /^(> )?[^ ]+: [0-9]+ tokens, [0-9]+ chunks; / {
-         check(); name = $0; sub(/^> /, "", name); sub(/:.*/, "", name)
-         C = $0; sub(/ chunks;.*/, "", C); sub(/.* /, "", C)
+     /^(> )?[^ ]+: [0-9]+ tokens, [0-9]+ chunks \(0 shared\); / {
+         check(); seen++; name = $0; sub(/^> /, "", name); sub(/:.*/, "", name)
+         C = $0; sub(/ chunks \(.*/, "", C); sub(/.* /, "", C)
          D = $0; sub(/ device,.*/, "", D); sub(/.* /, "", D)
          H = $0; sub(/ host .*/, "", H); sub(/.* /, "", H)
          S = $0; sub(/ with a device copy.*/, "", S); sub(/.*\(/, "", S)
@@ -148,7 +150,7 @@ awk 'function check() { if (name != "" && (d != D || h + s != H || s != S || x !
          next }
      /^  layer|^ +chunk/ { next }
      { check(); name = "" }
-     END { check(); exit bad }' "$tmp/out"
+     END { check(); exit bad || !seen }' "$tmp/out"
 ok $? "/cache's cells agree with each session's record counts"
 grep -q '\[' "$tmp/out" && ! grep -q "$(printf '\033')" "$tmp/out"
 ok $? "no colour codes when stdout is not a terminal"
@@ -177,6 +179,25 @@ ok $? "stateless mode gives the same answers"
 cmp -s "$tmp/a" "$tmp/b" || diff "$tmp/a" "$tmp/b" | diag
 statuses "$tmp/stateless" | awk 'seen[$1]++ && ($2 + $3 > 0 || $4 == 0) { bad = 1 } END { exit bad }'
 ok $? "stateless mode recomputes every later turn's history"
+# Prefix sharing (on by default): every conversation starts with the chat
+# template's default system turn, so later conversations' first turns
+# read its full chunks from the first one's instead of computing them; the
+# answers stay the same and /cache marks the shared chunks.
+"$chat" --synthetic -n 8 $budget --script "$tmp/turns.txt" >"$tmp/shared" 2>&1
+ok $? "the turns run with prefix sharing"
+grep -aEv "$status_re" "$tmp/shared" >"$tmp/c"
+cmp -s "$tmp/a" "$tmp/c"
+ok $? "prefix sharing gives the same answers"
+cmp -s "$tmp/a" "$tmp/c" || diff "$tmp/a" "$tmp/c" | diag
+statuses "$tmp/shared" | awk '!seen[$1]++ { if (n++ == 0) first = $2 + $3 + $4; else if ($2 > 0) later++ }
+                              END { exit !(first == 0 && later == n - 1) }'
+ok $? "the first conversation's first turn reads nothing, the others' read the shared system turn"
+printf 'Hello.\n/new\nHi.\n/cache\n/cache chat-2\n' >"$tmp/sh.txt"
+"$chat" --synthetic -n 4 --script "$tmp/sh.txt" >"$tmp/out" 2>"$tmp/err" &&
+    grep -Eq '^shared prefixes: [1-9][0-9]* chunks held once for [0-9]+ session links, .* saved$' "$tmp/out" &&
+    grep -Eq '^  shared   =+  \(chunks 0-[0-9]+ held once' "$tmp/out" &&
+    grep -Eq '^> chat-2: [0-9]+ tokens, [0-9]+ chunks \([1-9][0-9]* shared\)' "$tmp/out"
+ok $? "/cache sums the shared chunks and /cache NAME marks them"
 # /cache in stateless mode: nothing is kept between turns, and it says so
 # instead of failing the script.
 printf 'Hello.\n/cache\n/cache chat-1\n' >"$tmp/sl.txt"
@@ -190,7 +211,7 @@ ok $? "/cache in stateless mode shows an empty cache and says why (exit $rc)"
 
 # gpu-only mode under the small device budget: no host tier, so evicted
 # chunks are dropped and recomputed, and the answers are still the same.
-"$chat" --synthetic -n 8 --mode gpu-only --device-mem 192K --script "$tmp/turns.txt" >"$tmp/gpu-only" 2>&1
+"$chat" --synthetic -n 8 --mode gpu-only --device-mem 192K --no-prefix-sharing --script "$tmp/turns.txt" >"$tmp/gpu-only" 2>&1
 ok $? "the turns run in gpu-only mode"
 grep -aEv "$status_re" "$tmp/gpu-only" >"$tmp/c"
 cmp -s "$tmp/c" "$tmp/b"
