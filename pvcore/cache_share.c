@@ -170,8 +170,9 @@ void pv_share_collect(pv_cache *cache, uint32_t handle)
         holder_release(cache, &cache->sessions[handle]);
 }
 
-/* Moves session a's record of (c, l), not under copy, to holder d. */
-static void rec_transfer(pv_cache *cache, pv_session *a, pv_session *d, uint32_t c, uint32_t l)
+/* Moves session a's record of (c, l), not under copy, to d; a keeps a
+ * link to d (link) or nothing. */
+static void rec_transfer(pv_cache *cache, pv_session *a, pv_session *d, uint32_t c, uint32_t l, int link)
 {
     pv_chunk_rec *ra = pv_rec(cache, a, c, l), *rd = pv_rec(cache, d, c, l);
     uint32_t dh = handle_of(cache, d);
@@ -194,7 +195,7 @@ static void rec_transfer(pv_cache *cache, pv_session *a, pv_session *d, uint32_t
     }
     a->records[ra->tier]--;
     d->records[ra->tier]++;
-    *ra = (pv_chunk_rec){dh, PV_REC_SHARED, 0, 0, 0};
+    *ra = link ? (pv_chunk_rec){dh, PV_REC_SHARED, 0, 0, 0} : (pv_chunk_rec){PV_NONE32, PV_TIER_NONE, 0, 0, 0};
 }
 
 /* Session a's published chunk c (its chunks before it shared, its own
@@ -235,7 +236,7 @@ static pv_session *promote(pv_cache *cache, uint32_t ah, uint32_t c, uint32_t pa
     h->parent = parent;
     h->chain = chain_through(cache, a, c + 1);
     for (uint32_t l = 0; l < n_layers; l++)
-        rec_transfer(cache, a, h, c, l);
+        rec_transfer(cache, a, h, c, l, 1);
     a->n_shared = c + 1;
     h->refs = 1;
     h->pins = a->pins;
@@ -290,6 +291,29 @@ static void unlink_last(pv_cache *cache, pv_session *s)
         pv_session_refresh(cache, h);
 }
 
+/* s's last shared chunk, which only s links (its other sessions are gone)
+ * and which is not under copy nor being filled, becomes s's own again: the
+ * records move back, no copy; 0 if it cannot. */
+static int demote(pv_cache *cache, pv_session *s)
+{
+    uint32_t c = s->n_shared - 1;
+    pv_session *h = pv_holder_of(cache, s, c);
+    if (h->refs != 1 || h->copy_src[PV_TIER_DEVICE] || h->copy_src[PV_TIER_HOST] || h->filler != PV_NONE32)
+        return 0;
+    uint32_t hh = handle_of(cache, h);
+    for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
+        rec_transfer(cache, h, s, c, l, 0);
+    s->n_shared = c;
+    h->refs = 0;
+    h->pins = 0;
+    cache->stats.shared_links--;
+    map_erase(cache, h->chain, hh, c);
+    pv_session_refresh(cache, h);
+    pv_session_refresh(cache, s);
+    pv_session_destroy(cache, hh);
+    return 1;
+}
+
 /* ---- what the rest of the cache calls ----------------------------------------- */
 
 void pv_share_sync(pv_cache *cache, pv_session *s, int32_t pin_delta)
@@ -315,11 +339,15 @@ void pv_share_cut(pv_cache *cache, pv_session *s, uint32_t keep, int keep_partia
         }
     }
     int own_partial = keep_partial && keep < s->n_shared;
-    while (s->n_shared > keep)
+    while (s->n_shared > keep + (own_partial ? 1 : 0))
         unlink_last(cache, s);
-    if (own_partial)
+    if (own_partial && !demote(cache, s)) {
+        /* Others still read it: the session's rows past the cut change, so
+         * it recomputes its own copy. */
+        unlink_last(cache, s);
         for (uint32_t l = 0; l < cache->cfg.n_layers; l++)
             pv_rec_enter(cache, s, keep, l, PV_TIER_DROPPED, PV_NONE32);
+    }
     if (s->n_published > keep)
         s->n_published = keep;
     s->chain = chain_through(cache, s, s->n_published);
