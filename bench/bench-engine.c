@@ -9,11 +9,11 @@
  *   3. Batched decode: tokens/s of --batch sessions decoding together
  *      against one session alone (medians of 3 runs of each, alternating).
  * Prints a table, or JSON with --json. */
+#include "bench/bench-load.h"
 #include "bench/bench-util.h"
 
 #include <pensieve/engine.h>
 
-#include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,19 +24,6 @@ typedef struct opts {
     const char *model, *backend;
     int turns, new_tokens, gen, batch, json;
 } opts;
-
-static int parse_int(const char *s, const char *what, int lo, int hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || errno || *end || v < lo || v > hi) {
-        fprintf(stderr, "bench-engine: %s '%s' is not an integer in [%d, %d]\n", what, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
 
 static int parse(int argc, char **argv, opts *o)
 {
@@ -53,10 +40,10 @@ static int parse(int argc, char **argv, opts *o)
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'b': o->backend = optarg; break;
-        case 't': if (parse_int(optarg, "--turns", 1, 100, &o->turns)) return -1; break;
-        case 'n': if (parse_int(optarg, "--new-tokens", 1, 400, &o->new_tokens)) return -1; break;
-        case 'g': if (parse_int(optarg, "--gen", 2, 1000, &o->gen)) return -1; break;
-        case 'B': if (parse_int(optarg, "--batch", 1, 64, &o->batch)) return -1; break;
+        case 't': if (bench_parse_int("bench-engine", optarg, "--turns", 1, 100, &o->turns)) return -1; break;
+        case 'n': if (bench_parse_int("bench-engine", optarg, "--new-tokens", 1, 400, &o->new_tokens)) return -1; break;
+        case 'g': if (bench_parse_int("bench-engine", optarg, "--gen", 2, 1000, &o->gen)) return -1; break;
+        case 'B': if (bench_parse_int("bench-engine", optarg, "--batch", 1, 64, &o->batch)) return -1; break;
         case 'j': o->json = 1; break;
         case 'h':
             printf("usage: bench-engine [--model PATH] [--backend NAME] [--turns N] [--new-tokens N]\n"
@@ -176,27 +163,13 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o))
         return 2;
-    char path[4096];
-    if (!o.model) {
-        pv_status st = pv_default_model_path(path, sizeof path);
-        if (st != PV_OK)
-            return fail("default model path", st);
-        o.model = path;
-    }
-    pv_gguf g;
     pv_tokenizer tok;
     pv_backend *be = NULL;
     pv_llama *m = NULL;
-    pv_status st = pv_gguf_init(&g, o.model);
+    const char *what;
+    pv_status st = bench_load_model(o.model, o.backend, &tok, &be, &m, &what);
     if (st != PV_OK)
-        return fail(o.model, st);
-    pv_llama_options lo;
-    pv_llama_options_default(&lo);
-    if ((st = pv_tokenizer_init(&tok, &g)) == PV_OK && (st = pv_backend_init(&be, o.backend, 0)) == PV_OK)
-        st = pv_llama_init(&m, be, &g, &lo);
-    pv_gguf_free(&g);
-    if (st != PV_OK)
-        return fail("setup", st);
+        return fail(what, st);
 
     /* Enough corpus tokens for every turn and batch prompt. */
     size_t need = (size_t)o.turns * (size_t)o.new_tokens + (size_t)o.batch * 7 + 64;

@@ -9,11 +9,11 @@
  *   - device + host bytes held after every turn, against the bytes of one
  *     copy of the prompt plus each session's own tokens (the ideal).
  * Prints a table, or JSON with --json. */
+#include "bench/bench-load.h"
 #include "bench/bench-util.h"
 
 #include <pensieve/engine.h>
 
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -26,19 +26,6 @@ typedef struct opts {
     int sessions, system_tokens, turns, turn_tokens, gen, json;
     uint64_t device_mib, host_mib;
 } opts;
-
-static int parse_int(const char *s, const char *what, int lo, int hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || errno || *end || v < lo || v > hi) {
-        fprintf(stderr, "bench-share: %s '%s' is not an integer in [%d, %d]\n", what, s, lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
 
 static int parse(int argc, char **argv, opts *o)
 {
@@ -58,13 +45,13 @@ static int parse(int argc, char **argv, opts *o)
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'b': o->backend = optarg; break;
-        case 's': if (parse_int(optarg, "--sessions", 2, 1024, &o->sessions)) return -1; break;
-        case 'p': if (parse_int(optarg, "--system-tokens", 1, 100000, &o->system_tokens)) return -1; break;
-        case 't': if (parse_int(optarg, "--turn-tokens", 1, 4096, &o->turn_tokens)) return -1; break;
-        case 'g': if (parse_int(optarg, "--gen", 1, 4096, &o->gen)) return -1; break;
-        case 'T': if (parse_int(optarg, "--turns", 1, 64, &o->turns)) return -1; break;
-        case 'D': if (parse_int(optarg, "--device-mib", 1, 1 << 20, &v)) return -1; o->device_mib = (uint64_t)v; break;
-        case 'H': if (parse_int(optarg, "--host-mib", 0, 1 << 20, &v)) return -1; o->host_mib = (uint64_t)v; break;
+        case 's': if (bench_parse_int("bench-share", optarg, "--sessions", 2, 1024, &o->sessions)) return -1; break;
+        case 'p': if (bench_parse_int("bench-share", optarg, "--system-tokens", 1, 100000, &o->system_tokens)) return -1; break;
+        case 't': if (bench_parse_int("bench-share", optarg, "--turn-tokens", 1, 4096, &o->turn_tokens)) return -1; break;
+        case 'g': if (bench_parse_int("bench-share", optarg, "--gen", 1, 4096, &o->gen)) return -1; break;
+        case 'T': if (bench_parse_int("bench-share", optarg, "--turns", 1, 64, &o->turns)) return -1; break;
+        case 'D': if (bench_parse_int("bench-share", optarg, "--device-mib", 1, 1 << 20, &v)) return -1; o->device_mib = (uint64_t)v; break;
+        case 'H': if (bench_parse_int("bench-share", optarg, "--host-mib", 0, 1 << 20, &v)) return -1; o->host_mib = (uint64_t)v; break;
         case 'j': o->json = 1; break;
         case 'h':
             printf("usage: bench-share [--model PATH] [--backend NAME] [--sessions N] [--system-tokens N]\n"
@@ -191,27 +178,13 @@ int main(int argc, char **argv)
     opts o;
     if (parse(argc, argv, &o))
         return 2;
-    char path[4096];
-    if (!o.model) {
-        pv_status st = pv_default_model_path(path, sizeof path);
-        if (st != PV_OK)
-            return fail("default model path", st);
-        o.model = path;
-    }
-    pv_gguf g;
     pv_tokenizer tok;
     pv_backend *be = NULL;
     pv_llama *m = NULL;
-    pv_status st = pv_gguf_init(&g, o.model);
+    const char *what;
+    pv_status st = bench_load_model(o.model, o.backend, &tok, &be, &m, &what);
     if (st != PV_OK)
-        return fail(o.model, st);
-    pv_llama_options lo;
-    pv_llama_options_default(&lo);
-    if ((st = pv_tokenizer_init(&tok, &g)) == PV_OK && (st = pv_backend_init(&be, o.backend, 0)) == PV_OK)
-        st = pv_llama_init(&m, be, &g, &lo);
-    pv_gguf_free(&g);
-    if (st != PV_OK)
-        return fail("setup", st);
+        return fail(what, st);
     size_t need = (size_t)o.system_tokens + (size_t)o.turns * o.sessions * o.turn_tokens;
     size_t cap = need + sizeof corpus, n_text = 0;
     int32_t *toks = malloc(cap * sizeof *toks);

@@ -1,7 +1,7 @@
 # The engine's benchmark: multi-turn time to first token (pensieve vs
 # stateless), engine overhead per decode iteration, batched decode.
 noinst_PROGRAMS += bench/bench-engine
-bench_bench_engine_SOURCES = bench/bench-engine.c bench/bench-util.h
+bench_bench_engine_SOURCES = bench/bench-engine.c bench/bench-util.h bench/bench-load.h
 bench_bench_engine_CFLAGS = $(AM_CFLAGS)
 bench_bench_engine_LDADD = $(PV_LINK)
 
@@ -15,6 +15,6 @@ bench_bench_state_LDADD = $(PV_LINK)
 # Shared prefixes (issue 28): sessions with one system prompt, with and
 # without sharing: time to first token and bytes held against one copy.
 noinst_PROGRAMS += bench/bench-share
-bench_bench_share_SOURCES = bench/bench-share.c bench/bench-util.h
+bench_bench_share_SOURCES = bench/bench-share.c bench/bench-util.h bench/bench-load.h
 bench_bench_share_CFLAGS = $(AM_CFLAGS)
 bench_bench_share_LDADD = $(PV_LINK)
