@@ -1120,6 +1120,11 @@ uint64_t pv_backend_graph_runs(const pv_backend *be)
     return be ? be->graph_runs : 0;
 }
 
+uint64_t pv_backend_graph_replays(const pv_backend *be)
+{
+    return be ? be->graph_replays : 0;
+}
+
 /* ---- timing markers ------------------------------------------------------------ */
 
 pv_status pv_marker_init(pv_marker **out, pv_backend *be)

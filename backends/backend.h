@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 11 /* 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 12 /* 12: graph replays; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -541,8 +541,10 @@ struct pv_backend {
     /* Copy commands since the backend opened (pv_backend_copies): the
      * backend adds one per copy it enqueues. */
     uint64_t copies;
-    /* Graphs run since the backend opened (pv_backend_graph_runs). */
-    uint64_t graph_runs;
+    /* Graphs run since the backend opened (pv_backend_graph_runs), and of
+     * those, the ones run again without being recorded
+     * (pv_backend_graph_replays; the backend adds one per replay). */
+    uint64_t graph_runs, graph_replays;
 };
 
 /* ---- front end: validation, then dispatch ---------------------------------
@@ -674,12 +676,19 @@ uint64_t pv_backend_copies(const pv_backend *be);
  * microseconds: on a GPU the host, not the device, sets the pace. Between
  * pv_backend_graph_begin and pv_backend_graph_end, the ops enqueued on
  * COMPUTE are recorded instead of launched (a CUDA stream capture);
- * pv_backend_graph_end then runs the recording as one unit, updating in
- * place the instantiated graph kept under `key` (the caller's name for the
- * step's shape: steps of one key usually differ only in their parameters,
- * which the update takes), so the host pays one launch and the device runs
- * the kernels back to back. What runs and in which order is exactly what
- * the ops would have run.
+ * pv_backend_graph_end then runs the recording as one unit, kept
+ * instantiated under `key` (the caller's name for the step's shape), so
+ * the device runs the kernels back to back. A later step of the same key
+ * is not recorded again when its ops would launch exactly what the kept
+ * graph launches with only their host arrays (token ids, positions, slot
+ * tables, sampling parameters) differing: the ops then launch nothing,
+ * the backend checks each against the recording and writes the arrays
+ * into fixed buffers the graph reads, and pv_backend_graph_end copies
+ * those in one transfer and runs the graph again (a replay: no recording,
+ * no launch per op). A step that differs in anything else (a launch
+ * parameter, a buffer, a size) does not run (*ran = 0, the caller runs
+ * the ops) and the key's next step is recorded again. What runs and in
+ * which order is exactly what the ops would have run.
  * Between the two calls only ops, pv_copy_async on COMPUTE,
  * pv_queue_wait and pv_marker_record belong: blocking reads and writes,
  * pv_backend_finish, pv_event_wait, pv_event_record on COMPUTE,
@@ -694,8 +703,10 @@ uint64_t pv_backend_copies(const pv_backend *be);
 int pv_backend_graphs(const pv_backend *be);
 pv_status pv_backend_graph_begin(pv_backend *be, uint64_t key);
 pv_status pv_backend_graph_end(pv_backend *be, int run, int *ran);
-/* Graphs that ran (*ran = 1) since be opened (0 for NULL). */
+/* Graphs that ran (*ran = 1) since be opened (0 for NULL), and of those
+ * the replays (run again without recording). */
 uint64_t pv_backend_graph_runs(const pv_backend *be);
+uint64_t pv_backend_graph_replays(const pv_backend *be);
 
 /* ---- timing markers -----------------------------------------------------------
  * The host's clock around a step that is waited for says how long the step

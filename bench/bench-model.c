@@ -475,12 +475,14 @@ int main(int argc, char **argv)
                "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
                "\"decode_host_fraction\": %.4f, \"decode_device_s\": %.9f, \"decode_host_over_device\": %.4f, "
                "\"decode_bound_reference\": \"%s\",\n"
-               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"graph_failure\": \"%s\", "
+               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"graph_replays\": %" PRIu64
+               ", \"graph_failure\": \"%s\", "
                "\"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
                rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
-               enqueue_s / step_s, device_s, host_over_device, read_name, fuse, graphs, pv_backend_graph_runs(be), graph_failure, hp->n_layers);
+               enqueue_s / step_s, device_s, host_over_device, read_name, fuse, graphs, pv_backend_graph_runs(be),
+               pv_backend_graph_replays(be), graph_failure, hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
         if (batch > 1)
@@ -537,9 +539,10 @@ int main(int argc, char **argv)
         printf("decode streams %.2f GB/s of weights and K/V: %.0f%% of the %s bandwidth (best %.1f GB/s)\n",
                decode_gbs, 100 * decode_gbs / read_best, read_name, read_best);
         printf("decode step (single stream): %.1f us on the host enqueueing, %.1f us in all (%.0f%%); "
-               "graphs %s, %" PRIu64 " run\n",
+               "graphs %s, %" PRIu64 " run, %" PRIu64 " of them replayed without recording\n",
                enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s,
-               !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be));
+               !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be),
+               pv_backend_graph_replays(be));
         printf("decode step on the device's clock (timing markers around it%s): %.1f us; the median step's host "
                "time / device time %.2f\n",
                on_device ? "" : "; the CPU's are the host's clock around the call", device_s * 1e6,

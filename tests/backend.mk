@@ -112,3 +112,11 @@ tests_test_backend_modules_LDADD = $(PV_LINK)
 check_LTLIBRARIES += tests/fake-module/pensieve-cuda.la
 tests_fake_module_pensieve_cuda_la_SOURCES = tests/fake-module.c
 tests_fake_module_pensieve_cuda_la_LDFLAGS = $(PV_MODULE_LDFLAGS) -rpath /nowhere
+
+# The trace that lets a recorded graph run again (backends/graph-trace.h):
+# every kind of difference between a step and the recording is caught.
+check_PROGRAMS += tests/test-graph-trace
+TESTS += tests/test-graph-trace
+tests_test_graph_trace_SOURCES = tests/test-graph-trace.c
+tests_test_graph_trace_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_graph_trace_LDADD = $(PV_LINK)

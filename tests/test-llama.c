@@ -352,6 +352,7 @@ typedef struct paired {
     int tokens_a[GREEDY_STEPS], tokens_b[GREEDY_STEPS];
     uint64_t launches_a, launches_b; /* of each one's last decode step */
     uint64_t graph_runs_a;           /* graphs a ran */
+    uint64_t graph_replays_a;        /* of those, run again without recording */
 } paired;
 
 /* Opens both models: PV_ERR_NO_DEVICE when the backend has no device (a
@@ -374,8 +375,10 @@ static pv_status paired_run(paired *p, const int *prompt)
     if (!p->logits_a || !p->logits_b)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "test: logits");
     const uint64_t runs_before = pv_backend_graph_runs(p->a.be);
+    const uint64_t replays_before = pv_backend_graph_replays(p->a.be);
     pv_status st = greedy_run(&p->a, prompt, p->logits_a, p->tokens_a, &p->launches_a);
     p->graph_runs_a = pv_backend_graph_runs(p->a.be) - runs_before;
+    p->graph_replays_a = pv_backend_graph_replays(p->a.be) - replays_before;
     return st == PV_OK ? greedy_run(&p->b, prompt, p->logits_b, p->tokens_b, &p->launches_b) : st;
 }
 
@@ -430,7 +433,11 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
  * kernels in the same order, so the same logits bit for bit, for the
  * prefill and every decode step; every decode step ran as a graph (the
  * first pass, the prefill, may not: it grows the backend's scratch, which
- * a recording cannot). */
+ * a recording cannot). The decode steps share one shape (the slot table's
+ * width is fixed, the split count stays 1 at these contexts), so the
+ * first is recorded and the others replay it with their own positions
+ * and token ids: a replay that ran on stale arrays would give other
+ * logits. */
 static void test_graphs(const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt)
 {
     paired p;
@@ -449,6 +456,10 @@ static void test_graphs(const pv_gguf *g, const char *backend, pv_dtype kv, cons
         ok(p.graph_runs_a >= GREEDY_STEPS && p.graph_runs_a <= GREEDY_STEPS + 1,
            "%s: %llu of %d forward passes ran as graphs, every decode step's at least%s%s", what,
            (unsigned long long)p.graph_runs_a, GREEDY_STEPS + 1, failure[0] ? "; the last failure: " : "", failure);
+        ok(p.graph_replays_a >= GREEDY_STEPS - 1,
+           "%s: %llu decode steps replayed the first one's graph without recording (expected %d)%s%s", what,
+           (unsigned long long)p.graph_replays_a, GREEDY_STEPS - 1, failure[0] ? "; the last failure: " : "",
+           failure);
         ok(memcmp(p.logits_a, p.logits_b, sizeof(float) * p.n) == 0,
            "%s: the logits of %d prefill rows and %d decode steps equal op by op's, bit for bit", what, LEN_A,
            GREEDY_STEPS);

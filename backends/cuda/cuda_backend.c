@@ -15,7 +15,9 @@
  * reused only once the event recorded behind the op that read it has
  * completed; the host waits only when the ring is full. Each stream has a
  * ring of its own (the copy stream's serves pv_slot_transfer), so an op
- * waits at most for its own stream's work, never the other's.
+ * waits at most for its own stream's work, never the other's. In a graph
+ * step the compute stream's arrays go instead to the graph's own arena,
+ * at the places its recording gave them (cuda_graph.c).
  *
  * The host pool (PV_MEM_HOST) is pinned and mapped: a slot transfer is one
  * kernel on the copy stream that reads or writes it through its device
@@ -33,6 +35,7 @@
 #include "backends/backend-module.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/attention-split.h"
+#include "backends/cuda/cuda_impl.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -42,93 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Bytes of the compute stream's staging ring (pinned host and device
- * each): a 256-sequence x 4096-chunk slot table is 4 MiB, so several such
- * ops fit in flight. */
-#define STAGING_BYTES ((size_t)16 << 20)
-/* The copy stream's: slot transfers of up to 256K slots each (two int32
- * lists). */
-#define COPY_STAGING_BYTES ((size_t)4 << 20)
-/* Ops in flight that hold a staging region; the host blocks only past this
- * or a full ring. */
-#define STAGING_RECORDS 256
-/* Arrays are packed at this alignment, so every device copy starts aligned
- * for any load width. */
-#define STAGING_ALIGN 16
-
-/* One op's staging region [start, end), busy until `done` completes.
- * pending: the op was recorded into a graph that has not run yet, and
- * `done` is recorded when graph_end enqueues it. */
-typedef struct staged {
-    size_t start, end;
-    cudaEvent_t done;
-    int pending;
-} staged;
-
-/* One stream's staging ring: `bytes` of pinned host and of device memory,
- * its busy regions a FIFO (`first`, `count`) ending at `head`. capturing:
- * the backend's flag where the stream can be recorded into a graph (the
- * compute stream), NULL where it never is (the copy stream). */
-typedef struct staging_ring {
-    cudaStream_t stream;
-    size_t bytes;
-    char *host, *dev;
-    staged records[STAGING_RECORDS];
-    int first, count;
-    size_t head;
-    const int *capturing;
-} staging_ring;
-
-/* Instantiated graphs kept, each under its caller's key; the least
- * recently run makes room. */
-#define GRAPH_EXECS 8
-typedef struct graph_slot {
-    uint64_t key;
-    cudaGraphExec_t exec;
-    uint64_t last_run;
-} graph_slot;
-
-/* A freed pinned host buffer, released once both streams pass `after`. */
-typedef struct host_release {
-    void *host;
-    cudaEvent_t after[2];
-    struct host_release *next;
-} host_release;
-
-typedef struct cuda_impl {
-    int device;
-    cudaStream_t stream[2]; /* indexed by pv_queue */
-    cudaStream_t alloc;     /* stream-ordered allocations only; synchronised at once */
-    cudaStream_t release;   /* stream-ordered frees, behind release_after */
-    cudaEvent_t release_after[2];
-    int pooled; /* the device has the stream-ordered allocator */
-    cublasHandle_t blas;
-    staging_ring ring[2]; /* indexed by pv_queue */
-    host_release *host_releases;
-    /* Device scratch of the ops that need some (SCRATCH_*), grown as
-     * needed and kept. */
-    void *scratch[2];
-    size_t scratch_bytes[2];
-    int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
-    int attention_group;  /* query heads per attention work-group at most (the same header) */
-    pv_cuda_kernels kernels;
-    int capturing; /* between graph_begin and graph_end */
-    uint64_t capture_key, graph_clock;
-    graph_slot graphs[GRAPH_EXECS];
-} cuda_impl;
-
-/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
- * of attention. */
-#define SCRATCH_QMATMUL 0
-#define SCRATCH_ATTENTION 1
-
-/* One host array to upload, and where its device copy ends up. */
-typedef struct upload {
-    const void *src;
-    size_t bytes;
-    void *dev;
-} upload;
 
 /* ---- errors ----------------------------------------------------------------- */
 
@@ -148,14 +64,6 @@ pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
     return pv_error(st, "cuda: %s (%s) failed: %s (%s)", call, context, cudaGetErrorString(err),
                     cudaGetErrorName(err));
 }
-
-/* CUDA_TRY(call, context format, args...): return the failure's status. */
-#define CUDA_TRY(call, ...)                                                                        \
-    do {                                                                                           \
-        cudaError_t err_ = (call);                                                                 \
-        if (err_ != cudaSuccess)                                                                   \
-            return pv_cuda_fail(err_, #call, __VA_ARGS__);                                         \
-    } while (0)
 
 static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -178,34 +86,6 @@ static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt,
         if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
             return blas_fail(st_, #call, __VA_ARGS__);                                             \
     } while (0)
-
-static cuda_impl *impl_of(pv_backend *be)
-{
-    return (cuda_impl *)be->impl;
-}
-
-/* The runtime's current device is per host thread: make it this backend's
- * before touching any of its objects. */
-static pv_status enter(cuda_impl *cu)
-{
-    CUDA_TRY(cudaSetDevice(cu->device), "device %d", cu->device);
-    return PV_OK;
-}
-
-/* Device address of element `off` (of elem_size bytes) of a buffer. Host
- * buffers are mapped pinned memory, so their handle is a device address too. */
-/* What may not happen while a graph is recorded (backend.h, "graphs"). */
-static pv_status not_capturing(const cuda_impl *cu, const char *what)
-{
-    if (cu->capturing)
-        return pv_error(PV_ERR_UNSUPPORTED, "cuda: %s while a graph is being recorded", what);
-    return PV_OK;
-}
-
-static void *dev_ptr(const pv_buffer *buf, uint64_t off, size_t elem_size)
-{
-    return (char *)buf->handle + off * elem_size;
-}
 
 /* ---- devices ---------------------------------------------------------------- */
 
@@ -291,14 +171,23 @@ static void cuda_free(pv_backend *be)
         if (cudaStreamEndCapture(cu->stream[PV_QUEUE_COMPUTE], &graph) == cudaSuccess && graph)
             cudaGraphDestroy(graph);
     }
-    for (int i = 0; i < GRAPH_EXECS; i++)
-        if (cu->graphs[i].exec)
-            cudaGraphExecDestroy(cu->graphs[i].exec);
     /* Nothing may still read the staging memory or use the streams. */
     cudaStream_t all[4] = {cu->stream[0], cu->stream[1], cu->alloc, cu->release};
     for (int q = 0; q < 4; q++)
         if (all[q])
             cudaStreamSynchronize(all[q]);
+    for (int i = 0; i < GRAPH_EXECS; i++) {
+        graph_slot *g = &cu->graphs[i];
+        if (g->exec)
+            cudaGraphExecDestroy(g->exec);
+        if (g->arena_copied)
+            cudaEventDestroy(g->arena_copied);
+        if (g->arena_host)
+            cudaFreeHost(g->arena_host);
+        if (g->arena_dev)
+            cudaFree(g->arena_dev);
+        pv_graph_trace_free(&g->trace);
+    }
     reap_host_releases(cu, 1);
     pv_cuda_kernels_free(&cu->kernels);
     for (int q = 0; q < 2; q++) {
@@ -358,7 +247,7 @@ static pv_status init_resources(cuda_impl *cu)
         staging_ring *ring = &cu->ring[q];
         ring->stream = cu->stream[q];
         ring->bytes = q == PV_QUEUE_COPY ? COPY_STAGING_BYTES : STAGING_BYTES;
-        ring->capturing = q == PV_QUEUE_COMPUTE ? &cu->capturing : NULL;
+        ring->graph = q == PV_QUEUE_COMPUTE ? &cu->graph : NULL;
         for (int i = 0; i < STAGING_RECORDS; i++) {
             CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "staging event %d", i);
             ring->records[i].done = ev;
@@ -389,6 +278,7 @@ static pv_status cuda_init(pv_backend *be)
     if (!cu)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot allocate the backend state");
     cu->device = be->device;
+    cu->graph_replays = &be->graph_replays;
     be->impl = cu;
     pv_status st = pv_attention_env("cuda", "PV_ATTENTION_SPLITS", PV_ATTENTION_MAX_SPLITS, &cu->attention_splits);
     if (st == PV_OK)
@@ -602,17 +492,9 @@ static pv_status event_new(pv_backend *be, pv_event **out)
     return PV_OK;
 }
 
-/* Events and markers: a failure here has nothing left to report to. */
-static void event_destroy(pv_backend *be, cudaEvent_t e)
-{
-    cudaSetDevice(impl_of(be)->device);
-    cudaEventDestroy(e);
-    (void)cudaGetLastError();
-}
-
 static void cuda_event_free(pv_backend *be, pv_event *ev)
 {
-    event_destroy(be, (cudaEvent_t)ev->handle);
+    pv_cuda_event_destroy(be, (cudaEvent_t)ev->handle);
     free(ev);
 }
 
@@ -640,7 +522,14 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
     /* Recorded into a graph, a wait for an event from outside it is an
      * external wait node: it waits, when the graph runs, for the event's
      * last record before then. */
-    const unsigned int flags = cu->capturing && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
+    const int in_graph = cu->graph && q == PV_QUEUE_COMPUTE;
+    const unsigned int flags = in_graph ? cudaEventWaitExternal : 0;
+    if (in_graph) {
+        const uint64_t item[2] = {(uint64_t)(uintptr_t)ev->handle, flags};
+        pv_graph_trace_item(&cu->graph->trace, PV_TRACE_EVENT, item, sizeof item);
+        if (!cu->capturing)
+            return PV_OK;
+    }
     CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, flags), "%s stream",
              q == PV_QUEUE_COPY ? "copy" : "compute");
     return PV_OK;
@@ -668,9 +557,17 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[q];
+    be->copies++;
+    if (cu->graph && q == PV_QUEUE_COMPUTE) {
+        const uint64_t item[4] = {(uint64_t)(uintptr_t)dev_ptr(dst, dst_off, 1),
+                                  (uint64_t)(uintptr_t)dev_ptr(src, src_off, 1), bytes,
+                                  (uint64_t)(uintptr_t)(wait ? wait->handle : NULL)};
+        pv_graph_trace_item(&cu->graph->trace, PV_TRACE_COPY, item, sizeof item);
+        if (!cu->capturing)
+            return done ? cuda_event_record(be, q, done) : PV_OK; /* refused in a graph step, as when recorded */
+    }
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
-    be->copies++;
     /* Unified addressing tells the runtime which side each pointer is on. */
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), dev_ptr(src, src_off, 1), bytes,
                              cudaMemcpyDefault, s),
@@ -704,13 +601,6 @@ static pv_status retire_oldest(staging_ring *ring, int wait, int *retired)
 {
     staged *r = &ring->records[ring->first];
     int done = 0;
-    if (r->pending) { /* its op is in the recording, which has not run */
-        *retired = 0;
-        if (!wait)
-            return PV_OK;
-        return pv_error(PV_ERR_UNSUPPORTED, "cuda: the %zu-byte staging ring filled while a graph was recorded",
-                        ring->bytes);
-    }
     if (wait)
         CUDA_TRY(cudaEventSynchronize(r->done), "%s", "staging event");
     else
@@ -770,6 +660,20 @@ static pv_status staging_acquire(staging_ring *ring, size_t bytes, const char *o
 static pv_status staging_upload(staging_ring *ring, const char *op, upload *parts, int n_parts, size_t extra,
                                 staged *region, size_t *extra_off)
 {
+    graph_slot *g = ring->graph ? *ring->graph : NULL;
+    if (g) { /* a graph step: the arrays go to the graph's arena, copied in one go before it runs */
+        if (extra)
+            return pv_error(PV_ERR_UNSUPPORTED, "cuda %s: a device result for the host in a graph", op);
+        for (int i = 0; i < n_parts; i++) {
+            size_t at = 0;
+            if (!pv_graph_trace_place(&g->trace, parts[i].bytes, STAGING_ALIGN, g->arena_bytes, &at))
+                return pv_cuda_graph_step_error(g, op);
+            memcpy(g->arena_host + at, parts[i].src, parts[i].bytes);
+            parts[i].dev = g->arena_dev + at;
+        }
+        *region = (staged){.in_arena = 1};
+        return PV_OK;
+    }
     size_t total = 0;
     for (int i = 0; i < n_parts; i++)
         total += align_up(parts[i].bytes);
@@ -802,9 +706,10 @@ static pv_status staging_upload(staging_ring *ring, const char *op, upload *part
  * instead, so the region is free when this returns. */
 static pv_status staging_done(staging_ring *ring, const staged *region, pv_status launched)
 {
+    if (region->in_arena)
+        return launched;
     staged *r = &ring->records[(ring->first + ring->count) % STAGING_RECORDS];
-    r->pending = ring->capturing && *ring->capturing;
-    cudaError_t err = r->pending ? cudaSuccess : cudaEventRecord(r->done, ring->stream);
+    cudaError_t err = cudaEventRecord(r->done, ring->stream);
     if (err == cudaSuccess) {
         r->start = region->start;
         r->end = region->end;
@@ -856,6 +761,27 @@ static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_
 
 /* ---- GEMM ---------------------------------------------------------------------------- */
 
+/* Describes a cuBLAS GEMM (column-major arguments) to the graph trace;
+ * 1 when a graph step is checked against its recording, so the call is
+ * the recording's to make. */
+static int blas_traced(cuda_impl *cu, pv_dtype dtype, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n,
+                       int k, float alpha, float beta, const void *a, int lda, const void *b, int ldb, const void *c,
+                       int ldc)
+{
+    int check = 0;
+    pv_graph_trace *t = compute_trace(cu, &check);
+    if (!t)
+        return 0;
+    uint64_t item[10] = {(uint64_t)dtype, (uint64_t)op_a | (uint64_t)op_b << 8, (uint64_t)(uint32_t)m,
+                         (uint64_t)(uint32_t)n | (uint64_t)(uint32_t)k << 32,
+                         (uint64_t)(uint32_t)lda | (uint64_t)(uint32_t)ldb << 32, (uint64_t)(uint32_t)ldc,
+                         (uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b, (uint64_t)(uintptr_t)c, 0};
+    memcpy(&item[9], &alpha, sizeof alpha);
+    memcpy((char *)&item[9] + sizeof alpha, &beta, sizeof beta);
+    pv_graph_trace_item(t, PV_TRACE_LIBRARY, item, sizeof item);
+    return check;
+}
+
 /* cuBLAS is column-major. A row-major matrix is its transpose read
  * column-major, so row-major C = op(A) op(B) is computed as column-major
  * C^T = op(B)^T op(A)^T: swap the operands and the m/n extents, keep the
@@ -880,6 +806,10 @@ static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
      * cuBLAS still gets valid addresses. */
     const void *pa = a->k ? dev_ptr(a->a, a->a_off, es) : pc;
     const void *pb = a->k ? dev_ptr(a->b, a->b_off, es) : pc;
+    if (blas_traced(cu, a->dtype, op_b, op_a, n, m, k, a->alpha, a->beta, pb, ldb, pa, lda, pc, ldc)) {
+        be->launches++;
+        return PV_OK;
+    }
     if (a->dtype == PV_F32)
         BLAS_TRY(cublasSgemm(cu->blas, op_b, op_a, n, m, k, &a->alpha, (const float *)pb, ldb,
                              (const float *)pa, lda, &a->beta, (float *)pc, ldc),
@@ -1144,10 +1074,13 @@ static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, int64_t
     cuda_impl *cu = impl_of(be);
     const float one = 1.0f, zero = 0.0f;
     const int n_in = (int)a->n_in;
-    BLAS_TRY(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
-                         n_in, (const float *)dev_ptr(a->x, a->x_off, 4), n_in, &zero,
-                         (float *)dev_ptr(a->y, a->y_off + (uint64_t)r0, 4), (int)a->n_out),
-             "qmatmul T=%" PRId64 " rows=%" PRId64 " n_in=%d", a->n_tokens, n_rows, n_in);
+    const float *x = dev_ptr(a->x, a->x_off, 4);
+    float *y = dev_ptr(a->y, a->y_off + (uint64_t)r0, 4);
+    if (!blas_traced(cu, PV_F32, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, one, zero, tile,
+                     n_in, x, n_in, y, (int)a->n_out))
+        BLAS_TRY(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
+                             n_in, x, n_in, &zero, y, (int)a->n_out),
+                 "qmatmul T=%" PRId64 " rows=%" PRId64 " n_in=%d", a->n_tokens, n_rows, n_in);
     be->launches++;
     return PV_OK;
 }
@@ -1230,145 +1163,6 @@ static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args 
     return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
-/* ---- timing markers ---------------------------------------------------------------------
- * A marker is a timing event recorded on the compute stream. While a graph
- * is recorded, cudaEventRecordExternal makes the record an event record
- * node of the graph (a plain record there would only mark the capture's
- * dependencies and leave the event without a time), so the event takes its
- * time whenever the graph runs. */
-
-static pv_status cuda_marker_init(pv_backend *be, pv_marker *m)
-{
-    PV_TRY(enter(impl_of(be)));
-    cudaEvent_t ev;
-    CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDefault), "%s", "timing marker");
-    m->handle = ev;
-    return PV_OK;
-}
-
-static void cuda_marker_free(pv_backend *be, pv_marker *m)
-{
-    event_destroy(be, (cudaEvent_t)m->handle);
-}
-
-static pv_status cuda_marker_record(pv_backend *be, pv_marker *m)
-{
-    cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
-    CUDA_TRY(cudaEventRecordWithFlags((cudaEvent_t)m->handle, cu->stream[PV_QUEUE_COMPUTE],
-                                      cu->capturing ? cudaEventRecordExternal : cudaEventRecordDefault),
-             "timing marker%s", cu->capturing ? " in a graph" : "");
-    return PV_OK;
-}
-
-static pv_status cuda_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds)
-{
-    cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
-    PV_TRY(not_capturing(cu, "the time between markers"));
-    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)start->handle), "%s", "start marker");
-    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)end->handle), "%s", "end marker");
-    float ms = 0;
-    CUDA_TRY(cudaEventElapsedTime(&ms, (cudaEvent_t)start->handle, (cudaEvent_t)end->handle), "%s",
-             "the time between markers");
-    *seconds = ms * 1e-3;
-    return PV_OK;
-}
-
-/* ---- graphs (backend.h) ------------------------------------------------------------------ */
-
-static pv_status cuda_graph_begin(pv_backend *be, uint64_t key)
-{
-    cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
-    PV_TRY(not_capturing(cu, "graph_begin"));
-    /* Relaxed: the ops' host-side calls (event queries of the staging ring,
-     * the first load of a kernel) stay legal while the stream records. */
-    CUDA_TRY(cudaStreamBeginCapture(cu->stream[PV_QUEUE_COMPUTE], cudaStreamCaptureModeRelaxed), "%s",
-             "compute stream");
-    cu->capturing = 1;
-    cu->capture_key = key;
-    return PV_OK;
-}
-
-/* The slot of key, or the least recently run one (emptied) for it. */
-static graph_slot *graph_slot_for(cuda_impl *cu, uint64_t key)
-{
-    graph_slot *oldest = &cu->graphs[0];
-    for (int i = 0; i < GRAPH_EXECS; i++) {
-        if (cu->graphs[i].exec && cu->graphs[i].key == key)
-            return &cu->graphs[i];
-        if (!cu->graphs[i].exec || (oldest->exec && cu->graphs[i].last_run < oldest->last_run))
-            oldest = &cu->graphs[i];
-    }
-    if (oldest->exec)
-        cudaGraphExecDestroy(oldest->exec);
-    oldest->exec = NULL;
-    oldest->key = key;
-    return oldest;
-}
-
-/* Runs the recording through the slot's instantiated graph: updated in
- * place when the recording has its shape, instantiated anew when not. */
-static cudaError_t graph_run(cuda_impl *cu, cudaGraph_t graph)
-{
-    graph_slot *slot = graph_slot_for(cu, cu->capture_key);
-    if (slot->exec) {
-        cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(slot->exec, graph, &info) != cudaSuccess) {
-            (void)cudaGetLastError();
-            cudaGraphExecDestroy(slot->exec);
-            slot->exec = NULL;
-        }
-    }
-    if (!slot->exec) {
-        cudaError_t err = cudaGraphInstantiate(&slot->exec, graph, 0);
-        if (err != cudaSuccess) {
-            slot->exec = NULL;
-            return err;
-        }
-    }
-    slot->last_run = ++cu->graph_clock;
-    return cudaGraphLaunch(slot->exec, cu->stream[PV_QUEUE_COMPUTE]);
-}
-
-static pv_status cuda_graph_end(pv_backend *be, int run, int *ran)
-{
-    cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
-    *ran = 0;
-    if (!cu->capturing)
-        return pv_error(PV_ERR_INVALID_ARG, "cuda: graph_end without graph_begin");
-    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
-    cudaGraph_t graph = NULL;
-    cudaError_t err = cudaStreamEndCapture(s, &graph);
-    cu->capturing = 0;
-    /* A recording that an op broke (an illegal call invalidates the
-     * capture) or that the caller drops (run = 0: an op failed) runs
-     * nothing; the caller enqueues the work again. */
-    if (err == cudaSuccess && graph && run)
-        *ran = graph_run(cu, graph) == cudaSuccess;
-    (void)cudaGetLastError();
-    if (graph)
-        cudaGraphDestroy(graph);
-    /* The recorded ops' staging regions are busy until the graph has run
-     * (or free now, when it did not run). */
-    pv_status st = PV_OK;
-    staging_ring *ring = &cu->ring[PV_QUEUE_COMPUTE];
-    for (int i = 0; i < ring->count; i++) {
-        staged *r = &ring->records[(ring->first + i) % STAGING_RECORDS];
-        if (!r->pending)
-            continue;
-        r->pending = 0;
-        err = cudaEventRecord(r->done, s);
-        if (err != cudaSuccess && st == PV_OK) {
-            cudaStreamSynchronize(s);
-            st = pv_cuda_fail(err, "cudaEventRecord", "%s", "staging event after a graph");
-        }
-    }
-    return st;
-}
-
 static const pv_backend_ops cuda_backend_ops = {
     .api_version = PV_BACKEND_API_VERSION,
     .name = "cuda",
@@ -1408,12 +1202,12 @@ static const pv_backend_ops cuda_backend_ops = {
     .qmatmul_swiglu = cuda_qmatmul_swiglu,
     .slot_transfer = cuda_slot_transfer,
     .sample_batch = cuda_sample_batch,
-    .graph_begin = cuda_graph_begin,
-    .graph_end = cuda_graph_end,
-    .marker_init = cuda_marker_init,
-    .marker_free = cuda_marker_free,
-    .marker_record = cuda_marker_record,
-    .marker_elapsed = cuda_marker_elapsed,
+    .graph_begin = pv_cuda_graph_begin,
+    .graph_end = pv_cuda_graph_end,
+    .marker_init = pv_cuda_marker_init,
+    .marker_free = pv_cuda_marker_free,
+    .marker_record = pv_cuda_marker_record,
+    .marker_elapsed = pv_cuda_marker_elapsed,
     .tunable_kernels = 1,
 };
 

@@ -155,11 +155,73 @@ static long long rows_in_grid_x(long long total, long long first)
     return total - first < MAX_GRID_X ? total - first : MAX_GRID_X;
 }
 
+/* The parameter sizes of `kernel`, asked of the runtime at its first
+ * launch; NULL when the table is full. */
+static const pv_cuda_kernel_params *kernel_params(pv_cuda_kernels *k, cudaKernel_t kernel)
+{
+    const uintptr_t h = (uintptr_t)(const void *)kernel;
+    for (size_t probe = 0; probe < PV_CUDA_KERNEL_PARAMS_SLOTS; probe++) {
+        pv_cuda_kernel_params *e = &k->param_sizes[(h / 16 + probe) % PV_CUDA_KERNEL_PARAMS_SLOTS];
+        if (e->kernel == (const void *)kernel)
+            return e;
+        if (e->kernel)
+            continue;
+        e->kernel = (const void *)kernel;
+        e->n_params = 0;
+        for (size_t i = 0;; i++) {
+            size_t offset = 0, size = 0;
+            if (cudaFuncGetParamInfo((const void *)kernel, i, &offset, &size) != cudaSuccess) {
+                (void)cudaGetLastError(); /* past the last parameter (or not answerable) */
+                break;
+            }
+            if (i == PV_CUDA_KERNEL_MAX_PARAMS || size == 0 || size > UINT8_MAX) {
+                e->n_params = -1;
+                break;
+            }
+            e->size[i] = (uint8_t)size;
+            e->n_params = (int)i + 1;
+        }
+        if (e->n_params == 0)
+            e->n_params = -1; /* every kernel of kernels/ has parameters: the runtime did not say */
+        return e;
+    }
+    return NULL;
+}
+
+/* Describes a launch to the graph trace: kernel, geometry and the bytes of
+ * every argument, so a later step launches the recorded graph only if it
+ * would have launched exactly this. */
+static void trace_launch(pv_cuda_kernels *k, cudaKernel_t kernel, dim3 grid, dim3 block, void **args)
+{
+    const pv_cuda_kernel_params *p = kernel_params(k, kernel);
+    unsigned char item[3 * sizeof(uint64_t) + PV_CUDA_KERNEL_MAX_PARAMS * sizeof(uint64_t)];
+    if (!p || p->n_params < 0) {
+        pv_graph_trace_opaque(k->trace, PV_TRACE_LAUNCH);
+        return;
+    }
+    const uint64_t head[3] = {(uint64_t)(uintptr_t)(const void *)kernel,
+                              (uint64_t)grid.x | (uint64_t)grid.y << 32, block.x};
+    size_t n = sizeof head;
+    memcpy(item, head, n);
+    for (int i = 0; i < p->n_params; i++) {
+        memcpy(item + n, args[i], p->size[i]);
+        n += p->size[i];
+    }
+    pv_graph_trace_item(k->trace, PV_TRACE_LAUNCH, item, n);
+}
+
 static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *what, cudaKernel_t kernel,
                         unsigned int groups0, unsigned int groups1, int work_group, void **args)
 {
     dim3 grid = {groups0, groups1, 1};
     dim3 block = {(unsigned int)work_group, 1, 1};
+    if (k->trace) {
+        trace_launch(k, kernel, grid, block, args);
+        if (k->check) { /* the recorded graph launches it */
+            (*k->launches)++;
+            return PV_OK;
+        }
+    }
     cudaError_t err = cudaLaunchKernel((const void *)kernel, grid, block, args, 0, stream);
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaLaunchKernel", "%s, %u x %u groups of %d", what, groups0, groups1,

@@ -5,12 +5,13 @@
 # module, pensieve-cuda.so (Makefile.am: PV_MODULE_LDFLAGS), so that only a
 # run that asks for CUDA maps the runtime, cuBLAS and NVRTC.
 EXTRA_DIST += backends/cuda/README.md
-noinst_HEADERS += backends/cuda/cuda_kernels.h backends/cuda/cuda_nvrtc.h
+noinst_HEADERS += backends/cuda/cuda_kernels.h backends/cuda/cuda_nvrtc.h backends/cuda/cuda_impl.h
 
 if HAVE_CUDA
 pvmodule_LTLIBRARIES += backends/pensieve-cuda.la
 backends_pensieve_cuda_la_SOURCES = \
 	backends/cuda/cuda_backend.c \
+	backends/cuda/cuda_graph.c \
 	backends/cuda/cuda_launch.c \
 	backends/cuda/cuda_nvrtc.c
 nodist_backends_pensieve_cuda_la_SOURCES = kernels/kernel-sources.c
