@@ -280,6 +280,26 @@ static pv_status need_int_sizes(pv_op op, const char *const *size_names, const i
     need_product(op, arg, formula, (const int64_t[]){__VA_ARGS__},                                   \
                  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), out)
 
+/* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
+ * not overlap: a fused op writes one while it still reads the other. */
+static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,
+                            const char *b_name, const pv_buffer *b, uint64_t b_begin, uint64_t b_end)
+{
+    if (a == b && a_begin < b_end && b_begin < a_end)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: %s (bytes %" PRIu64 " to %" PRIu64 ") overlaps %s (bytes %" PRIu64
+                        " to %" PRIu64 ") in the same buffer",
+                        pv_op_name(op), a_name, a_begin, a_end, b_name, b_begin, b_end);
+    return PV_OK;
+}
+
+/* need_apart for f32 ranges given as element offset and count (checked
+ * against their buffers already, so the byte ends fit). */
+static pv_status need_apart_f32(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_off, uint64_t a_n,
+                                const char *b_name, const pv_buffer *b, uint64_t b_off, uint64_t b_n)
+{
+    return need_apart(op, a_name, a, a_off * 4, (a_off + a_n) * 4, b_name, b, b_off * 4, (b_off + b_n) * 4);
+}
+
 /* Validates the paged-KV addressing shared by attention and kv_write:
  * sequence ids, positions and the slot of every chunk a token touches.
  * For attention (whole_context) every chunk up to the token's position must
@@ -797,18 +817,36 @@ pv_status pv_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     PV_TRY(need_whole_blocks(op, a->table_type, "dim", a->dim, "table_off", a->table_off));
     if (a->n_ids < 0)
         return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids = %d must be >= 0", a->n_ids);
+    if (a->n_ids_dev < 0)
+        return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids_dev = %" PRId64 " must be >= 0", a->n_ids_dev);
     if (a->n_ids == 0)
         return PV_OK;
     PV_TRY(need_host_array(op, "ids", a->ids));
-    for (int32_t i = 0; i < a->n_ids; i++)
-        if (a->ids[i] < 0 || a->ids[i] >= a->n_rows)
-            return pv_error(PV_ERR_INVALID_ARG, "embed_gather: ids[%d] = %d out of range [0, %" PRId64 ")",
-                            i, a->ids[i], a->n_rows);
+    if (a->ids_dev)
+        PV_TRY(need_extent(be, op, "ids_dev", a->ids_dev, a->ids_dev_off, (uint64_t)a->n_ids_dev, 4));
+    else if (a->n_ids_dev != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "embed_gather: n_ids_dev = %" PRId64 " without ids_dev", a->n_ids_dev);
+    for (int32_t i = 0; i < a->n_ids; i++) {
+        const int32_t id = a->ids[i];
+        if (id >= a->n_rows)
+            return pv_error(PV_ERR_INVALID_ARG, "embed_gather: ids[%d] = %d out of range [0, %" PRId64 ")", i, id,
+                            a->n_rows);
+        const int64_t j = -(int64_t)id - 1; /* id = -(j + 1): device id j */
+        if (id < 0 && j >= a->n_ids_dev)
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "embed_gather: ids[%d] = %d takes device id %" PRId64 ", past n_ids_dev = %" PRId64
+                            "%s",
+                            i, id, j, a->n_ids_dev, a->ids_dev ? "" : " (ids_dev is NULL)");
+    }
     uint64_t table_elems = 0, out_elems = 0;
     PV_TRY(PRODUCT(op, "table", "n_rows x dim", &table_elems, a->n_rows, a->dim));
     PV_TRY(PRODUCT(op, "out", "n_ids x dim", &out_elems, a->n_ids, a->dim));
     PV_TRY(need_weight_extent(be, op, "table", a->table, a->table_type, a->table_off, table_elems));
     PV_TRY(need_extent(be, op, "out", a->out, a->out_off, out_elems, 4));
+    /* Row i is written while later rows' device ids are still read. */
+    if (a->ids_dev)
+        PV_TRY(need_apart_f32(op, "out", a->out, a->out_off, out_elems, "ids_dev", a->ids_dev, a->ids_dev_off,
+                              (uint64_t)a->n_ids_dev));
     return be->ops->embed_gather(be, a);
 }
 
@@ -1000,28 +1038,27 @@ pv_status pv_softmax(pv_backend *be, const pv_softmax_args *a)
 }
 
 /* What the ops that pick a token a row (argmax, sample_top_p,
- * sample_batch) read and write: rows x cols f32 of buffer x from x_off
- * (`arg` names it), cols within the kernels' int, and a host array out of
- * rows tokens. */
+ * sample_batch) read: rows x cols f32 of buffer x from x_off (`arg` names
+ * it, *n gets its elements), cols within the kernels' int. */
 static pv_status need_pick_rows(pv_backend *be, pv_op op, const char *arg, int64_t rows, int64_t cols,
-                                const pv_buffer *x, uint64_t x_off, const int32_t *out)
+                                const pv_buffer *x, uint64_t x_off, uint64_t *n)
 {
     PV_TRY(need_supported(be, op, PV_F32));
     PV_TRY(need_positive(op, "rows", rows));
     PV_TRY(need_positive(op, "cols", cols));
     if (cols > INT32_MAX)
         return pv_error(PV_ERR_INVALID_ARG, "%s: cols = %" PRId64 " exceeds %d", pv_op_name(op), cols, INT32_MAX);
-    PV_TRY(need_host_array(op, "out", out));
-    uint64_t n = 0;
-    PV_TRY(PRODUCT(op, arg, "rows x cols", &n, rows, cols));
-    return need_extent(be, op, arg, x, x_off, n, 4);
+    PV_TRY(PRODUCT(op, arg, "rows x cols", n, rows, cols));
+    return need_extent(be, op, arg, x, x_off, *n, 4);
 }
 
 pv_status pv_argmax(pv_backend *be, const pv_argmax_args *a)
 {
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "argmax: args is NULL");
-    PV_TRY(need_pick_rows(be, PV_OP_ARGMAX, "x", a->rows, a->cols, a->x, a->x_off, a->out));
+    uint64_t n = 0;
+    PV_TRY(need_pick_rows(be, PV_OP_ARGMAX, "x", a->rows, a->cols, a->x, a->x_off, &n));
+    PV_TRY(need_host_array(PV_OP_ARGMAX, "out", a->out));
     return be->ops->argmax(be, a);
 }
 
@@ -1041,7 +1078,9 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     const pv_op op = PV_OP_SAMPLE_TOP_P;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: args is NULL");
-    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, a->out));
+    uint64_t n = 0;
+    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, &n));
+    PV_TRY(need_host_array(op, "out", a->out));
     if (!(a->temperature > 0.0f))
         return pv_error(PV_ERR_INVALID_ARG, "sample_top_p: temperature = %g must be > 0",
                         (double)a->temperature);
@@ -1054,12 +1093,96 @@ pv_status pv_sample_top_p(pv_backend *be, const pv_sample_args *a)
     return be->ops->sample_top_p(be, a);
 }
 
+/* sample_batch's logit bias (pv_sample_batch_args): the lists' shape,
+ * each entry, no token twice in a row (two entries would add twice on one
+ * backend and race on another), and no row with every token banned. */
+static pv_status need_logit_bias(const pv_sample_batch_args *a)
+{
+    const pv_op op = PV_OP_SAMPLE_BATCH;
+    const int32_t *start = a->bias_start;
+    if (!start)
+        return PV_OK;
+    if (start[0] != 0)
+        return pv_error(PV_ERR_INVALID_ARG, "sample_batch: bias_start[0] = %d must be 0", start[0]);
+    for (int64_t r = 0; r < a->rows; r++) {
+        if (start[r + 1] < start[r])
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "sample_batch: bias_start[%" PRId64 "] = %d is below bias_start[%" PRId64
+                            "] = %d (row %" PRId64 "'s entries end before they start)",
+                            r + 1, start[r + 1], r, start[r], r);
+        if (start[r + 1] > PV_LOGIT_BIAS_MAX)
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "sample_batch: bias_start[%" PRId64 "] = %d: more than the %d bias entries allowed",
+                            r + 1, start[r + 1], PV_LOGIT_BIAS_MAX);
+    }
+    const int32_t n = start[a->rows];
+    if (n == 0)
+        return PV_OK;
+    PV_TRY(need_host_array(op, "bias_token", a->bias_token));
+    PV_TRY(need_host_array(op, "bias_value", a->bias_value));
+    keyed *keys = malloc((size_t)n * sizeof *keys);
+    if (!keys)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "sample_batch: cannot allocate %d keys to check the bias tokens", n);
+    for (int64_t r = 0, k = 0; r < a->rows; r++)
+        for (; k < start[r + 1]; k++) {
+            const int32_t token = a->bias_token[k];
+            const float value = a->bias_value[k];
+            pv_status st = PV_OK;
+            if (token < 0 || token >= a->cols)
+                st = pv_error(PV_ERR_INVALID_ARG,
+                              "sample_batch: bias_token[%" PRId64 "] = %d (row %" PRId64 ") out of range [0, %" PRId64
+                              ")",
+                              k, token, r, a->cols);
+            else if (!isfinite(value))
+                st = pv_error(PV_ERR_INVALID_ARG,
+                              "sample_batch: bias_value[%" PRId64 "] = %g (row %" PRId64 ", token %d) is not finite",
+                              k, (double)value, r, token);
+            if (st != PV_OK) {
+                free(keys);
+                return st;
+            }
+            keys[k] = (keyed){r * a->cols + token, (int32_t)k}; /* < rows x cols, checked */
+        }
+    int32_t first = 0, second = 0;
+    const int repeated = find_repeat(keys, n, &first, &second);
+    free(keys);
+    if (repeated) {
+        int64_t r = 0;
+        while (start[r + 1] <= first)
+            r++;
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "sample_batch: row %" PRId64 " has token %d twice (bias_token[%d] and bias_token[%d]): at "
+                        "most one bias a token",
+                        r, a->bias_token[first], first, second);
+    }
+    for (int64_t r = 0; r < a->rows; r++) {
+        int64_t banned = 0;
+        for (int32_t k = start[r]; k < start[r + 1]; k++)
+            banned += a->bias_value[k] <= PV_LOGIT_BIAS_BAN;
+        if (banned == a->cols) /* the tokens are distinct: every one of them */
+            return pv_error(PV_ERR_INVALID_ARG,
+                            "sample_batch: row %" PRId64 " bans all its %" PRId64 " tokens (bias <= %g): none is "
+                            "left to pick",
+                            r, a->cols, (double)PV_LOGIT_BIAS_BAN);
+    }
+    return PV_OK;
+}
+
 pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
 {
     const pv_op op = PV_OP_SAMPLE_BATCH;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "sample_batch: args is NULL");
-    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, a->out));
+    uint64_t n = 0;
+    PV_TRY(need_pick_rows(be, op, "logits", a->rows, a->cols, a->logits, a->logits_off, &n));
+    if (!a->out == !a->out_dev)
+        return pv_error(PV_ERR_INVALID_ARG, "sample_batch: give exactly one of out (host) and out_dev (device), not %s",
+                        a->out ? "both" : "neither");
+    if (a->out_dev) {
+        PV_TRY(need_extent(be, op, "out_dev", a->out_dev, a->out_dev_off, (uint64_t)a->rows, 4));
+        PV_TRY(need_apart_f32(op, "out_dev", a->out_dev, a->out_dev_off, (uint64_t)a->rows, "logits", a->logits,
+                              a->logits_off, n));
+    }
     PV_TRY(need_host_array(op, "temperature", a->temperature));
     PV_TRY(need_host_array(op, "top_p", a->top_p));
     PV_TRY(need_host_array(op, "u", a->u));
@@ -1073,6 +1196,7 @@ pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
         snprintf(u_name, sizeof u_name, "u[%" PRId64 "]", r);
         PV_TRY(need_sampling(op, top_p_name, a->top_p[r], u_name, a->u[r]));
     }
+    PV_TRY(need_logit_bias(a));
     return be->ops->sample_batch(be, a);
 }
 
@@ -1187,26 +1311,6 @@ pv_status pv_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_mar
         return pv_error(PV_ERR_INVALID_ARG, "pv_marker_elapsed: the %s marker was never recorded",
                         start->recorded ? "end" : "start");
     return be->ops->marker_elapsed(be, start, end, seconds);
-}
-
-/* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
- * not overlap: a fused op writes one while it still reads the other. */
-static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,
-                            const char *b_name, const pv_buffer *b, uint64_t b_begin, uint64_t b_end)
-{
-    if (a == b && a_begin < b_end && b_begin < a_end)
-        return pv_error(PV_ERR_INVALID_ARG, "%s: %s (bytes %" PRIu64 " to %" PRIu64 ") overlaps %s (bytes %" PRIu64
-                        " to %" PRIu64 ") in the same buffer",
-                        pv_op_name(op), a_name, a_begin, a_end, b_name, b_begin, b_end);
-    return PV_OK;
-}
-
-/* need_apart for f32 ranges given as element offset and count (checked
- * against their buffers already, so the byte ends fit). */
-static pv_status need_apart_f32(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_off, uint64_t a_n,
-                                const char *b_name, const pv_buffer *b, uint64_t b_off, uint64_t b_n)
-{
-    return need_apart(op, a_name, a, a_off * 4, (a_off + a_n) * 4, b_name, b, b_off * 4, (b_off + b_n) * 4);
 }
 
 pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)

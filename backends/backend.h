@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 12 /* 12: graph replays; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 13 /* 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -156,9 +156,9 @@ struct pv_marker {
  *            overlapping compute.
  *
  * - Ops are asynchronous: they return once enqueued (argmax, sample_top_p
- *   and sample_batch, which hand back host results, return when their rows
- *   are ready; they wait for earlier compute work, never for the copy
- *   queue).
+ *   and sample_batch into host out, which hand back host results, return
+ *   when their rows are ready; they wait for earlier compute work, never
+ *   for the copy queue).
  * - pv_buffer_write / pv_buffer_read are blocking and ordered on COMPUTE:
  *   they take effect after all compute work enqueued before them and return
  *   when their bytes have moved. They never wait for the COPY queue, so
@@ -282,13 +282,22 @@ typedef struct pv_slot_transfer_args {
 /* out[i][:] = table[ids[i]][:] as f32; the table ([n_rows][dim], written by
  * pv_weights_write) is in any weight type the backend supports for this op
  * (pv_backend_supports_weights); dim is a multiple of the type's block, and
- * table_off (in elements) too. */
+ * table_off (in elements) too.
+ * Device ids: a negative ids[i] = -(j + 1) takes row i's id from element
+ * ids_dev_off + j of ids_dev (0 <= j < n_ids_dev), read on the device when
+ * the op runs: the token a pv_sample_batch into out_dev enqueued before it
+ * on COMPUTE picked, with no host read between the two steps. The host
+ * cannot check such an id: one outside [0, n_rows) writes row i of out as
+ * zeros (nothing outside the table is read). ids_dev may not overlap out.
+ * Legal while a graph is recorded, as every queued op. */
 typedef struct pv_embed_gather_args {
     pv_wtype table_type;
     int64_t n_rows, dim;
     const pv_buffer *table; uint64_t table_off;
-    const int32_t *ids; int32_t n_ids; /* host */
+    const int32_t *ids; int32_t n_ids; /* host: a row id, or -(j + 1) for device id j */
     pv_buffer *out; uint64_t out_off;
+    const pv_buffer *ids_dev; uint64_t ids_dev_off; /* int32 elements, or NULL: every id is a host id */
+    int64_t n_ids_dev;                             /* device ids from ids_dev_off (0 without ids_dev) */
 } pv_embed_gather_args;
 
 /* y[T][n_out] = x[T][n_in] W^T: the model's linear layers, with the weight
@@ -427,20 +436,56 @@ typedef struct pv_sample_args {
     int32_t *out;   /* [rows] host */
 } pv_sample_args;
 
-/* One token for each of a step's rows in one call and one wait, into host
- * out[rows], blocking like sample_top_p. Row r is greedy when
+/* One token for each of a step's rows in one call. Row r is greedy when
  * temperature[r] <= 0: the lowest index of its maximum, as pv_argmax; else
  * it is drawn as pv_sample_top_p draws a row with temperature[r],
  * top_p[r] and u[r]. So every backend gives the token pv_argmax and
  * pv_sample_top_p give, and the CPU backend the very tokens they give on
- * it. top_p[r] and u[r] of a greedy row are not read. */
+ * it. top_p[r] and u[r] of a greedy row are not read.
+ *
+ * Where the tokens go: exactly one of out and out_dev.
+ *   out      host [rows], blocking like sample_top_p: returns when the rows
+ *            are ready. Not while a graph is recorded.
+ *   out_dev  int32 elements out_dev_off .. out_dev_off + rows - 1 of a
+ *            buffer of the backend, not overlapping the logits:
+ *            asynchronous like every op (enqueued on COMPUTE, returns at
+ *            once; legal while a graph is recorded). Later compute reads
+ *            the tokens in order (pv_embed_gather's device ids), the host
+ *            through pv_copy_async into a PV_MEM_HOST buffer and its
+ *            event, or pv_buffer_read. The tokens are the ones out would
+ *            get (the CPU backend computes them in the call).
+ *
+ * Logit bias (OpenAI's logit_bias), optional: row r's entries are
+ * k = bias_start[r] .. bias_start[r + 1] - 1, each a token bias_token[k] in
+ * [0, cols), at most once a row, and a finite bias_value[k]. The row is
+ * sampled from its biased logits (the logits buffer is not changed):
+ *   biased[c] = logits[r][c] + bias_value[k]  (f32 addition) for c = bias_token[k]
+ *   biased[c] = -infinity                     when bias_value[k] <= PV_LOGIT_BIAS_BAN
+ *   biased[c] = logits[r][c]                  for the tokens without an entry.
+ * A greedy row takes the lowest index of the maximum of biased; a sampled
+ * row p = softmax(biased / temperature[r]) and top-p as above, where a
+ * token is kept only with p > 0. So a banned token (-100 and below, what
+ * OpenAI's API calls a ban) is never picked, greedy or sampled, and +100
+ * all but forces one. A row whose every token is banned is refused, and so
+ * are more than PV_LOGIT_BIAS_MAX entries in all. bias_start NULL (or all
+ * its entries 0) is no bias: the same tokens as without. The lists are
+ * host arrays, read during the call as every index array. A backend may
+ * keep the biased rows in device scratch of its own (rows with entries x
+ * cols floats), grown at the first call that needs more: while a graph is
+ * recorded such growth is refused (PV_ERR_UNSUPPORTED, see "graphs"). */
+#define PV_LOGIT_BIAS_BAN (-100.0f)
+#define PV_LOGIT_BIAS_MAX (1 << 20)
 typedef struct pv_sample_batch_args {
     int64_t rows, cols;
     const pv_buffer *logits; uint64_t logits_off; /* [rows][cols] f32 */
     const float *temperature; /* [rows] host */
     const float *top_p;       /* [rows] host: in (0, 1] for a sampled row */
     const float *u;           /* [rows] host: in [0, 1) for a sampled row */
-    int32_t *out;             /* [rows] host */
+    int32_t *out;             /* [rows] host, blocking; or NULL with out_dev */
+    pv_buffer *out_dev; uint64_t out_dev_off; /* [rows] int32 on the device, asynchronous; or NULL with out */
+    const int32_t *bias_start; /* [rows + 1] host, bias_start[0] = 0, non-decreasing; or NULL: no bias */
+    const int32_t *bias_token; /* [bias_start[rows]] host: token ids in [0, cols), none twice in a row */
+    const float *bias_value;   /* [bias_start[rows]] host: finite; <= PV_LOGIT_BIAS_BAN bans the token */
 } pv_sample_batch_args;
 
 /* ---- the vtable ---------------------------------------------------------- */
@@ -651,7 +696,8 @@ pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
  * nothing and still orders `done` after `wait`. */
 pv_status pv_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
 /* See pv_sample_batch_args; a sampled row's top_p must be in (0, 1] and
- * its u in [0, 1), as pv_sample_top_p checks them. */
+ * its u in [0, 1), as pv_sample_top_p checks them; out_dev's extent and
+ * every bias entry are checked as documented there. */
 pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a);
 
 /* Kernel launches be has enqueued since it opened (0 for NULL): what a
@@ -692,10 +738,13 @@ uint64_t pv_backend_copies(const pv_backend *be);
  * Between the two calls only ops, pv_copy_async on COMPUTE,
  * pv_queue_wait and pv_marker_record belong: blocking reads and writes,
  * pv_backend_finish, pv_event_wait, pv_event_record on COMPUTE,
- * pv_marker_elapsed, argmax, sample_top_p and sample_batch
- * return PV_ERR_UNSUPPORTED, and so may an op that would have to wait for
- * the host (its staging full). pv_backend_graph_end always ends the
- * recording, and runs it when `run` (the caller's ops all succeeded);
+ * pv_marker_elapsed, argmax, sample_top_p and sample_batch into host out
+ * return PV_ERR_UNSUPPORTED (sample_batch into out_dev belongs), and so
+ * may an op that would have to wait for the host (its staging full) or
+ * grow its device scratch (a qmatmul or attention larger than any before,
+ * sample_batch with more biased rows x cols than before).
+ * pv_backend_graph_end always ends the recording, and runs it when `run`
+ * (the caller's ops all succeeded);
  * *ran = 1 when the work ran (is enqueued), 0 when nothing ran (run = 0,
  * or something could not be recorded): the caller then enqueues the same
  * work again without a graph, or reports its op's failure. Backends without graphs:

@@ -67,6 +67,9 @@ typedef half pv_half; /* storage only: loads and stores go through vload_half/vs
 #define PV_LOCAL local
 #define PV_LOCAL_ARRAY(type, name, n) local type name[n]
 #define PV_BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
+/* Also orders the group's global memory: what one work-item wrote there
+ * the others read after it. */
+#define PV_BARRIER_GLOBAL() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
 #define PV_LOCAL_ID() ((int)get_local_id(0))
 #define PV_GROUP_ID(d) ((pv_long)get_group_id(d))
 
@@ -112,6 +115,7 @@ typedef unsigned short pv_half;
 #define PV_LOCAL
 #define PV_LOCAL_ARRAY(type, name, n) __shared__ type name[n]
 #define PV_BARRIER() __syncthreads()
+#define PV_BARRIER_GLOBAL() __syncthreads() /* orders global memory too */
 #define PV_LOCAL_ID() ((int)threadIdx.x)
 #define PV_GROUP_ID(d) ((pv_long)((d) == 0 ? blockIdx.x : (d) == 1 ? blockIdx.y : blockIdx.z))
 

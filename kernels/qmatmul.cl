@@ -427,15 +427,20 @@ PV_KERNEL pv_qmatmul_widen(const PV_GLOBAL pv_u16 *w, pv_long w_off, int n_in, p
     out[r * n_in + e] = pv_w_elem(w + w_off + (row0 + r) * row_words, e);
 }
 
-/* out[out_off + i * dim + e] = table[ids[i]][e] as f32, the table from
- * word table_off. groups {ceil(dim / PV_WG), n_ids}. */
-PV_KERNEL pv_embed_gather(const PV_GLOBAL pv_u16 *table, pv_long table_off, const PV_GLOBAL int *ids,
+/* out[out_off + i * dim + e] = table[id][e] as f32, the table from word
+ * table_off, where id = ids[i], or for ids[i] = -(j + 1) the device id
+ * ids_dev[ids_dev_off + j] (pv_embed_gather_args): one outside [0, n_rows)
+ * writes zeros and reads nothing. groups {ceil(dim / PV_WG), n_ids}. */
+PV_KERNEL pv_embed_gather(const PV_GLOBAL pv_u16 *table, pv_long table_off, pv_long n_rows,
+                          const PV_GLOBAL int *ids, const PV_GLOBAL int *ids_dev, pv_long ids_dev_off,
                           pv_long dim, PV_GLOBAL float *out, pv_long out_off)
 {
     const pv_long e = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
     const pv_long i = PV_GROUP_ID(1);
     if (e >= dim)
         return;
+    const int host_id = ids[i];
+    const pv_long id = host_id >= 0 ? (pv_long)host_id : (pv_long)ids_dev[ids_dev_off - 1 - (pv_long)host_id];
     const pv_long row_words = dim / PV_W_UNIT * PV_W_UNIT_WORDS;
-    out[out_off + i * dim + e] = pv_w_elem(table + table_off + (pv_long)ids[i] * row_words, e);
+    out[out_off + i * dim + e] = id >= 0 && id < n_rows ? pv_w_elem(table + table_off + id * row_words, e) : 0.0f;
 }

@@ -194,7 +194,8 @@ PV_FUNC float pv_top_p_prob(const PV_GLOBAL float *xr, pv_long c, float max, flo
  *   threshold = the largest t with sum_{p_c >= t} p_c >= top_p: found by
  *   bisection on the bit pattern of t (positive floats order like their
  *   bits), which lands exactly on the p of the token where the mass, highest
- *   first, reaches top_p; every token with p >= threshold is kept;
+ *   first, reaches top_p; every token with p >= threshold and p > 0 is kept
+ *   (the threshold may be 0; a banned token's p is);
  *   pick the first kept token, in index order, whose cumulative kept mass
  *   exceeds u * kept mass (the last kept token if rounding leaves none).
  * scratch and index_scratch hold PV_WG entries each. */
@@ -241,7 +242,7 @@ PV_FUNC int pv_top_p_row(const PV_GLOBAL float *xr, pv_long cols, float temperat
     int last_kept = -1;
     for (pv_long c = begin; c < end; c++) {
         const float p = pv_top_p_prob(xr, c, max, temperature, total);
-        if (p >= threshold) {
+        if (p >= threshold && p > 0.0f) {
             block_mass += p;
             last_kept = (int)c;
         }
@@ -262,7 +263,7 @@ PV_FUNC int pv_top_p_row(const PV_GLOBAL float *xr, pv_long cols, float temperat
         float cumulative = before;
         for (pv_long c = begin; c < end; c++) {
             const float p = pv_top_p_prob(xr, c, max, temperature, total);
-            if (p >= threshold) {
+            if (p >= threshold && p > 0.0f) {
                 cumulative += p;
                 if (cumulative > target) {
                     pick = (int)c;
@@ -291,22 +292,57 @@ PV_KERNEL pv_sample_top_p(const PV_GLOBAL float *logits, pv_long logits_off, pv_
         out[r] = pick;
 }
 
+/* Row r's logits with its bias (pv_sample_batch_args) in the scratch row
+ * `biased`, for every work-item of the group: a copy of the row, then each
+ * entry (a token at most once, so no two work-items write one element)
+ * added in f32, a banned token -infinity. */
+PV_FUNC void pv_bias_row(const PV_GLOBAL float *xr, pv_long cols, int first, int last,
+                         const PV_GLOBAL int *bias_token, const PV_GLOBAL float *bias_value,
+                         PV_GLOBAL float *biased)
+{
+    const int lid = PV_LOCAL_ID();
+    for (pv_long c = lid; c < cols; c += PV_WG)
+        biased[c] = xr[c];
+    PV_BARRIER_GLOBAL();
+    for (int k = first + lid; k < last; k += PV_WG) {
+        const int c = bias_token[k];
+        const float v = bias_value[k];
+        biased[c] = v <= -100.0f ? -PV_INF : xr[c] + v; /* -100: PV_LOGIT_BIAS_BAN */
+    }
+    PV_BARRIER_GLOBAL();
+}
+
 /* A step's rows at once, one work-group a row, each its own way: row r
  * with temperature[r] <= 0 takes pv_argmax_row, the others pv_top_p_row
- * with temperature[r], top_p[r] and u[r]. The branch is the whole group's
- * (one row), so the barriers inside stay uniform. groups {rows, 1};
- * temperature, top_p, u and out are [rows] in device memory. */
+ * with temperature[r], top_p[r] and u[r]; out[out_off + r] gets the token.
+ * With `biased_rows` (a logit bias), a row with entries
+ * bias_start[r] .. bias_start[r + 1] - 1 is first written with them into
+ * its row of the scratch `biased`, the rows with entries packed in order
+ * (the count before r is the group's sum), and sampled from there. The
+ * branches are the whole group's (one row), so the barriers inside stay
+ * uniform. groups {rows, 1}; the arrays are in device memory. */
 PV_KERNEL pv_sample_batch(const PV_GLOBAL float *logits, pv_long logits_off, pv_long cols,
                           const PV_GLOBAL float *temperature, const PV_GLOBAL float *top_p,
-                          const PV_GLOBAL float *u, PV_GLOBAL int *out)
+                          const PV_GLOBAL float *u, int biased_rows, const PV_GLOBAL int *bias_start,
+                          const PV_GLOBAL int *bias_token, const PV_GLOBAL float *bias_value,
+                          PV_GLOBAL float *biased, PV_GLOBAL int *out, pv_long out_off)
 {
     PV_LOCAL_ARRAY(float, scratch, PV_WG);
     PV_LOCAL_ARRAY(int, index_scratch, PV_WG);
+    const int lid = PV_LOCAL_ID();
     const pv_long r = PV_GROUP_ID(0);
     const PV_GLOBAL float *xr = logits + logits_off + r * cols;
+    if (biased_rows && bias_start[r + 1] > bias_start[r]) {
+        float before = 0.0f; /* rows with entries before r: exact in f32 below 2^24 rows */
+        for (pv_long j = lid; j < r; j += PV_WG)
+            before += bias_start[j + 1] > bias_start[j] ? 1.0f : 0.0f;
+        PV_GLOBAL float *row = biased + (pv_long)pv_group_sum(scratch, before) * cols;
+        pv_bias_row(xr, cols, bias_start[r], bias_start[r + 1], bias_token, bias_value, row);
+        xr = row;
+    }
     const float t = temperature[r];
     const int pick = t <= 0.0f ? pv_argmax_row(xr, cols, scratch, index_scratch)
                                : pv_top_p_row(xr, cols, t, top_p[r], u[r], scratch, index_scratch);
-    if (PV_LOCAL_ID() == 0)
-        out[r] = pick;
+    if (lid == 0)
+        out[out_off + r] = pick;
 }

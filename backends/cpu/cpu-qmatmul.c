@@ -293,16 +293,23 @@ pv_status pv_cpu_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     float *out = pv_cpu_elem_ptr(a->out, a->out_off, sizeof(float));
     const uint64_t row_bytes = type_bytes(a->table_type, (uint64_t)a->dim);
     const int rows_interleaved = interleaved(be, a->table_type);
+    const int32_t *ids_dev = a->ids_dev ? pv_cpu_elem_ptr(a->ids_dev, a->ids_dev_off, sizeof(int32_t)) : NULL;
     PV_CPU_OMP("omp parallel for schedule(static)")
     for (int32_t i = 0; i < a->n_ids; i++) {
         float *dst = out + (int64_t)i * a->dim;
+        /* -(j + 1): device id j, which no host check has seen */
+        const int32_t id = a->ids[i] >= 0 ? a->ids[i] : ids_dev[-(int64_t)a->ids[i] - 1];
+        if (id < 0 || id >= a->n_rows) {
+            memset(dst, 0, (size_t)a->dim * sizeof *dst);
+            continue;
+        }
         if (!rows_interleaved) {
-            widen_row(a->table_type, table + (uint64_t)a->ids[i] * row_bytes, dst, a->dim);
+            widen_row(a->table_type, table + (uint64_t)id * row_bytes, dst, a->dim);
             continue;
         }
         for (int64_t b = 0; b < a->dim / 32; b++) {
             uint8_t block[64]; /* the largest block type's bytes */
-            pv_cpu_interleaved_block(a->table_type, table, a->n_rows, a->dim, a->ids[i], b, block);
+            pv_cpu_interleaved_block(a->table_type, table, a->n_rows, a->dim, id, b, block);
             widen_block(a->table_type, block, dst + b * 32);
         }
     }

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* outr[:] = xr[:] / sqrt(mean(xr^2) + eps) * weight[:] over one row of dim;
  * outr may be xr (the row is read before it is written). */
@@ -178,7 +179,8 @@ static int by_prob_desc(const void *lhs, const void *rhs)
 /* One row of top-p sampling, as documented in backend.h:
  *   p = softmax(logits / temperature)
  *   threshold = p of the token whose running mass (highest first) first
- *               reaches top_p; every token with p >= threshold is kept
+ *               reaches top_p; every token with p >= threshold and p > 0
+ *               is kept (a banned token, logit -infinity, never is)
  *   pick the first kept token, in index order, whose cumulative kept mass
  *   exceeds u * (total kept mass). */
 static int32_t sample_row(const float *logits, int64_t cols, float temperature, float top_p, float u,
@@ -213,14 +215,14 @@ static int32_t sample_row(const float *logits, int64_t cols, float temperature, 
     double kept = 0.0;
     int32_t last_kept = 0;
     for (int64_t c = 0; c < cols; c++)
-        if (p[c] >= threshold) {
+        if (p[c] >= threshold && p[c] > 0.0) {
             kept += p[c];
             last_kept = (int32_t)c;
         }
     double target = (double)u * kept;
     double cumulative = 0.0;
     for (int64_t c = 0; c < cols; c++) {
-        if (p[c] < threshold)
+        if (p[c] < threshold || p[c] == 0.0)
             continue;
         cumulative += p[c];
         if (cumulative > target)
@@ -257,24 +259,49 @@ pv_status pv_cpu_sample_top_p(pv_backend *be, const pv_sample_args *a)
     return PV_OK;
 }
 
-/* Each row as argmax (temperature <= 0) or sample_top_p would take it. */
+/* Row r of logits with row r's logit bias applied (pv_sample_batch_args):
+ * f32 additions, a banned token -infinity. */
+static void bias_row(const pv_sample_batch_args *a, int64_t r, const float *row, float *biased)
+{
+    memcpy(biased, row, (size_t)a->cols * sizeof *biased);
+    for (int32_t k = a->bias_start[r]; k < a->bias_start[r + 1]; k++) {
+        const int32_t c = a->bias_token[k];
+        biased[c] = a->bias_value[k] <= PV_LOGIT_BIAS_BAN ? -INFINITY : row[c] + a->bias_value[k];
+    }
+}
+
+/* Each row as argmax (temperature <= 0) or sample_top_p would take it,
+ * from its biased logits where it has a bias; into host out or, computed
+ * now like every CPU op, into out_dev. */
 pv_status pv_cpu_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
 {
     const float *logits = pv_cpu_elem_ptr(a->logits, a->logits_off, sizeof(float));
+    int32_t *out = a->out ? a->out : pv_cpu_elem_ptr(a->out_dev, a->out_dev_off, sizeof(int32_t));
     size_t cols = (size_t)a->cols;
     double *p = NULL;
     token_prob *sorted = NULL;
-    for (int64_t r = 0; r < a->rows; r++) {
+    float *biased = NULL;
+    pv_status st = PV_OK;
+    for (int64_t r = 0; r < a->rows && st == PV_OK; r++) {
         const float *row = logits + (size_t)r * cols;
+        if (a->bias_start && a->bias_start[r + 1] > a->bias_start[r]) {
+            if (!biased && !(biased = malloc(cols * sizeof *biased))) {
+                st = pv_error(PV_ERR_OUT_OF_MEMORY, "cpu sample_batch: cannot allocate a biased row of %zu", cols);
+                break;
+            }
+            bias_row(a, r, row, biased);
+            row = biased;
+        }
         if (a->temperature[r] <= 0.0f) {
-            a->out[r] = argmax_row(row, cols);
+            out[r] = argmax_row(row, cols);
             continue;
         }
-        if (!p)
-            PV_TRY(sample_scratch("sample_batch", a->cols, &p, &sorted));
-        a->out[r] = sample_row(row, a->cols, a->temperature[r], a->top_p[r], a->u[r], p, sorted);
+        if (!p && (st = sample_scratch("sample_batch", a->cols, &p, &sorted)) != PV_OK)
+            break;
+        out[r] = sample_row(row, a->cols, a->temperature[r], a->top_p[r], a->u[r], p, sorted);
     }
     free(p);
     free(sorted);
-    return PV_OK;
+    free(biased);
+    return st;
 }

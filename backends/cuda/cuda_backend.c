@@ -202,7 +202,7 @@ static void cuda_free(pv_backend *be)
         if (cu->release_after[q])
             cudaEventDestroy(cu->release_after[q]);
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < SCRATCH_COUNT; i++)
         if (cu->scratch[i])
             cudaFree(cu->scratch[i]); /* also takes stream-ordered memory */
     if (cu->blas)
@@ -936,9 +936,10 @@ static pv_status cuda_embed_gather(pv_backend *be, const pv_embed_gather_args *a
     upload up[1] = {{a->ids, (size_t)a->n_ids * sizeof(int32_t), NULL}};
     staged region;
     PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "embed_gather", up, 1, 0, &region, NULL));
+    const int32_t *ids_dev = a->ids_dev ? (const int32_t *)dev_ptr(a->ids_dev, a->ids_dev_off, 4) : NULL;
     pv_status st = pv_cuda_launch_embed_gather(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                                weight_ptr(a->table, a->table_type, a->table_off), up[0].dev,
-                                               (float *)dev_ptr(a->out, a->out_off, 4));
+                                               ids_dev, (float *)dev_ptr(a->out, a->out_off, 4));
     return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
 }
 
@@ -1039,23 +1040,45 @@ static pv_status cuda_sample_top_p(pv_backend *be, const pv_sample_args *a)
     return fetch_rows(cu, &region, "sample_top_p", st, result_off, a->rows, a->cols, a->out);
 }
 
-/* Every row's parameters in one upload, one kernel, one wait. */
+/* Every row's parameters and bias lists in one upload, one kernel; into
+ * host out one wait (never while a graph is recorded), into out_dev none:
+ * the tokens stay on the device for the next step's ops, and the op may
+ * be recorded. */
 static pv_status cuda_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
-    PV_TRY(not_capturing(cu, "sample_batch"));
+    if (a->out)
+        PV_TRY(not_capturing(cu, "sample_batch into host out"));
+    staging_ring *ring = &cu->ring[PV_QUEUE_COMPUTE];
+    int64_t biased_rows = 0;
+    for (int64_t r = 0; a->bias_start && r < a->rows; r++)
+        biased_rows += a->bias_start[r + 1] > a->bias_start[r];
     const size_t row_bytes = (size_t)a->rows * sizeof(float);
-    upload up[3] = {{a->temperature, row_bytes, NULL}, {a->top_p, row_bytes, NULL}, {a->u, row_bytes, NULL}};
+    const size_t entry_bytes = biased_rows ? (size_t)a->bias_start[a->rows] * 4 : 0;
+    upload up[6] = {{a->temperature, row_bytes, NULL}, {a->top_p, row_bytes, NULL},
+                    {a->u, row_bytes, NULL},           {a->bias_start, row_bytes + 4, NULL},
+                    {a->bias_token, entry_bytes, NULL}, {a->bias_value, entry_bytes, NULL}};
+    pv_cuda_logit_bias bias = {NULL, NULL, NULL, NULL};
+    if (biased_rows)
+        PV_TRY(scratch_reserve(cu, "sample_batch", SCRATCH_BIAS, (size_t)biased_rows * (size_t)a->cols * sizeof(float),
+                               (void **)&bias.biased));
     staged region;
     size_t result_off = 0;
-    PV_TRY(staging_upload(&cu->ring[PV_QUEUE_COMPUTE], "sample_batch", up, 3, (size_t)a->rows * sizeof(int32_t),
+    PV_TRY(staging_upload(ring, "sample_batch", up, biased_rows ? 6 : 3, a->out ? (size_t)a->rows * sizeof(int32_t) : 0,
                           &region, &result_off));
-    pv_status st = pv_cuda_launch_sample_batch(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+    if (biased_rows) {
+        bias.start = up[3].dev;
+        bias.token = up[4].dev;
+        bias.value = up[5].dev;
+    }
+    int32_t *out = a->out ? (int32_t *)(ring->dev + result_off) : (int32_t *)dev_ptr(a->out_dev, a->out_dev_off, 4);
+    pv_status st = pv_cuda_launch_sample_batch(&cu->kernels, ring->stream, a,
                                                (const float *)dev_ptr(a->logits, a->logits_off, 4), up[0].dev,
-                                               up[1].dev, up[2].dev,
-                                               (int32_t *)(cu->ring[PV_QUEUE_COMPUTE].dev + result_off));
-    return fetch_rows(cu, &region, "sample_batch", st, result_off, a->rows, a->cols, a->out);
+                                               up[1].dev, up[2].dev, &bias, out);
+    if (a->out)
+        return fetch_rows(cu, &region, "sample_batch", st, result_off, a->rows, a->cols, a->out);
+    return staging_done(ring, &region, st);
 }
 
 /* Decode-sized batches (T up to this) take the fused dequantize-and-dot

@@ -85,8 +85,8 @@ typedef struct cuda_impl {
     host_release *host_releases;
     /* Device scratch of the ops that need some (SCRATCH_*), grown as
      * needed and kept. */
-    void *scratch[2];
-    size_t scratch_bytes[2];
+    void *scratch[SCRATCH_COUNT];
+    size_t scratch_bytes[SCRATCH_COUNT];
     int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
     pv_cuda_kernels kernels;
@@ -101,9 +101,11 @@ typedef struct cuda_impl {
 } cuda_impl;
 
 /* The scratch buffers: widened weight tiles of qmatmul, split-K partials
- * of attention. */
+ * of attention, the biased rows of sample_batch. */
 #define SCRATCH_QMATMUL 0
 #define SCRATCH_ATTENTION 1
+#define SCRATCH_BIAS 2
+#define SCRATCH_COUNT 3
 
 /* One host array to upload, and where its device copy ends up. */
 typedef struct upload {

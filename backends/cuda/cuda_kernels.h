@@ -105,9 +105,10 @@ pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, 
                                        void *dst, const void *src, const int32_t *dst_slots,
                                        const int32_t *src_slots);
 
-/* The weight pointers (table, w) point at the op's offset. */
+/* The weight pointers (table, w) point at the op's offset; ids_dev
+ * (device ids, NULL without) at element ids_dev_off. */
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
-                                      const void *table, const int32_t *ids, float *out);
+                                      const void *table, const int32_t *ids, const int32_t *ids_dev, float *out);
 
 /* T <= 16: y = x W^T in one pass over W. */
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
@@ -155,10 +156,20 @@ pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const p
 pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_args *a,
                                       const float *logits, const float *u, int32_t *out);
 
+/* The logit bias of sample_batch on the device: the lists as the op's
+ * (bias_start NULL: no bias), and scratch for the rows with entries x cols
+ * floats. */
+typedef struct pv_cuda_logit_bias {
+    const int32_t *start, *token;
+    const float *value;
+    float *biased;
+} pv_cuda_logit_bias;
+
 /* out[rows] (device) gets each row's token: argmax where temperature[r]
- * <= 0, else its top-p draw (temperature, top_p, u: [rows], device). */
+ * <= 0, else its top-p draw (temperature, top_p, u: [rows], device), from
+ * the row's biased logits where it has bias entries. */
 pv_status pv_cuda_launch_sample_batch(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_batch_args *a,
                                       const float *logits, const float *temperature, const float *top_p,
-                                      const float *u, int32_t *out);
+                                      const float *u, const pv_cuda_logit_bias *bias, int32_t *out);
 
 #endif

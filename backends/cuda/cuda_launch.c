@@ -388,17 +388,17 @@ pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, 
 
 /* groups {ceil(dim / PV_WG), n_ids} */
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
-                                      const void *table, const int32_t *ids, float *out)
+                                      const void *table, const int32_t *ids, const int32_t *ids_dev, float *out)
 {
     const pv_kernel_params p = weight_params(k, a->table_type);
     cudaKernel_t kernel;
     PV_TRY(kernel_get(k, &p, "pv_embed_gather", &kernel));
     const int wg = p.value[PV_KPARAM_WG];
-    long long table_off = 0, dim = a->dim;
+    long long table_off = 0, n_rows = a->n_rows, ids_dev_off = 0, dim = a->dim;
     for (long long i0 = 0; i0 < a->n_ids; i0 += MAX_GRID_ROWS) {
         long long out_off = i0 * a->dim;
-        const int32_t *first = ids + i0;
-        void *args[] = {&table, &table_off, &first, &dim, &out, &out_off};
+        const int32_t *first = ids + i0; /* device ids stay numbered from ids_dev */
+        void *args[] = {&table, &table_off, &n_rows, &first, &ids_dev, &ids_dev_off, &dim, &out, &out_off};
         PV_TRY(launch(k, stream, "embed_gather", kernel, groups_of(a->dim, wg),
                    (unsigned int)rows_in_launch(a->n_ids, i0), wg, args));
     }
@@ -618,17 +618,25 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
 /* groups {rows, 1} */
 pv_status pv_cuda_launch_sample_batch(pv_cuda_kernels *k, cudaStream_t stream, const pv_sample_batch_args *a,
                                       const float *logits, const float *temperature, const float *top_p,
-                                      const float *u, int32_t *out)
+                                      const float *u, const pv_cuda_logit_bias *bias, int32_t *out)
 {
     cudaKernel_t kernel;
     int wg;
     PV_TRY(recompute_kernel(k, "pv_sample_batch", &kernel, &wg, NULL));
-    long long cols = a->cols;
+    long long cols = a->cols, out_off = 0;
+    int biased_rows = bias->start != NULL;
+    const int32_t *bias_token = bias->token;
+    const float *bias_value = bias->value;
+    float *biased = bias->biased;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
         const float *rows_t = temperature + r0, *rows_p = top_p + r0, *rows_u = u + r0;
+        /* Entries stay numbered from the lists' start; each launch packs
+         * its own biased rows from the scratch's start, after the last. */
+        const int32_t *rows_start = bias->start ? bias->start + r0 : NULL;
         int32_t *rows_out = out + r0;
-        void *args[] = {&logits, &off, &cols, &rows_t, &rows_p, &rows_u, &rows_out};
+        void *args[] = {&logits,      &off,        &cols,       &rows_t, &rows_p,   &rows_u, &biased_rows,
+                        &rows_start,  &bias_token, &bias_value, &biased, &rows_out, &out_off};
         PV_TRY(launch(k, stream, "sample_batch", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
     }
     return PV_OK;

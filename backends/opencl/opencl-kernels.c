@@ -343,7 +343,7 @@ void pv_opencl_index_buffers_free(pv_opencl *cl)
             cl->index_buffers[q][i] = NULL;
             cl->index_bytes[q][i] = 0;
         }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
         cl->scratch[i] = NULL;
@@ -666,7 +666,10 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->table));
     arg_long(&ka, weight_words(a->table_type, a->table_off));
+    arg_long(&ka, a->n_rows);
     arg_mem(&ka, ids);
+    arg_mem(&ka, a->ids_dev ? pv_opencl_mem(a->ids_dev) : NULL); /* NULL: never read (no negative id) */
+    arg_long(&ka, (int64_t)a->ids_dev_off);
     arg_long(&ka, a->dim);
     arg_mem(&ka, pv_opencl_mem(a->out));
     arg_long(&ka, (int64_t)a->out_off);
@@ -954,18 +957,34 @@ pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a)
     return st;
 }
 
+/* Rows with logit bias entries: the rows of sample_batch's scratch. */
+static int64_t biased_rows(const pv_sample_batch_args *a)
+{
+    int64_t n = 0;
+    for (int64_t r = 0; a->bias_start && r < a->rows; r++)
+        n += a->bias_start[r + 1] > a->bias_start[r];
+    return n;
+}
+
+/* Every row's parameters (and bias lists) in one upload, one kernel; with
+ * out, one blocking read of the tokens, with out_dev none. */
 pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
 {
     kernel_args ka;
     pv_status st = kernel_begin(be, "pv_sample_batch", &ka);
     if (st != PV_OK)
         return st;
-    cl_mem rows[3], results;
-    const void *host[3] = {a->temperature, a->top_p, a->u};
-    const size_t row_bytes = (size_t)a->rows * sizeof(float);
-    const size_t bytes[3] = {row_bytes, row_bytes, row_bytes};
-    st = upload_indices(be, "sample_batch", 3, host, bytes, rows);
-    if (st == PV_OK)
+    const int64_t n_biased = biased_rows(a);
+    const int32_t n_entries = n_biased ? a->bias_start[a->rows] : 0;
+    cl_mem rows[6] = {NULL}, biased = NULL, results = NULL;
+    const void *host[6] = {a->temperature, a->top_p, a->u, a->bias_start, a->bias_token, a->bias_value};
+    const size_t row_bytes = (size_t)a->rows * sizeof(float), entry_bytes = (size_t)n_entries * 4;
+    const size_t bytes[6] = {row_bytes, row_bytes, row_bytes, row_bytes + 4, entry_bytes, entry_bytes};
+    st = upload_indices(be, "sample_batch", n_biased ? 6 : 3, host, bytes, rows);
+    if (st == PV_OK && n_biased)
+        st = scratch_reserve(pv_opencl_of(be), "sample_batch", PV_OPENCL_SCRATCH_BIAS,
+                             (size_t)n_biased * (size_t)a->cols * sizeof(float), &biased);
+    if (st == PV_OK && a->out)
         st = result_buffer(be, "sample_batch", a->rows, &results);
     if (st != PV_OK)
         return st;
@@ -975,10 +994,17 @@ pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
     arg_mem(&ka, rows[0]);
     arg_mem(&ka, rows[1]);
     arg_mem(&ka, rows[2]);
-    arg_mem(&ka, results);
+    arg_int(&ka, n_biased > 0);
+    arg_mem(&ka, rows[3]); /* without a bias these are NULL and never read */
+    arg_mem(&ka, rows[4]);
+    arg_mem(&ka, rows[5]);
+    arg_mem(&ka, biased);
+    arg_mem(&ka, a->out ? results : pv_opencl_mem(a->out_dev));
+    arg_long(&ka, a->out ? 0 : (int64_t)a->out_dev_off);
     st = launch(be, "sample_batch", &ka, (uint64_t)a->rows, 1);
-    if (st == PV_OK)
+    if (st == PV_OK && a->out)
         st = read_results(be, "sample_batch", results, a->rows, a->out);
-    clReleaseMemObject(results);
+    if (results)
+        clReleaseMemObject(results);
     return st;
 }
