@@ -297,6 +297,12 @@ static pv_status check_config(pv_engine *e, const pv_llama_options *lo)
     if (!(c->idle_timeout_s >= 0) || isinf(c->idle_timeout_s))
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: idle_timeout_s %g must be finite and >= 0",
                         c->idle_timeout_s);
+    if (c->decode_steps < 0 || c->decode_steps > PV_ENGINE_MAX_DECODE_STEPS)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: decode_steps %d out of range [0, %d]", c->decode_steps,
+                        PV_ENGINE_MAX_DECODE_STEPS);
+    /* The CPU backend computes inside each call: a chain would overlap
+     * nothing there. */
+    e->decode_steps = c->decode_steps ? c->decode_steps : strcmp(e->be->ops->name, "cpu") == 0 ? 1 : 4;
     return PV_OK;
 }
 
@@ -318,7 +324,17 @@ static pv_status alloc_batch(pv_engine *e)
     if (!e->b_tokens || !e->b_seq || !e->b_pos || !e->b_logit_rows || !e->b_sampled || !e->b_take || !e->b_reqs ||
         !e->b_logit_req || !e->u || !e->b_temperature || !e->b_top_p || !e->running)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: batch arrays for %zu tokens", T);
-    return PV_OK;
+    if (e->decode_steps == 1)
+        return PV_OK;
+    e->chain_reqs[0] = malloc(R * sizeof *e->chain_reqs[0]);
+    e->chain_reqs[1] = malloc(R * sizeof *e->chain_reqs[1]);
+    e->chain_next = malloc(R * sizeof *e->chain_next);
+    if (!e->chain_reqs[0] || !e->chain_reqs[1] || !e->chain_next)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: chained-step arrays for %zu rows", R);
+    pv_status st = pv_buffer_init(&e->sampled_dev, e->be, PV_MEM_DEVICE, R * sizeof(int32_t));
+    if (st == PV_OK)
+        st = pv_buffer_init(&e->sampled_host, e->be, PV_MEM_HOST, 2 * R * sizeof(int32_t));
+    return st;
 }
 
 pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const pv_tokenizer *tok,
@@ -441,6 +457,11 @@ void pv_engine_free(pv_engine *e)
     free(e->u);
     free(e->b_temperature);
     free(e->b_top_p);
+    free(e->chain_reqs[0]);
+    free(e->chain_reqs[1]);
+    free(e->chain_next);
+    pv_buffer_free(e->sampled_dev);
+    pv_buffer_free(e->sampled_host);
     free(e->running);
     free(e);
 }

@@ -129,6 +129,14 @@ struct pv_engine {
     /* Per logit row: the request's temperature (<= 0: greedy), top_p and
      * uniform draw, for the one sampling call of a step. */
     float *u, *b_temperature, *b_top_p;
+    /* Chained decode steps (cfg.decode_steps > 1; engine_sched.c run_chain):
+     * the last step's tokens on the device, read by the next; two host
+     * slots they are read back into; each chain step's requests by row, and
+     * a step's row i's row in the next. NULL/unused when decode_steps is 1. */
+    int32_t decode_steps;
+    pv_buffer *sampled_dev, *sampled_host;
+    pv_request **chain_reqs[2];
+    int32_t *chain_next;
 
     double last_idle_scan;
     pv_engine_stats stats;

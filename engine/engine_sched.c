@@ -640,7 +640,7 @@ static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
  * (temperature <= 0) take the argmax; each sampled row draws its request's
  * next uniform, in row order, as it always has, so a seed gives the same
  * tokens. */
-static pv_status sample(pv_engine *e, size_t n_logits)
+static pv_status sample(pv_engine *e, size_t n_logits, int on_device)
 {
     for (size_t i = 0; i < n_logits; i++) {
         pv_request *r = e->b_logit_req[i];
@@ -650,45 +650,54 @@ static pv_status sample(pv_engine *e, size_t n_logits)
     }
     pv_sample_batch_args a = {.rows = (int64_t)n_logits, .cols = e->n_vocab,
                               .logits = pv_llama_logits_buffer(e->model), .temperature = e->b_temperature,
-                              .top_p = e->b_top_p, .u = e->u, .out = e->b_sampled};
+                              .top_p = e->b_top_p, .u = e->u};
+    if (on_device)
+        a.out_dev = e->sampled_dev; /* the next chained step reads them there */
+    else
+        a.out = e->b_sampled;
     return pv_sample_batch(e->be, &a);
 }
 
-/* The batch ran: histories grow, the cache learns the new tokens. */
+/* r's `take` tokens of a batch ran: its history grows, the cache learns
+ * the new tokens. */
+static pv_status advance_one(pv_engine *e, pv_request *r, uint32_t take)
+{
+    pv_esession *s = r->session;
+    uint32_t rec = r->recompute - r->recompute_done;
+    if (rec > take)
+        rec = take;
+    r->recompute_done += rec;
+    e->stats.recomputed_tokens += rec;
+    size_t from = r->fed, n = take - rec;
+    pv_status st = pv_ivec_append(&s->history, r->feed.v + from, n);
+    if (st != PV_OK)
+        return st;
+    r->fed += n;
+    if (take == 1 && rec == 0 && r->generated > 0)
+        e->stats.decode_tokens++;
+    else
+        e->stats.prefill_tokens += take;
+    /* The cache keeps the history too (its source for recomputation). */
+    pv_session_view view;
+    if ((st = pv_cache_session_restore(e->cache, s->id, &view)) != PV_OK)
+        return st;
+    uint64_t known = view.n_tokens, have = r->recompute_done < r->recompute ? r->recompute_done
+                                                                            : s->history.n;
+    if (have > known &&
+        (st = pv_cache_append_tokens(e->cache, s->id, s->history.v + known, have - known)) != PV_OK)
+        return st;
+    /* Shared chunks this batch recomputed are readable by the others. */
+    if (view.shared_chunks && (st = pv_cache_share_filled(e->cache, s->id, (uint32_t)have)) != PV_OK)
+        return st;
+    return PV_OK;
+}
+
 static pv_status advance(pv_engine *e, size_t n_seqs, const uint32_t *take_of)
 {
-    for (size_t i = 0; i < n_seqs; i++) {
-        pv_request *r = e->b_reqs[i];
-        pv_esession *s = r->session;
-        uint32_t take = take_of[i];
-        uint32_t rec = r->recompute - r->recompute_done;
-        if (rec > take)
-            rec = take;
-        r->recompute_done += rec;
-        e->stats.recomputed_tokens += rec;
-        size_t from = r->fed, n = take - rec;
-        pv_status st = pv_ivec_append(&s->history, r->feed.v + from, n);
-        if (st != PV_OK)
-            return st;
-        r->fed += n;
-        if (take == 1 && rec == 0 && r->generated > 0)
-            e->stats.decode_tokens++;
-        else
-            e->stats.prefill_tokens += take;
-        /* The cache keeps the history too (its source for recomputation). */
-        pv_session_view view;
-        if ((st = pv_cache_session_restore(e->cache, s->id, &view)) != PV_OK)
-            return st;
-        uint64_t known = view.n_tokens, have = r->recompute_done < r->recompute ? r->recompute_done
-                                                                                : s->history.n;
-        if (have > known &&
-            (st = pv_cache_append_tokens(e->cache, s->id, s->history.v + known, have - known)) != PV_OK)
-            return st;
-        /* Shared chunks this batch recomputed are readable by the others. */
-        if (view.shared_chunks && (st = pv_cache_share_filled(e->cache, s->id, (uint32_t)have)) != PV_OK)
-            return st;
-    }
-    return PV_OK;
+    pv_status st = PV_OK;
+    for (size_t i = 0; i < n_seqs && st == PV_OK; i++)
+        st = advance_one(e, e->b_reqs[i], take_of[i]);
+    return st;
 }
 
 uint64_t pv_engine_device_tokens(const pv_engine *e)
@@ -696,11 +705,21 @@ uint64_t pv_engine_device_tokens(const pv_engine *e)
     return (uint64_t)(e->n_device_slots / e->n_layers) * e->chunk_tokens;
 }
 
-/* A sampled token for r: stream it, decide whether the turn ends: at a stop,
- * at max_tokens, or when the next token would pass the model's context or
- * the device pool (unbounded turns; bounded ones were checked to fit). */
-static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
+/* Whether r's turn ends for length once it has `generated` tokens and a
+ * history of `history` tokens: at max_tokens, or when the next token would
+ * pass the model's context or the device pool (unbounded turns; bounded
+ * ones were checked to fit). */
+static int turn_full(const pv_engine *e, const pv_request *r, uint64_t history, int64_t generated)
 {
+    return (r->sampling.max_tokens && generated >= r->sampling.max_tokens) || history + 1 >= e->n_ctx ||
+           history >= pv_engine_device_tokens(e);
+}
+
+/* A sampled token for r: stream it, decide whether the turn ends: at a stop
+ * or for length (turn_full). *ended = 1 when it did: r is freed. */
+static pv_status take_token(pv_engine *e, pv_request *r, int32_t token, int *ended)
+{
+    *ended = 0;
     double now = pv_engine_now(e);
     if (r->t_first == 0)
         r->t_first = now;
@@ -716,10 +735,12 @@ static pv_status take_token(pv_engine *e, pv_request *r, int32_t token)
         return st;
     if (stopped)
         r->result.finish = PV_FINISH_STOP;
-    else if ((r->sampling.max_tokens && r->generated >= r->sampling.max_tokens) ||
-             r->session->history.n + 1 >= e->n_ctx || r->session->history.n >= pv_engine_device_tokens(e))
+    else if (turn_full(e, r, r->session->history.n, r->generated))
         r->result.finish = PV_FINISH_LENGTH;
-    return r->result.finish ? finish_request(e, r) : PV_OK;
+    if (!r->result.finish)
+        return PV_OK;
+    *ended = 1;
+    return finish_request(e, r);
 }
 
 /* Suspends the request the cache names (the newest running one); if it is
@@ -742,13 +763,144 @@ static pv_status relieve_pressure(pv_engine *e, pv_request *stuck)
     return suspend(e, s->request);
 }
 
+/* The forward pass of the batch in e->b_* and its sampling: into the
+ * host's e->b_sampled, waited for; or, `chained`, into the device's
+ * sampled_dev, which the next chained step reads, and from there into
+ * host slot `slot` of sampled_host without waiting (*ready completes when
+ * the tokens have landed there). */
+static pv_status run_batch(pv_engine *e, size_t n_tok, size_t n_seqs, size_t n_logits, int chained, int slot,
+                           pv_event **ready)
+{
+    int32_t max_chunks = 0;
+    pv_status st = build_tables(e, n_seqs, &max_chunks);
+    if (st != PV_OK)
+        return st;
+    layer_gate gate = {e, n_seqs};
+    pv_llama_batch b = {
+        .n_tokens = (int32_t)n_tok, .tokens = e->b_tokens, .token_seq = e->b_seq, .token_pos = e->b_pos,
+        .n_seqs = (int32_t)n_seqs, .max_chunks = max_chunks, .slot_tables = e->b_tables,
+        .kv_pool = e->device_pool, .n_slots = e->n_device_slots,
+        .n_logits = (int32_t)n_logits, .logit_rows = e->b_logit_rows,
+        .before_layer = wait_layer, .before_layer_ctx = &gate,
+        .prev_tokens = e->sampled_dev, .n_prev_tokens = e->sampled_dev ? e->cfg.max_running : 0,
+    };
+    double t1 = pv_engine_now(e);
+    st = pv_llama_forward(e->model, &b);
+    if (st == PV_OK && n_logits)
+        st = sample(e, n_logits, chained);
+    if (st == PV_OK && chained)
+        st = pv_copy_async(PV_QUEUE_COMPUTE, e->sampled_host, (uint64_t)slot * e->cfg.max_running * sizeof(int32_t),
+                           e->sampled_dev, 0, n_logits * sizeof(int32_t), NULL, ready);
+    e->stats.forward_s += pv_engine_now(e) - t1;
+    e->stats.iterations++;
+    return st;
+}
+
+/* One step of a chain: row i decodes for reqs[i] (NULL once its turn has
+ * ended meanwhile); its tokens land in host slot `slot` once `ready`. */
+typedef struct chain_step {
+    pv_request **reqs;
+    size_t n;
+    int slot;
+    pv_event *ready;
+} chain_step;
+
+/* The next chained step after `prev`: each request of prev whose turn
+ * cannot end for length with prev's token decodes that token, which only
+ * the device knows yet (id -(row + 1) of sampled_dev), at the position
+ * after its history. e->chain_next[i]: prev's row i's row in it, or -1. */
+static pv_status build_chained(pv_engine *e, const chain_step *prev, chain_step *next)
+{
+    next->n = 0;
+    for (size_t i = 0; i < e->n_running; i++)
+        e->running[i]->in_batch = 0;
+    for (size_t i = 0; i < prev->n; i++) {
+        pv_request *r = prev->reqs[i];
+        e->chain_next[i] = -1;
+        if (!r || turn_full(e, r, r->session->history.n, r->generated + 1))
+            continue;
+        const uint64_t pos = r->session->history.n;
+        pv_status st = ensure_chunk(e, r, (uint32_t)(pos / e->chunk_tokens));
+        if (st != PV_OK)
+            return st;
+        const size_t row = next->n++;
+        e->chain_next[i] = (int32_t)row;
+        next->reqs[row] = e->b_reqs[row] = e->b_logit_req[row] = r;
+        r->in_batch = (int)row + 1;
+        e->b_tokens[row] = -(int32_t)i - 1;
+        e->b_pos[row] = (int32_t)pos;
+        e->b_seq[row] = (int32_t)row;
+        e->b_logit_rows[row] = (int32_t)row;
+    }
+    return PV_OK;
+}
+
+/* prev's tokens, once landed, go to their requests in row order as an
+ * unchained step's would; a turn that ends here leaves the chain (its row
+ * in `next`, already enqueued, is work thrown away). */
+static pv_status take_chained(pv_engine *e, const chain_step *prev, chain_step *next)
+{
+    pv_status st = pv_event_wait(prev->ready);
+    const int32_t *tokens = (const int32_t *)e->sampled_host->host_ptr + (size_t)prev->slot * e->cfg.max_running;
+    for (size_t i = 0; i < prev->n && st == PV_OK; i++) {
+        if (!prev->reqs[i])
+            continue;
+        int ended = 0;
+        st = take_token(e, prev->reqs[i], tokens[i], &ended);
+        if (ended && next && e->chain_next[i] >= 0) {
+            next->reqs[e->chain_next[i]] = NULL;
+            e->stats.discarded_tokens++;
+        }
+    }
+    return st;
+}
+
+/* After a step of decodes only (its tokens on their way to host slot 0,
+ * `ready`), up to decode_steps - 1 more steps run as a chain: each is
+ * enqueued before the host has read the tokens it decodes, so the device
+ * goes from step to step while the host streams the tokens, checks stops
+ * and ends turns one step behind. A chain ends early when a step would
+ * need room the pool does not have; every token read back, nothing is left
+ * in flight when it returns. */
+static pv_status run_chain(pv_engine *e, size_t n, pv_event *ready)
+{
+    chain_step prev = {e->chain_reqs[0], n, 0, ready};
+    memcpy(prev.reqs, e->b_logit_req, n * sizeof *prev.reqs);
+    pv_status st = PV_OK;
+    for (int32_t j = 1; j < e->decode_steps && st == PV_OK; j++) {
+        chain_step next = {e->chain_reqs[j % 2], 0, j % 2, NULL};
+        st = build_chained(e, &prev, &next);
+        if (st == PV_ERR_OUT_OF_MEMORY) { /* no room for a new chunk: the next iteration makes it */
+            pv_clear_error();
+            st = PV_OK;
+            break;
+        }
+        if (st != PV_OK || next.n == 0)
+            break;
+        st = run_batch(e, next.n, next.n, next.n, 1, next.slot, &next.ready);
+        if (st == PV_OK)
+            st = take_chained(e, &prev, &next);
+        for (size_t i = 0; i < next.n && st == PV_OK; i++)
+            if (next.reqs[i])
+                st = advance_one(e, next.reqs[i], 1);
+        if (prev.ready != ready)
+            pv_event_free(prev.ready);
+        prev = next;
+    }
+    if (st == PV_OK)
+        st = take_chained(e, &prev, NULL);
+    if (prev.ready != ready)
+        pv_event_free(prev.ready);
+    return st;
+}
+
 pv_status pv_engine_step(pv_engine *e, int *worked)
 {
     if (worked)
         *worked = 0;
     if (!e)
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_step: engine is NULL");
-    double t0 = pv_engine_now(e);
+    double t0 = pv_engine_now(e), forward_before = e->stats.forward_s;
     pv_status st = pv_engine_expire_idle(e);
     if (st != PV_OK)
         return st;
@@ -797,39 +949,32 @@ pv_status pv_engine_step(pv_engine *e, int *worked)
             *worked = progress;
         return PV_OK;
     }
-    int32_t max_chunks = 0;
-    if ((st = build_tables(e, n_seqs, &max_chunks)) != PV_OK)
+    /* A step of decodes only, with nobody waiting, goes on as a chain. */
+    const int chain = e->decode_steps > 1 && n_logits == n_tok && n_seqs == n_tok && !e->wait_head;
+    pv_event *ready = NULL;
+    if ((st = run_batch(e, n_tok, n_seqs, n_logits, chain, 0, &ready)) != PV_OK) {
+        pv_event_free(ready);
         return st;
-    layer_gate gate = {e, n_seqs};
-    pv_llama_batch b = {
-        .n_tokens = (int32_t)n_tok, .tokens = e->b_tokens, .token_seq = e->b_seq, .token_pos = e->b_pos,
-        .n_seqs = (int32_t)n_seqs, .max_chunks = max_chunks, .slot_tables = e->b_tables,
-        .kv_pool = e->device_pool, .n_slots = e->n_device_slots,
-        .n_logits = (int32_t)n_logits, .logit_rows = e->b_logit_rows,
-        .before_layer = wait_layer, .before_layer_ctx = &gate,
-    };
-    double t1 = pv_engine_now(e);
-    st = pv_llama_forward(e->model, &b);
-    if (st == PV_OK && n_logits)
-        st = sample(e, n_logits);
-    double t2 = pv_engine_now(e);
-    e->stats.forward_s += t2 - t1;
-    e->stats.iterations++;
+    }
+    /* The copies the forward pass waited for have landed. */
+    for (size_t i = 0; i < n_seqs && st == PV_OK; i++)
+        if (e->b_reqs[i]->layer_ready)
+            st = pv_engine_swap_in_finish(e, e->b_reqs[i]);
+    if (st == PV_OK)
+        st = advance(e, n_seqs, take_of);
+    if (st == PV_OK && chain)
+        st = run_chain(e, n_logits, ready);
+    pv_event_free(ready);
+    for (size_t i = 0; i < n_logits && st == PV_OK && !chain; i++) {
+        int ended;
+        st = take_token(e, e->b_logit_req[i], e->b_sampled[i], &ended);
+    }
     if (st != PV_OK)
         return st;
-    /* The copies the forward pass waited for have landed. */
-    for (size_t i = 0; i < n_seqs; i++)
-        if (e->b_reqs[i]->layer_ready && (st = pv_engine_swap_in_finish(e, e->b_reqs[i])) != PV_OK)
-            return st;
-    if ((st = advance(e, n_seqs, take_of)) != PV_OK)
-        return st;
-    for (size_t i = 0; i < n_logits; i++)
-        if ((st = take_token(e, e->b_logit_req[i], e->b_sampled[i])) != PV_OK)
-            return st;
     /* Ahead-of-time swap-out overlaps the next iteration. */
     if ((st = pv_engine_swap_out_issue(e)) != PV_OK)
         return st;
-    e->stats.schedule_s += (pv_engine_now(e) - t0) - (t2 - t1);
+    e->stats.schedule_s += (pv_engine_now(e) - t0) - (e->stats.forward_s - forward_before);
     if (worked)
         *worked = 1;
     return PV_OK;

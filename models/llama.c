@@ -649,7 +649,8 @@ static pv_status forward_ops(pv_llama *m, const pv_llama_batch *b)
     const int32_t T = b->n_tokens;
 
     pv_embed_gather_args e = {.table_type = m->tok_embd.type, .n_rows = hp->n_vocab, .dim = hp->n_embd,
-                              .table = m->tok_embd.buf, .table_off = m->tok_embd.off, .ids = b->tokens, .n_ids = T, .out = m->x};
+                              .table = m->tok_embd.buf, .table_off = m->tok_embd.off, .ids = b->tokens, .n_ids = T,
+                              .ids_dev = b->prev_tokens, .n_ids_dev = b->n_prev_tokens, .out = m->x};
     /* Each block's residual add carries the next block's norm (fused where
      * the backend can), so only the first norm stands alone. */
     if ((st = pv_embed_gather(m->be, &e)) != PV_OK || (st = rmsnorm(m, m->x, m->layers[0].attn_norm, m->h, T)) != PV_OK)

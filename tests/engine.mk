@@ -26,6 +26,13 @@ tests_test_engine_conversation_SOURCES = tests/test-engine-conversation.c tests/
 tests_test_engine_conversation_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_engine_conversation_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
 
+# Chained decode steps (decode_steps > 1) give decode_steps 1's turns.
+check_PROGRAMS += tests/test-engine-chain
+TESTS += tests/test-engine-chain
+tests_test_engine_chain_SOURCES = tests/test-engine-chain.c tests/engine-util.h
+tests_test_engine_chain_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_chain_LDADD = $(PV_LINK)
+
 # Sessions that outlive the engine: restart equivalence, refused files,
 # kill -9 during saves, the size limit, the background saver.
 check_PROGRAMS += tests/test-engine-state

@@ -53,9 +53,18 @@ typedef struct pv_engine_config {
                                * already cached in the same namespace are shared,
                                * not stored and prefilled again (pensieve and
                                * gpu-only modes); 0: every session its own copy */
+    /* Decode steps one pv_engine_step may run as a chain (1..64; 0: 1 on the
+     * CPU backend, 4 elsewhere): when a step is all decodes and nobody
+     * waits, each next step is enqueued with the tokens the device sampled
+     * before the host reads them, and the host streams them, checks stops
+     * and ends turns one step behind (a turn ended by a stop string or an
+     * end token costs one step of work thrown away). The same tokens as 1. */
+    int32_t decode_steps;
     pv_clock_fn clock;        /* seconds, for idle times and eviction; NULL = monotonic */
     void *clock_ctx;
 } pv_engine_config;
+
+#define PV_ENGINE_MAX_DECODE_STEPS 64
 
 /* pensieve mode, budget and running limit from the model, 256 swap-out
  * chunks per batch, no idle timeout, prefix sharing on. */
@@ -238,6 +247,8 @@ typedef struct pv_engine_stats {
     uint64_t prefill_tokens;      /* tokens forwarded as prompt (new + recomputed) */
     uint64_t recomputed_tokens;   /* of which history recomputed */
     uint64_t decode_tokens;       /* tokens forwarded as decode steps */
+    uint64_t discarded_tokens;    /* decode rows of chained steps thrown away: the
+                                   * turn had ended at the step before (decode_steps) */
     uint64_t reused_device_tokens, reused_host_tokens; /* history tokens reused */
     uint64_t shared_prompt_tokens; /* prompt tokens not computed: another session's
                                     * chunks held them (shared prefixes) */

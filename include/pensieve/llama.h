@@ -105,6 +105,11 @@ typedef struct pv_llama_batch {
      * chunks, so later layers' copies overlap earlier layers' compute. */
     pv_status (*before_layer)(void *ctx, uint32_t layer);
     void *before_layer_ctx;
+    /* Tokens the device sampled in an earlier step, not read by the host
+     * (int32, NULL: none): tokens[i] = -(j + 1) is element j of it, for
+     * 0 <= j < n_prev_tokens (pv_embed_gather_args.ids_dev). */
+    const pv_buffer *prev_tokens;
+    int32_t n_prev_tokens;
 } pv_llama_batch;
 
 pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b);
