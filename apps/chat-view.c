@@ -306,9 +306,11 @@ int chat_print_stats(chat *ch)
         return chat_error("/stats", st);
     const double busy = es.forward_s + es.schedule_s;
     printf("%sengine%s (%s mode)\n", BOLD(ch), RESET(ch), pv_engine_mode_name(ch->o->mode));
-    printf("  sessions %u, running %u, waiting %u; turns done %llu, failed %llu; iterations %llu\n",
+    printf("  sessions %u, running %u, waiting %u; turns done %llu, failed %llu; iterations %llu (%llu chained, "
+           "%llu rows discarded)\n",
            es.sessions, es.running, es.waiting, (unsigned long long)es.turns_done,
-           (unsigned long long)es.turns_failed, (unsigned long long)es.iterations);
+           (unsigned long long)es.turns_failed, (unsigned long long)es.iterations,
+           (unsigned long long)es.chained_iterations, (unsigned long long)es.discarded_tokens);
     printf("  tokens: prefill %llu (recomputed history %llu), decode %llu; "
            "history reused from device %llu, from host %llu\n",
            (unsigned long long)es.prefill_tokens, (unsigned long long)es.recomputed_tokens,

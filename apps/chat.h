@@ -18,6 +18,7 @@ typedef struct chat_options {
     pv_dtype kv_dtype;
     pv_llama_weights weights;
     int no_prefix_sharing;            /* sessions keep their own copy of a common prefix */
+    int decode_steps;                 /* pv_engine_config.decode_steps (0: the engine's choice) */
     float temperature, top_p;
     uint64_t seed;
     int32_t max_tokens;

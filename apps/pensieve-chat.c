@@ -38,6 +38,8 @@ static void usage(FILE *f)
             "  --kv f32|f16         KV cache type (default f32)\n"
             "  --weights native|f32 weights as in the file (default) or widened to f32\n"
             "  --no-prefix-sharing  sessions keep their own copy of a common prefix\n"
+            "  --decode-steps N     decode steps chained on the device per engine step (default 0:\n"
+            "                       1 on the CPU backend, 4 elsewhere)\n"
             "  --temperature T      0 = greedy (default 0)\n"
             "  --top-p P            nucleus mass when sampling (default 0.95)\n"
             "  --seed S             sampling seed of the first turn; later turns take the next ones\n"
@@ -71,7 +73,7 @@ static int parse_args(int argc, char **argv, chat_options *o)
 {
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_MODE, OPT_POLICY, OPT_DEVMEM, OPT_HOSTMEM,
            OPT_CONFIG, OPT_PROFILE, OPT_KV, OPT_WEIGHTS, OPT_TEMP, OPT_TOPP, OPT_SEED, OPT_SCRIPT,
-           OPT_NOSHARE };
+           OPT_NOSHARE, OPT_STEPS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},      {"synthetic", no_argument, 0, OPT_SYNTH},
         {"backend", required_argument, 0, OPT_BACKEND},  {"mode", required_argument, 0, OPT_MODE},
@@ -83,6 +85,7 @@ static int parse_args(int argc, char **argv, chat_options *o)
         {"top-p", required_argument, 0, OPT_TOPP},       {"seed", required_argument, 0, OPT_SEED},
         {"max-tokens", required_argument, 0, 'n'},       {"script", required_argument, 0, OPT_SCRIPT},
         {"no-prefix-sharing", no_argument, 0, OPT_NOSHARE},
+        {"decode-steps", required_argument, 0, OPT_STEPS},
         {"help", no_argument, 0, 'h'},                   {0, 0, 0, 0},
     };
     *o = (chat_options){.backend = "cpu", .mode = PV_MODE_PENSIEVE, .kv_dtype = PV_F32,
@@ -152,6 +155,13 @@ static int parse_args(int argc, char **argv, chat_options *o)
             break;
         case OPT_SCRIPT: o->script = optarg; break;
         case OPT_NOSHARE: o->no_prefix_sharing = 1; break;
+        case OPT_STEPS: {
+            long steps = 0;
+            if (app_opt_long(prog, "--decode-steps", optarg, 0, PV_ENGINE_MAX_DECODE_STEPS, &steps))
+                return -1;
+            o->decode_steps = (int)steps;
+            break;
+        }
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -185,7 +195,8 @@ int chat_init(chat *ch, const chat_options *o)
         .model = o->model, .backend = o->backend, .config = o->config, .profile = o->profile,
         .synthetic = o->synthetic, .mode = o->mode, .policy = o->policy, .have_policy = o->have_policy,
         .device_bytes = o->device_bytes, .host_bytes = o->host_bytes, .kv_dtype = o->kv_dtype,
-        .weights = o->weights, .no_prefix_sharing = o->no_prefix_sharing, .tune_hint = "/tune fits one"};
+        .weights = o->weights, .no_prefix_sharing = o->no_prefix_sharing,
+        .decode_steps = o->decode_steps, .tune_hint = "/tune fits one"};
     if (app_stack_init(&ch->stack, &ch->stack_options, prog) != 0)
         return -1;
     if (!ch->stack.tok.has_chat_template) {

@@ -42,6 +42,9 @@ static void usage(FILE *f)
             "  --no-prefix-sharing       every session keeps its own copy of a common prefix (a\n"
             "                            system prompt), for comparison; by default sessions of one\n"
             "                            API key share its full chunks\n"
+            "  --decode-steps N          decode steps chained on the device per engine step, the\n"
+            "                            host reading tokens one step behind (default 0: 1 on the\n"
+            "                            CPU backend, 4 elsewhere)\n"
             "  --api-key KEY             require 'Authorization: Bearer KEY' on /v1/\n"
             "  --api-keys FILE           one key per line; each key's sessions are its own\n"
             "  --max-body SIZE           largest request body (default 8M)\n"
@@ -147,7 +150,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
     enum { OPT_MODEL = 256, OPT_SYNTH, OPT_BACKEND, OPT_HOST, OPT_PORT, OPT_PORTFILE, OPT_MODE, OPT_POLICY,
            OPT_CONFIG, OPT_PROFILE, OPT_DEVMEM, OPT_HOSTMEM, OPT_KV, OPT_WEIGHTS, OPT_MAXSESS, OPT_IDLE, OPT_KEY, OPT_KEYS, OPT_BODY,
            OPT_THREADS, OPT_MODELID, OPT_STATEDIR, OPT_STATEIDLE, OPT_STATEMAX, OPT_STATEBODY, OPT_ALLOWHOST,
-           OPT_HTTPTIMEOUT, OPT_NOSHARE };
+           OPT_HTTPTIMEOUT, OPT_NOSHARE, OPT_STEPS };
     static const struct option longopts[] = {
         {"model", required_argument, 0, OPT_MODEL},
         {"synthetic", no_argument, 0, OPT_SYNTH},
@@ -166,6 +169,7 @@ static int parse_args(int argc, char **argv, serve_options *o)
         {"max-sessions", required_argument, 0, OPT_MAXSESS},
         {"session-idle-timeout", required_argument, 0, OPT_IDLE},
         {"no-prefix-sharing", no_argument, 0, OPT_NOSHARE},
+        {"decode-steps", required_argument, 0, OPT_STEPS},
         {"api-key", required_argument, 0, OPT_KEY},
         {"api-keys", required_argument, 0, OPT_KEYS},
         {"max-body", required_argument, 0, OPT_BODY},
@@ -252,6 +256,10 @@ static int parse_args(int argc, char **argv, serve_options *o)
             break;
         case OPT_NOSHARE:
             o->stack.no_prefix_sharing = 1;
+            break;
+        case OPT_STEPS:
+            if (app_stack_option(prog, "decode-steps", optarg, &o->stack) < 0)
+                return -1;
             break;
         case OPT_KEY:
             if (add_key(o, optarg, "--api-key")) return -1;

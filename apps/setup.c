@@ -60,7 +60,12 @@ int app_stack_option(const char *prog, const char *name, const char *value, app_
         o->config = value;
     else if (strcmp(name, "profile") == 0)
         o->profile = value;
-    else if (strcmp(name, "device-mem") == 0)
+    else if (strcmp(name, "decode-steps") == 0) {
+        long steps = 0;
+        if (app_opt_long(prog, "--decode-steps", value, 0, PV_ENGINE_MAX_DECODE_STEPS, &steps))
+            return -1;
+        o->decode_steps = (int)steps;
+    } else if (strcmp(name, "device-mem") == 0)
         return app_opt_size(prog, "--device-mem", value, &o->device_bytes) ? -1 : 1;
     else if (strcmp(name, "host-mem") == 0)
         return app_opt_size(prog, "--host-mem", value, &o->host_bytes) ? -1 : 1;
@@ -210,6 +215,7 @@ static int stack_engine(app_stack *st, const app_stack_options *o, const char *p
     ec.mode = o->mode;
     ec.idle_timeout_s = o->idle_timeout_s;
     ec.prefix_sharing = !o->no_prefix_sharing;
+    ec.decode_steps = o->decode_steps;
     ec.clock = o->clock;
     ec.clock_ctx = o->clock_ctx;
     pv_status s = pv_engine_init(&st->engine, st->be, st->model, &st->tok, cc, &ec);

@@ -34,6 +34,7 @@ typedef struct app_stack_options {
     pv_llama_weights weights;
     double idle_timeout_s;
     int no_prefix_sharing;             /* pv_engine_config.prefix_sharing = 0 (a comparison's baseline) */
+    int decode_steps;                  /* pv_engine_config.decode_steps (0: the engine's choice) */
     pv_clock_fn clock;                 /* the engine's clock (NULL: monotonic), e.g. a virtual one */
     void *clock_ctx;
     const char *tune_hint;             /* how to get a profile, for the line saying there is none
@@ -42,7 +43,7 @@ typedef struct app_stack_options {
 
 /* The stack's own options, shared by the programs that build one: --model,
  * --synthetic, --backend, --mode, --policy, --device-mem, --host-mem,
- * --config, --profile (name without the dashes; value NULL for
+ * --config, --profile, --decode-steps (name without the dashes; value NULL for
  * --synthetic). Returns 1 when name is one of them and its value is good,
  * -1 after printing why a value is bad, 0 when name is none of them. */
 int app_stack_option(const char *prog, const char *name, const char *value, app_stack_options *o);

@@ -22,7 +22,7 @@
 
 typedef struct opts {
     const char *model, *backend;
-    int turns, new_tokens, gen, batch, json;
+    int turns, new_tokens, gen, batch, json, decode_steps;
 } opts;
 
 static int parse(int argc, char **argv, opts *o)
@@ -32,6 +32,7 @@ static int parse(int argc, char **argv, opts *o)
         {"turns", required_argument, 0, 't'}, {"new-tokens", required_argument, 0, 'n'},
         {"gen", required_argument, 0, 'g'},   {"batch", required_argument, 0, 'B'},
         {"json", no_argument, 0, 'j'},        {"help", no_argument, 0, 'h'},
+        {"decode-steps", required_argument, 0, 'D'},
         {0, 0, 0, 0},
     };
     *o = (opts){.backend = "cpu", .turns = 10, .new_tokens = 100, .gen = 32, .batch = 16};
@@ -44,10 +45,16 @@ static int parse(int argc, char **argv, opts *o)
         case 'n': if (bench_parse_int("bench-engine", optarg, "--new-tokens", 1, 400, &o->new_tokens)) return -1; break;
         case 'g': if (bench_parse_int("bench-engine", optarg, "--gen", 2, 1000, &o->gen)) return -1; break;
         case 'B': if (bench_parse_int("bench-engine", optarg, "--batch", 1, 64, &o->batch)) return -1; break;
+        case 'D':
+            if (bench_parse_int("bench-engine", optarg, "--decode-steps", 0, PV_ENGINE_MAX_DECODE_STEPS, &o->decode_steps))
+                return -1;
+            break;
         case 'j': o->json = 1; break;
         case 'h':
             printf("usage: bench-engine [--model PATH] [--backend NAME] [--turns N] [--new-tokens N]\n"
-                   "                    [--gen N] [--batch N] [--json]\n");
+                   "                    [--gen N] [--batch N] [--decode-steps N] [--json]\n"
+                   "  --decode-steps N  chained decode steps per engine step (pv_engine_config.decode_steps;\n"
+                   "                    0, the default: the engine's choice for the backend)\n");
             exit(0);
         default: return -1;
         }
@@ -105,7 +112,7 @@ static pv_status submit(pv_engine *e, const char *id, const int32_t *toks, int n
 }
 
 static pv_status make_engine(pv_engine **e, pv_backend *be, pv_llama *m, const pv_tokenizer *tok,
-                             pv_engine_mode mode)
+                             pv_engine_mode mode, int decode_steps)
 {
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
@@ -114,16 +121,17 @@ static pv_status make_engine(pv_engine **e, pv_backend *be, pv_llama *m, const p
     pv_engine_config ec;
     pv_engine_config_defaults(&ec);
     ec.mode = mode;
+    ec.decode_steps = decode_steps;
     return pv_engine_init(e, be, m, tok, &cc, &ec);
 }
 
 /* Decode tokens/s of n sessions decoding together: steps until every
  * session has its first token, then times the rest. */
 static pv_status batched_decode(pv_backend *be, pv_llama *m, const pv_tokenizer *tok, const int32_t *toks,
-                                int n, int gen, double *tps, double *overhead)
+                                int n, int gen, int decode_steps, double *tps, double *overhead)
 {
     pv_engine *e = NULL;
-    pv_status st = make_engine(&e, be, m, tok, PV_MODE_PENSIEVE);
+    pv_status st = make_engine(&e, be, m, tok, PV_MODE_PENSIEVE, decode_steps);
     if (st != PV_OK)
         return st;
     turn_out *outs = calloc((size_t)n, sizeof *outs);
@@ -183,8 +191,8 @@ int main(int argc, char **argv)
 
     /* 1. multi-turn time to first token */
     pv_engine *pens = NULL, *stl = NULL;
-    if (st == PV_OK && (st = make_engine(&pens, be, m, &tok, PV_MODE_PENSIEVE)) == PV_OK)
-        st = make_engine(&stl, be, m, &tok, PV_MODE_STATELESS);
+    if (st == PV_OK && (st = make_engine(&pens, be, m, &tok, PV_MODE_PENSIEVE, o.decode_steps)) == PV_OK)
+        st = make_engine(&stl, be, m, &tok, PV_MODE_STATELESS, o.decode_steps);
     double *ttft_p = calloc((size_t)o.turns, sizeof *ttft_p), *ttft_s = calloc((size_t)o.turns, sizeof *ttft_s);
     uint32_t *ctx = calloc((size_t)o.turns, sizeof *ctx);
     for (int t = 0; t < o.turns && st == PV_OK; t++) {
@@ -208,15 +216,15 @@ int main(int argc, char **argv)
     enum { REPS = 3 };
     double t1[REPS], tn[REPS], o1[REPS], on[REPS];
     for (int k = 0; k < REPS; k++)
-        if ((st = batched_decode(be, m, &tok, toks, 1, o.gen * 4, &t1[k], &o1[k])) != PV_OK ||
-            (st = batched_decode(be, m, &tok, toks, o.batch, o.gen * 4, &tn[k], &on[k])) != PV_OK)
+        if ((st = batched_decode(be, m, &tok, toks, 1, o.gen * 4, o.decode_steps, &t1[k], &o1[k])) != PV_OK ||
+            (st = batched_decode(be, m, &tok, toks, o.batch, o.gen * 4, o.decode_steps, &tn[k], &on[k])) != PV_OK)
             return fail("batched decode", st);
     double tps1 = bench_median(t1, REPS), tpsn = bench_median(tn, REPS);
     double ov1 = bench_median(o1, REPS), ovn = bench_median(on, REPS);
 
     int last = o.turns - 1;
     if (o.json) {
-        printf("{\"backend\": \"%s\", \"turns\": [", o.backend);
+        printf("{\"backend\": \"%s\", \"decode_steps\": %d, \"turns\": [", o.backend, o.decode_steps);
         for (int t = 0; t < o.turns; t++)
             printf("%s{\"turn\": %d, \"context\": %u, \"ttft_pensieve_ms\": %.2f, \"ttft_stateless_ms\": %.2f}",
                    t ? ", " : "", t + 1, ctx[t], ttft_p[t], ttft_s[t]);
@@ -229,7 +237,8 @@ int main(int argc, char **argv)
         printf("%5s %8s %16s %17s %7s\n", "turn", "context", "ttft pensieve ms", "ttft stateless ms", "ratio");
         for (int t = 0; t < o.turns; t++)
             printf("%5d %8u %16.1f %17.1f %7.3f\n", t + 1, ctx[t], ttft_p[t], ttft_s[t], ttft_p[t] / ttft_s[t]);
-        printf("\ndecode (%d tokens per session; medians of %d alternating runs)\n", o.gen * 4, REPS);
+        printf("\ndecode (%d tokens per session; medians of %d alternating runs; decode_steps %d%s)\n", o.gen * 4,
+               REPS, o.decode_steps, o.decode_steps ? "" : ": the engine's choice");
         printf("%9s %12s %10s %21s\n", "sessions", "tokens/s", "speedup", "engine overhead/iter");
         printf("%9d %12.1f %10.2f %20.2f%%\n", 1, tps1, 1.0, 100 * ov1);
         printf("%9d %12.1f %10.2f %20.2f%%\n", o.batch, tpsn, tpsn / tps1, 100 * ovn);

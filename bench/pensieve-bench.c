@@ -537,6 +537,7 @@ static void print_json(const bench_options *o, const bench_results *res)
                                   w->system_prompts));
     /* null over HTTP: the server's own switch */
     json_object_set_new(root, "prefix_sharing", o->http ? json_null() : json_boolean(!o->stack.no_prefix_sharing));
+    json_object_set_new(root, "decode_steps", o->http ? json_null() : json_integer(o->stack.decode_steps));
     for (int i = 0; i < res->n_runs; i++)
         json_array_append_new(runs, report_json(&res->runs[i]));
     json_object_set_new(root, "virtual_time", o->virtual_step_s > 0 ? json_pack("{s:f,s:f}", "step_s",
@@ -653,6 +654,8 @@ static void usage(FILE *f)
             "  --profile FILE       device profile from pensieve-tune\n"
             "  --no-prefix-sharing  each session keeps its own copy of a common prefix (the engine's\n"
             "                       prefix_sharing off), for comparison; refused with --http (the server's own)\n"
+            "  --decode-steps N     decode steps chained on the device per engine step (default 0: the\n"
+            "                       engine's choice, 1 on the CPU backend, 4 elsewhere)\n"
             "  --virtual-time STEP_MS,TOKEN_MS   no sleeping, no wall clock: an engine iteration takes\n"
             "                       STEP_MS + TOKEN_MS per token it forwards; a run depends on the workload\n"
             "                       and the engine's decisions only (repeatable, e.g. to compare policies)\n"
@@ -758,6 +761,7 @@ static int parse_options(int argc, char **argv, bench_options *o)
         {"synthetic", no_argument, 0, OPT_STACK},         {"backend", required_argument, 0, OPT_STACK},
         {"device-mem", required_argument, 0, OPT_STACK},  {"host-mem", required_argument, 0, OPT_STACK},
         {"config", required_argument, 0, OPT_STACK},      {"profile", required_argument, 0, OPT_STACK},
+        {"decode-steps", required_argument, 0, OPT_STACK},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof *o);

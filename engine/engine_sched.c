@@ -878,6 +878,7 @@ static pv_status run_chain(pv_engine *e, size_t n, pv_event *ready)
         if (st != PV_OK || next.n == 0)
             break;
         st = run_batch(e, next.n, next.n, next.n, 1, next.slot, &next.ready);
+        e->stats.chained_iterations++;
         if (st == PV_OK)
             st = take_chained(e, &prev, &next);
         for (size_t i = 0; i < next.n && st == PV_OK; i++)

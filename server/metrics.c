@@ -245,6 +245,9 @@ static void snapshot(out_buf *b, const pv_metrics_snapshot *snap)
            e->recomputed_tokens);
     scalar(b, "pensieve_engine_decode_tokens_total", "counter",
            "Tokens forwarded as decode steps (generated).", e->decode_tokens);
+    scalar(b, "pensieve_engine_chained_iterations_total", "counter",
+           "Forward passes run as chained decode steps, enqueued before the host read their tokens.",
+           e->chained_iterations);
     scalar(b, "pensieve_engine_discarded_tokens_total", "counter",
            "Decode rows of chained steps thrown away (the turn had ended a step before).", e->discarded_tokens);
     uint64_t reused[2] = {e->reused_device_tokens, e->reused_host_tokens};

@@ -91,6 +91,24 @@ ok $? "a status line per turn ($got of $turns)"
 awk '$6 == 0 { bad = 1 } END { exit bad }' "$tmp/status"
 ok $? "every turn generated an answer"
 
+# Chained decode steps (the host reads each token one step behind) say
+# the same: answers and accounting, everything but the timings.
+untimed() {
+    sed -E 's/(prefill|decode) [0-9.-]+ (ms|tokens\/s)/\1 T/g; s/[0-9.]+ (ms|s)\b/T/g; s/[0-9.]+%/P/g;
+            s/\([0-9]+ chained, [0-9]+ rows discarded\)/(chained)/' "$1"
+}
+"$chat" $common --decode-steps 4 --script "$tmp/chat.txt" >"$tmp/out4" 2>"$tmp/err4"
+rc=$?
+untimed "$tmp/out" >"$tmp/out.u"
+untimed "$tmp/out4" >"$tmp/out4.u"
+[ $rc -eq 0 ] && cmp -s "$tmp/out.u" "$tmp/out4.u"
+ok $? "--decode-steps 4 gives the same chat, answers and accounting, as 1"
+grep -q 'iterations [0-9]* (0 chained, 0 rows discarded)' "$tmp/out" &&
+    grep -Eq 'iterations [0-9]+ \([1-9][0-9]* chained, [0-9]+ rows discarded\)' "$tmp/out4"
+ok $? "the chains ran with --decode-steps 4, none with the CPU backend's default"
+[ $rc -eq 0 ] || diag "$tmp/err4"
+cmp -s "$tmp/out.u" "$tmp/out4.u" || diff "$tmp/out.u" "$tmp/out4.u" | head -20 | sed 's/^/# /'
+
 # A conversation's first turn has no history; every later one reuses or
 # recomputes it, and the turn right after its own previous one finds it.
 awk '{ if (seen[$1]++) { if ($2 + $3 + $4 == 0) bad = 1 } else if ($2 + $3 + $4 != 0) bad = 1 }

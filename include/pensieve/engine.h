@@ -243,6 +243,7 @@ pv_status pv_engine_session_tokens(const pv_engine *e, const char *session, size
 
 typedef struct pv_engine_stats {
     uint64_t iterations;
+    uint64_t chained_iterations;  /* of which chained decode steps (decode_steps > 1) */
     uint64_t turns_done, turns_failed, turns_cancelled;
     uint64_t prefill_tokens;      /* tokens forwarded as prompt (new + recomputed) */
     uint64_t recomputed_tokens;   /* of which history recomputed */
