@@ -295,5 +295,6 @@ int main(int argc, char **argv)
     test_config();
     test_backend("cpu");
     test_backend("opencl");
+    test_backend("cuda");
     return tap_done();
 }
