@@ -30,7 +30,9 @@ tests_test_backend_async_LDADD = $(PV_LINK)
 
 # The ops that take a step's host work in one call (slot_transfer,
 # sample_batch) on every built backend against the CPU reference, with
-# slot_transfer's queue rules.
+# slot_transfer's queue rules; sample_batch into the device and with a
+# logit bias, embed_gather of device ids, and the two chained (in a graph
+# where the backend has graphs).
 check_PROGRAMS += tests/test-backend-batch
 TESTS += tests/test-backend-batch
 tests_test_backend_batch_SOURCES = tests/test-backend-batch.c

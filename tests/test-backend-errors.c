@@ -534,6 +534,166 @@ static void batch_op_cases(const char *name, pv_backend *be)
     tensor_free(&host);
 }
 
+/* sample_batch into the device and with a logit bias, and embed_gather
+ * of device ids: each argument the front end checks, refused with its
+ * value and limit named, the output untouched. */
+static void device_sample_cases(const char *name, pv_backend *be)
+{
+    float data[64]; /* 4 rows of 16: row r is c + r / 4 */
+    for (int i = 0; i < 64; i++)
+        data[i] = (float)(i % 16) + 0.25f * (float)(i / 16);
+    tensor logits, tokens, out;
+    pv_buffer *ids_dev = NULL;
+    const int32_t dev_ids[4] = {3, 1, 2, 0};
+    if (tensor_init(&logits, be, PV_MEM_DEVICE, sizeof(float), 64, data) != PV_OK ||
+        tensor_init(&tokens, be, PV_MEM_DEVICE, sizeof(int32_t), 4, NULL) != PV_OK ||
+        tensor_init(&out, be, PV_MEM_DEVICE, sizeof(float), 3 * 16, NULL) != PV_OK ||
+        pv_buffer_init(&ids_dev, be, PV_MEM_DEVICE, sizeof dev_ids) != PV_OK ||
+        pv_buffer_write(ids_dev, 0, dev_ids, sizeof dev_ids) != PV_OK) {
+        ok(0, "%s: buffers allocate: %s", name, pv_last_error());
+        return;
+    }
+    /* 4 rows of 16: greedy, sampled, greedy, sampled. */
+    float temperature[4] = {0.0f, 0.8f, 0.0f, 1.0f}, top_p[4] = {0.0f, 0.9f, 0.0f, 1.0f}, u[4] = {0, 0.5f, 0, 0.25f};
+    int32_t picked[4] = {-1, -1, -1, -1};
+    pv_sample_batch_args sb = {.rows = 4, .cols = 16, .logits = logits.buf, .logits_off = logits.off,
+                               .temperature = temperature, .top_p = top_p, .u = u, .out_dev = tokens.buf,
+                               .out_dev_off = tokens.off};
+    sb.out = picked;
+    expect(name, "sample_batch with both out and out_dev", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("out", "out_dev", "both"), &tokens);
+    sb.out = NULL;
+    sb.out_dev = NULL;
+    expect(name, "sample_batch with neither out nor out_dev", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("out", "out_dev", "neither"), &tokens);
+    sb.out_dev = tokens.buf;
+    sb.out_dev_off = tokens.buf->bytes / 4 - 3;
+    expect(name, "sample_batch 4 tokens from the last 3 elements of out_dev", pv_sample_batch(be, &sb),
+           PV_ERR_INVALID_ARG, NAMES("out_dev", "too small"), &tokens);
+    sb.out_dev_off = UINT64_MAX - 1; /* (off + rows) * 4 wraps */
+    expect(name, "sample_batch out_dev_off 2^64 - 2", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("out_dev", "18446744073709551614"), &tokens);
+    sb.out_dev = logits.buf;
+    sb.out_dev_off = logits.off + 60;
+    expect(name, "sample_batch out_dev over the last logits", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("out_dev", "overlaps", "logits"), &tokens);
+    sb.out_dev = tokens.buf;
+    sb.out_dev_off = tokens.off;
+
+    /* The bias: row 1 has tokens 5 and 9, row 3 token 5 (a token may recur in another row). */
+    int32_t start[5] = {0, 0, 2, 2, 3}, token[3] = {5, 9, 5};
+    float value[3] = {1.5f, -2.0f, PV_LOGIT_BIAS_BAN};
+    sb.bias_start = start;
+    sb.bias_token = token;
+    sb.bias_value = value;
+    start[0] = 1;
+    expect(name, "sample_batch bias_start[0] = 1", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_start[0]", "1"), &tokens);
+    start[0] = 0;
+    start[3] = 1;
+    expect(name, "sample_batch bias_start[3] = 1 below bias_start[2] = 2", pv_sample_batch(be, &sb),
+           PV_ERR_INVALID_ARG, NAMES("bias_start[3] = 1", "bias_start[2] = 2"), &tokens);
+    start[3] = 2;
+    start[4] = PV_LOGIT_BIAS_MAX + 1;
+    expect(name, "sample_batch 2^20 + 1 bias entries", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_start[4]", "1048577", "1048576"), &tokens);
+    start[4] = 3;
+    token[1] = 16;
+    expect(name, "sample_batch bias_token[1] = 16 of 16 columns", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_token[1] = 16", "row 1", "16)"), &tokens);
+    token[1] = -3;
+    expect(name, "sample_batch bias_token[1] = -3", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_token[1] = -3"), &tokens);
+    token[1] = 9;
+    value[2] = NAN;
+    expect(name, "sample_batch bias_value[2] NaN", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_value[2]", "nan", "not finite"), &tokens);
+    value[2] = -INFINITY;
+    expect(name, "sample_batch bias_value[2] -inf", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_value[2]", "inf", "not finite"), &tokens);
+    value[2] = PV_LOGIT_BIAS_BAN;
+    token[1] = 5;
+    expect(name, "sample_batch row 1 biasing token 5 twice", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("row 1", "token 5 twice", "bias_token[0]", "bias_token[1]"), &tokens);
+    token[1] = 9;
+    sb.bias_token = NULL;
+    expect(name, "sample_batch bias_token NULL with 3 entries", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_token", "NULL"), &tokens);
+    sb.bias_token = token;
+    sb.bias_value = NULL;
+    expect(name, "sample_batch bias_value NULL with 3 entries", pv_sample_batch(be, &sb), PV_ERR_INVALID_ARG,
+           NAMES("bias_value", "NULL"), &tokens);
+    sb.bias_value = value;
+    /* Row 2 bans all 16 of its tokens. */
+    int32_t ban_start[5] = {0, 0, 0, 16, 16}, ban_token[16];
+    float ban_value[16];
+    for (int i = 0; i < 16; i++) {
+        ban_token[i] = 15 - i;
+        ban_value[i] = i == 7 ? -1e30f : PV_LOGIT_BIAS_BAN;
+    }
+    pv_sample_batch_args all_banned = sb;
+    all_banned.bias_start = ban_start;
+    all_banned.bias_token = ban_token;
+    all_banned.bias_value = ban_value;
+    expect(name, "sample_batch row 2 banning all 16 tokens", pv_sample_batch(be, &all_banned), PV_ERR_INVALID_ARG,
+           NAMES("row 2", "all its 16 tokens"), &tokens);
+    ban_value[7] = -99.0f; /* one token left: fine, and it is the one picked */
+    pv_status st = pv_sample_batch(be, &all_banned);
+    int32_t got[4] = {-1, -1, -1, -1};
+    if (st == PV_OK)
+        st = pv_buffer_read(tokens.buf, tokens.off * 4, got, sizeof got);
+    ok(st == PV_OK && got[2] == 8, "%s: a row with one token not banned picks it (%s; picked %d, want 8)", name,
+       st == PV_OK ? "ok" : pv_last_error(), got[2]);
+    st = pv_sample_batch(be, &sb);
+    ok(st == PV_OK, "%s: one token biased in two rows, a ban among them, is fine (%s)", name,
+       st == PV_OK ? "ok" : pv_last_error());
+
+    /* embed_gather of device ids: 3 ids into out, the table the logits (4 rows of 16). */
+    int32_t ids[3] = {2, -1, -4};
+    pv_embed_gather_args eg = {.table_type = PV_W_F32, .n_rows = 4, .dim = 16, .table = logits.buf,
+                               .table_off = logits.off, .ids = ids, .n_ids = 3, .out = out.buf, .out_off = out.off,
+                               .ids_dev = ids_dev, .n_ids_dev = 4};
+    ids[2] = -5;
+    expect(name, "embed_gather ids[2] = -5 with 4 device ids", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("ids[2] = -5", "device id 4", "n_ids_dev = 4"), &out);
+    ids[2] = -4;
+    eg.ids_dev = NULL;
+    eg.n_ids_dev = 0;
+    expect(name, "embed_gather ids[1] = -1 without ids_dev", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("ids[1] = -1", "device id 0", "ids_dev is NULL"), &out);
+    eg.n_ids_dev = 4;
+    expect(name, "embed_gather n_ids_dev = 4 without ids_dev", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("n_ids_dev = 4", "without ids_dev"), &out);
+    eg.ids_dev = ids_dev;
+    eg.n_ids_dev = -2;
+    expect(name, "embed_gather n_ids_dev = -2", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("n_ids_dev = -2"), &out);
+    eg.n_ids_dev = 5;
+    expect(name, "embed_gather 5 device ids in a buffer of 4", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("ids_dev", "too small", "16 bytes"), &out);
+    eg.n_ids_dev = 4;
+    eg.ids_dev_off = UINT64_MAX - 2;
+    expect(name, "embed_gather ids_dev_off 2^64 - 3", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("ids_dev", "18446744073709551613"), &out);
+    eg.ids_dev = out.buf;
+    eg.ids_dev_off = out.off + 40;
+    expect(name, "embed_gather ids_dev inside out", pv_embed_gather(be, &eg), PV_ERR_INVALID_ARG,
+           NAMES("out", "overlaps", "ids_dev"), &out);
+    eg.ids_dev = ids_dev;
+    eg.ids_dev_off = 0;
+    st = pv_embed_gather(be, &eg);
+    float rows[3 * 16];
+    if (st == PV_OK)
+        st = tensor_read(&out, rows);
+    ok(st == PV_OK && rows[0] == 0.5f && rows[16] == 0.75f && rows[32] == 0.0f,
+       "%s: embed_gather of ids 2, -1 and -4 takes rows 2, 3 (device id 0) and 0 (device id 3) (%s)", name,
+       st == PV_OK ? "ok" : pv_last_error());
+    tensor_free(&logits);
+    tensor_free(&tokens);
+    tensor_free(&out);
+    pv_buffer_free(ids_dev);
+}
+
 static void streamed_advice_case(const char *name, pv_backend *be)
 {
     static const uint64_t sizes[] = {4096, (uint64_t)12 << 20};
@@ -635,6 +795,7 @@ int main(int argc, char **argv)
         other_op_cases(*name, be);
         fused_op_cases(*name, be);
         batch_op_cases(*name, be);
+        device_sample_cases(*name, be);
         many_rows_case(*name, be);
         streamed_advice_case(*name, be);
         weights_write_cases(*name, be);
