@@ -66,6 +66,13 @@ typedef struct staging_ring {
     graph_slot *const *graph;
 } staging_ring;
 
+/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
+ * of attention, the biased rows of sample_batch. */
+#define SCRATCH_QMATMUL 0
+#define SCRATCH_ATTENTION 1
+#define SCRATCH_BIAS 2
+#define SCRATCH_COUNT 3
+
 /* A freed pinned host buffer, released once both streams pass `after`. */
 typedef struct host_release {
     void *host;
@@ -100,12 +107,6 @@ typedef struct cuda_impl {
     graph_slot graphs[GRAPH_EXECS];
 } cuda_impl;
 
-/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
- * of attention, the biased rows of sample_batch. */
-#define SCRATCH_QMATMUL 0
-#define SCRATCH_ATTENTION 1
-#define SCRATCH_BIAS 2
-#define SCRATCH_COUNT 3
 
 /* One host array to upload, and where its device copy ends up. */
 typedef struct upload {
