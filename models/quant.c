@@ -54,12 +54,14 @@ const char *pv_ggml_type_name(uint32_t type)
 pv_status pv_ggml_type_block(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes)
 {
     const type_info *info = find_type(type);
+    /* Set on failure too (to 0): the compiler then sees them set on every
+     * path its callers take. */
+    if (block_elems)
+        *block_elems = info ? info->block_elems : 0;
+    if (block_bytes)
+        *block_bytes = info ? info->block_bytes : 0;
     if (!info)
         return pv_error(PV_ERR_UNSUPPORTED, "ggml type %u is not a known tensor type", type);
-    if (block_elems)
-        *block_elems = info->block_elems;
-    if (block_bytes)
-        *block_bytes = info->block_bytes;
     return PV_OK;
 }
 
