@@ -349,7 +349,7 @@ static pv_status run_all(const bench_options *o, bench_results *res)
             pv_status s = o->http ? run_http(o, o->rates[k], res->n_runs, rep)
                                   : run_engine(o, o->modes[m], -1, o->rates[k], rep);
             if (s != PV_OK)
-                return pv_error(s, "%s: %s at %g/s: %s", prog, o->http ? o->label : pv_engine_mode_name(o->modes[m]),
+                return pv_error(s, "%s at %g/s: %s", o->http ? o->label : pv_engine_mode_name(o->modes[m]),
                                 o->rates[k], pv_last_error());
             res->n_runs++;
             /* a mode past the target at one rate is past it at higher ones */
@@ -379,7 +379,7 @@ static pv_status run_all(const bench_options *o, bench_results *res)
         } else {
             pv_status s = run_engine(o, PV_MODE_PENSIEVE, (int)o->policies[p], res->policy_rate, rep);
             if (s != PV_OK)
-                return pv_error(s, "%s: policy %s at %g/s: %s", prog, pv_policy_name(o->policies[p]),
+                return pv_error(s, "policy %s at %g/s: %s", pv_policy_name(o->policies[p]),
                                 res->policy_rate, pv_last_error());
         }
         res->n_policy_runs++;
