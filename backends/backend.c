@@ -281,7 +281,7 @@ static pv_status need_int_sizes(pv_op op, const char *const *size_names, const i
                  (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), out)
 
 /* Byte ranges [a_begin, a_end) of buffer a and [b_begin, b_end) of b do
- * not overlap: a fused op writes one while it still reads the other. */
+ * not overlap: an op writes one while it still reads the other. */
 static pv_status need_apart(pv_op op, const char *a_name, const pv_buffer *a, uint64_t a_begin, uint64_t a_end,
                             const char *b_name, const pv_buffer *b, uint64_t b_begin, uint64_t b_end)
 {
