@@ -424,6 +424,7 @@ int main(int argc, char **argv)
     sc.n_api_keys = o.n_keys;
     sc.model_id = o.model_id ? o.model_id : st.model_id;
     sc.n_ctx = pv_llama_hparams_of(st.model)->n_ctx_train;
+    sc.n_vocab = pv_llama_hparams_of(st.model)->n_vocab;
     sc.n_layers = pv_llama_hparams_of(st.model)->n_layers;
     sc.log = stderr;
     pv_server *srv = NULL;

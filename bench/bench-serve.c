@@ -1395,6 +1395,7 @@ int main(int argc, char **argv)
     sc.threads = (unsigned)b.o.threads;
     sc.model_id = b.st.model_id;
     sc.n_ctx = hp->n_ctx_train;
+    sc.n_vocab = hp->n_vocab;
     sc.n_layers = hp->n_layers;
     pv_status s = pv_server_start(&b.srv, b.st.engine, &b.st.tok, &sc);
     if (s != PV_OK) {

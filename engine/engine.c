@@ -291,6 +291,14 @@ static pv_status check_config(pv_engine *e, const pv_llama_options *lo)
         return pv_error(PV_ERR_INVALID_ARG,
                         "pv_engine_init: max_running %d out of range [1, %d] (the model's max_logit_rows)",
                         c->max_running, lo->max_logit_rows);
+    /* A step samples every running turn with its whole logit bias in one
+     * call, which takes at most PV_LOGIT_BIAS_MAX entries. */
+    if (c->max_running > PV_LOGIT_BIAS_MAX / PV_SAMPLING_MAX_BIAS)
+        return pv_error(PV_ERR_INVALID_ARG,
+                        "pv_engine_init: max_running %d: more than %d turns of %d logit bias entries would pass "
+                        "the %d entries one sampling call takes",
+                        c->max_running, PV_LOGIT_BIAS_MAX / PV_SAMPLING_MAX_BIAS, PV_SAMPLING_MAX_BIAS,
+                        PV_LOGIT_BIAS_MAX);
     if (c->swap_out_chunks < 1 || c->swap_out_chunks > (1u << 20))
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_init: swap_out_chunks %u out of range [1, %u]",
                         c->swap_out_chunks, 1u << 20);
@@ -320,9 +328,10 @@ static pv_status alloc_batch(pv_engine *e)
     e->u = malloc(R * sizeof *e->u);
     e->b_temperature = malloc(R * sizeof *e->b_temperature);
     e->b_top_p = malloc(R * sizeof *e->b_top_p);
+    e->b_bias_start = malloc((R + 1) * sizeof *e->b_bias_start);
     e->running = malloc(R * sizeof *e->running);
     if (!e->b_tokens || !e->b_seq || !e->b_pos || !e->b_logit_rows || !e->b_sampled || !e->b_take || !e->b_reqs ||
-        !e->b_logit_req || !e->u || !e->b_temperature || !e->b_top_p || !e->running)
+        !e->b_logit_req || !e->u || !e->b_temperature || !e->b_top_p || !e->b_bias_start || !e->running)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: batch arrays for %zu tokens", T);
     if (e->decode_steps == 1)
         return PV_OK;
@@ -457,6 +466,9 @@ void pv_engine_free(pv_engine *e)
     free(e->u);
     free(e->b_temperature);
     free(e->b_top_p);
+    free(e->b_bias_start);
+    free(e->b_bias_token);
+    free(e->b_bias_value);
     free(e->chain_reqs[0]);
     free(e->chain_reqs[1]);
     free(e->chain_next);
@@ -468,7 +480,54 @@ void pv_engine_free(pv_engine *e)
 
 /* ---- submit ---------------------------------------------------------------- */
 
-static pv_status check_sampling(const pv_sampling *s)
+/* The logit bias of a turn (pv_sampling): every entry's token and value,
+ * no token twice, not every token banned. */
+static pv_status check_bias(const pv_sampling *s, uint32_t n_vocab)
+{
+    if (s->n_bias == 0)
+        return PV_OK;
+    if (s->n_bias > PV_SAMPLING_MAX_BIAS)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: %zu logit bias entries: at most %d are accepted",
+                        s->n_bias, PV_SAMPLING_MAX_BIAS);
+    if (!s->bias_tokens || !s->bias_values)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: %zu logit bias entries but bias_%s is NULL", s->n_bias,
+                        s->bias_tokens ? "values" : "tokens");
+    uint8_t *seen = calloc((n_vocab + 7) / 8, 1);
+    if (!seen)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: %u bits to check the logit bias tokens", n_vocab);
+    pv_status st = PV_OK;
+    size_t banned = 0;
+    for (size_t k = 0; k < s->n_bias; k++) {
+        const int32_t t = s->bias_tokens[k];
+        const float v = s->bias_values[k];
+        if (t < 0 || (uint32_t)t >= n_vocab) {
+            st = pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: logit bias entry %zu: token %d out of range [0, %u)",
+                          k, t, n_vocab);
+            break;
+        }
+        if (!isfinite(v) || v < -PV_SAMPLING_BIAS_RANGE || v > PV_SAMPLING_BIAS_RANGE) {
+            st = pv_error(PV_ERR_INVALID_ARG,
+                          "pv_engine_submit: logit bias entry %zu: value %g for token %d out of range [%g, %g]", k,
+                          (double)v, t, (double)-PV_SAMPLING_BIAS_RANGE, (double)PV_SAMPLING_BIAS_RANGE);
+            break;
+        }
+        if (seen[t / 8] & (1u << (t % 8))) {
+            st = pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: logit bias entry %zu: token %d is listed twice", k, t);
+            break;
+        }
+        seen[t / 8] |= (uint8_t)(1u << (t % 8));
+        banned += v <= PV_LOGIT_BIAS_BAN;
+    }
+    free(seen);
+    if (st == PV_OK && banned == n_vocab)
+        st = pv_error(PV_ERR_INVALID_ARG,
+                      "pv_engine_submit: the logit bias bans all %u tokens of the vocabulary (value <= %g): "
+                      "none is left to sample",
+                      n_vocab, (double)PV_LOGIT_BIAS_BAN);
+    return st;
+}
+
+static pv_status check_sampling(const pv_sampling *s, uint32_t n_vocab)
 {
     if (!(s->temperature >= 0.0f) || s->temperature > 100.0f)
         return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: temperature %g out of range [0, 100]",
@@ -483,7 +542,7 @@ static pv_status check_sampling(const pv_sampling *s)
     for (size_t i = 0; i < s->n_stop; i++)
         if (!s->stop[i] || !s->stop[i][0])
             return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: stop string %zu is NULL or empty", i);
-    return PV_OK;
+    return check_bias(s, n_vocab);
 }
 
 void pv_engine_request_free(pv_request *r)
@@ -493,6 +552,8 @@ void pv_engine_request_free(pv_request *r)
     for (size_t i = 0; i < r->sampling.n_stop; i++)
         free(r->stop[i]);
     free(r->stop);
+    free(r->bias_tokens);
+    free(r->bias_values);
     pv_ivec_free(&r->feed);
     free(r->slots);
     free(r->layer_ready);
@@ -593,7 +654,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
         if (turn->tokens[i] < 0 || (uint32_t)turn->tokens[i] >= e->n_vocab)
             return pv_error(PV_ERR_INVALID_ARG, "pv_engine_submit: token %zu = %d out of range [0, %u)", i,
                             turn->tokens[i], e->n_vocab);
-    pv_status st = check_sampling(&turn->sampling);
+    pv_status st = check_sampling(&turn->sampling, e->n_vocab);
     if (st != PV_OK)
         return st;
     pv_esession *existing = pv_engine_find_session(e, session);
@@ -624,6 +685,21 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
                 st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: stop strings");
                 goto fail;
             }
+    }
+    r->sampling.bias_tokens = NULL;
+    r->sampling.bias_values = NULL;
+    r->sampling.n_bias = 0;
+    if (turn->sampling.n_bias) {
+        const size_t n = turn->sampling.n_bias;
+        r->bias_tokens = malloc(n * sizeof *r->bias_tokens);
+        r->bias_values = malloc(n * sizeof *r->bias_values);
+        if (!r->bias_tokens || !r->bias_values) {
+            st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: a logit bias of %zu entries", n);
+            goto fail;
+        }
+        memcpy(r->bias_tokens, turn->sampling.bias_tokens, n * sizeof *r->bias_tokens);
+        memcpy(r->bias_values, turn->sampling.bias_values, n * sizeof *r->bias_values);
+        r->sampling.n_bias = n;
     }
     if (turn->whole_conversation) {
         if (turn->n_tokens)

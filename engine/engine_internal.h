@@ -55,6 +55,8 @@ struct pv_request {
     pv_turn_callbacks cb;
     pv_sampling sampling;
     char **stop;            /* owned copies of the stop strings */
+    int32_t *bias_tokens;   /* owned copy of the logit bias (sampling.n_bias entries) */
+    float *bias_values;
     uint64_t rng;
     /* Tokens still to run through the model at positions from the
      * session's history length on: the turn's prompt, then each sampled
@@ -129,6 +131,13 @@ struct pv_engine {
     /* Per logit row: the request's temperature (<= 0: greedy), top_p and
      * uniform draw, for the one sampling call of a step. */
     float *u, *b_temperature, *b_top_p;
+    /* The step's logit bias as pv_sample_batch takes it: row i's entries
+     * are b_bias_start[i] .. b_bias_start[i + 1] - 1 of the lists, its
+     * request's (none for a request without). b_bias_start has
+     * max_running + 1 entries; the lists grow to the largest step's. */
+    int32_t *b_bias_start, *b_bias_token;
+    float *b_bias_value;
+    size_t b_bias_cap;
     /* Chained decode steps (cfg.decode_steps > 1; engine_sched.c run_chain):
      * the last step's tokens on the device, read by the next; two host
      * slots they are read back into; each chain step's requests by row, and

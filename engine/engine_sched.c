@@ -635,11 +635,51 @@ static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
     return PV_OK;
 }
 
+/* The logit bias of the step's rows, each its request's, as the lists
+ * pv_sample_batch takes (a row without bias has an empty range); a's
+ * bias_start stays NULL when no row has one. The lists grow to the largest
+ * step's and are kept. */
+static pv_status fill_bias(pv_engine *e, size_t n_logits, pv_sample_batch_args *a)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n_logits; i++)
+        total += e->b_logit_req[i]->sampling.n_bias;
+    if (total == 0)
+        return PV_OK;
+    if (total > e->b_bias_cap) {
+        int32_t *t = realloc(e->b_bias_token, total * sizeof *t);
+        if (t)
+            e->b_bias_token = t;
+        float *v = realloc(e->b_bias_value, total * sizeof *v);
+        if (v)
+            e->b_bias_value = v;
+        if (!t || !v)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "engine: a step's logit bias lists of %zu entries", total);
+        e->b_bias_cap = total;
+    }
+    size_t k = 0;
+    e->b_bias_start[0] = 0;
+    for (size_t i = 0; i < n_logits; i++) {
+        const pv_request *r = e->b_logit_req[i];
+        const size_t n = r->sampling.n_bias;
+        if (n) {
+            memcpy(e->b_bias_token + k, r->bias_tokens, n * sizeof *e->b_bias_token);
+            memcpy(e->b_bias_value + k, r->bias_values, n * sizeof *e->b_bias_value);
+        }
+        k += n;
+        e->b_bias_start[i + 1] = (int32_t)k; /* at most max_running x PV_SAMPLING_MAX_BIAS (pv_engine_init) */
+    }
+    a->bias_start = e->b_bias_start;
+    a->bias_token = e->b_bias_token;
+    a->bias_value = e->b_bias_value;
+    return PV_OK;
+}
+
 /* Every logit row's token in one backend call and one wait: on a GPU a
  * wait per row would cost a device synchronisation each. Greedy rows
  * (temperature <= 0) take the argmax; each sampled row draws its request's
  * next uniform, in row order, as it always has, so a seed gives the same
- * tokens. */
+ * tokens. Each row's logits are biased by its request's logit bias. */
 static pv_status sample(pv_engine *e, size_t n_logits, int on_device)
 {
     for (size_t i = 0; i < n_logits; i++) {
@@ -651,6 +691,9 @@ static pv_status sample(pv_engine *e, size_t n_logits, int on_device)
     pv_sample_batch_args a = {.rows = (int64_t)n_logits, .cols = e->n_vocab,
                               .logits = pv_llama_logits_buffer(e->model), .temperature = e->b_temperature,
                               .top_p = e->b_top_p, .u = e->u};
+    pv_status st = fill_bias(e, n_logits, &a);
+    if (st != PV_OK)
+        return st;
     if (on_device)
         a.out_dev = e->sampled_dev; /* the next chained step reads them there */
     else

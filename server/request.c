@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ void pv_api_limits_default(pv_api_limits *lim)
     lim->max_stops = 4;
     lim->max_stop_bytes = 256;
     lim->max_session_id_bytes = 128;
+    lim->max_logit_bias = PV_SAMPLING_MAX_BIAS;
 }
 
 /* ---- errors ----------------------------------------------------------------- */
@@ -344,16 +346,6 @@ static pv_status null_or_empty_array(const json_t *o, const char *key, pv_api_er
     return json_array_size(v) == 0 ? PV_OK : unsupported(err, key, "an empty array or null", v);
 }
 
-static pv_status null_or_empty_object(const json_t *o, const char *key, pv_api_error *err)
-{
-    const json_t *v = json_object_get(o, key);
-    if (!v || json_is_null(v))
-        return PV_OK;
-    if (!json_is_object(v))
-        return expect(err, key, "an object or null", v);
-    return json_object_size(v) == 0 ? PV_OK : unsupported(err, key, "an empty object or null", v);
-}
-
 /* ---- chat messages ---------------------------------------------------------- */
 
 /* The text of a content array: every part {"type": "text", "text": s},
@@ -582,6 +574,75 @@ static pv_status stops(const json_t *root, const pv_api_limits *lim, pv_api_requ
     return PV_OK;
 }
 
+/* A logit_bias key as a token id: decimal digits only (no sign, spaces,
+ * fraction or exponent), no leading zero but in "0" itself, at most
+ * INT32_MAX. Byte by byte: strtol would take " 5", "+5" and "05". */
+static int token_id_key(const char *key, int32_t *out)
+{
+    const size_t n = strlen(key);
+    if (n == 0 || n > 10 || (key[0] == '0' && n > 1))
+        return 0;
+    int64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (key[i] < '0' || key[i] > '9')
+            return 0;
+        x = x * 10 + (key[i] - '0');
+    }
+    if (x > INT32_MAX)
+        return 0;
+    *out = (int32_t)x;
+    return 1;
+}
+
+static pv_status logit_bias(const json_t *root, const pv_api_limits *lim, pv_api_request *req,
+                            pv_api_error *err)
+{
+    const json_t *v = json_object_get(root, "logit_bias");
+    if (!v || json_is_null(v))
+        return PV_OK;
+    if (!json_is_object(v))
+        return expect(err, "logit_bias",
+                      "an object mapping token ids to numbers in [-100, 100], or null", v);
+    /* More than the engine takes would be refused at submit. */
+    size_t n = json_object_size(v), max = lim->max_logit_bias;
+    if (max > PV_SAMPLING_MAX_BIAS)
+        max = PV_SAMPLING_MAX_BIAS;
+    if (n > max)
+        return bad(err, "logit_bias", "'logit_bias' holds %zu entries: at most %zu are accepted", n,
+                   max);
+    if (n == 0)
+        return PV_OK;
+    req->bias_tokens = malloc(n * sizeof *req->bias_tokens);
+    req->bias_values = malloc(n * sizeof *req->bias_values);
+    if (!req->bias_tokens || !req->bias_values)
+        return no_memory(err, "the logit bias", n * (sizeof(int32_t) + sizeof(float)));
+    const char *key;
+    json_t *value;
+    size_t k = 0;
+    json_object_foreach((json_t *)v, key, value) {
+        char kbuf[SHOW_CAP], vbuf[SHOW_CAP];
+        int32_t token;
+        if (!token_id_key(key, &token))
+            return bad(err, "logit_bias",
+                       "'logit_bias' key %s is not a token id: keys are token ids in decimal "
+                       "(digits only: no sign, spaces, fraction, exponent or leading zeros), "
+                       "at most 2147483647",
+                       escape(key, strlen(key), SHOW_BYTES, 1, kbuf));
+        const double x = json_is_number(value) ? json_number_value(value) : NAN;
+        if (!(x >= -PV_SAMPLING_BIAS_RANGE && x <= PV_SAMPLING_BIAS_RANGE))
+            return bad(err, "logit_bias",
+                       "'logit_bias' value for token %d must be a number in [-100, 100], got %s",
+                       token, show(value, vbuf));
+        req->bias_tokens[k] = token;
+        req->bias_values[k] = (float)x;
+        k++;
+    }
+    req->sampling.bias_tokens = req->bias_tokens;
+    req->sampling.bias_values = req->bias_values;
+    req->sampling.n_bias = k;
+    return PV_OK;
+}
+
 static pv_status stream_fields(const json_t *root, pv_api_request *req, pv_api_error *err)
 {
     pv_status st = opt_bool(root, "stream", &req->stream, err);
@@ -688,7 +749,7 @@ static pv_status common_fields(const json_t *root, const pv_api_limits *lim, pv_
     if (st == PV_OK)
         st = null_or_zero(root, "frequency_penalty", err);
     if (st == PV_OK)
-        st = null_or_empty_object(root, "logit_bias", err);
+        st = logit_bias(root, lim, req, err);
     snprintf(what, sizeof what, "a string of 1 to %zu bytes without control characters, or null",
              lim->max_session_id_bytes);
     if (st == PV_OK)
@@ -765,6 +826,8 @@ void pv_api_request_free(pv_api_request *req)
     for (size_t i = 0; req->stops && i < req->n_stops; i++)
         free(req->stops[i]);
     free(req->stops);
+    free(req->bias_tokens);
+    free(req->bias_values);
     free(req->model);
     free(req->prompt);
     free(req->prompt_cache_key);

@@ -50,9 +50,16 @@ typedef struct pv_api_request {
     /* completion: the prompt as text (a string, or an array of one string). */
     char *prompt;
     size_t prompt_len;
-    pv_sampling sampling;        /* stop strings point into `stops` */
+    pv_sampling sampling;        /* stop strings point into `stops`, the
+                                  * logit bias into bias_tokens/bias_values */
     char **stops;
     size_t n_stops;
+    /* logit_bias: {"<token id>": bias}, keys plain decimal ids at most
+     * INT32_MAX, values in [-100, 100]; in the body's order, none twice.
+     * Owned. Whether an id is in the model's vocabulary is the server's
+     * check. */
+    int32_t *bias_tokens;
+    float *bias_values;
     int max_tokens_set;          /* max_tokens / max_completion_tokens given */
     int seed_set;                /* seed given (else the server draws one) */
     int stream;
@@ -70,6 +77,8 @@ typedef struct pv_api_limits {
     size_t max_stops;            /* default 4 (OpenAI's limit) */
     size_t max_stop_bytes;       /* default 256 per stop string */
     size_t max_session_id_bytes; /* default 128 */
+    size_t max_logit_bias;       /* logit_bias entries; default and at most
+                                  * PV_SAMPLING_MAX_BIAS (1024) */
 } pv_api_limits;
 
 void pv_api_limits_default(pv_api_limits *lim);

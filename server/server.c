@@ -784,6 +784,8 @@ pv_status pv_server_start(pv_server **out, pv_engine *engine, const pv_tokenizer
     pthread_mutex_init(&s->import_mu, NULL);
     pthread_cond_init(&s->idle, NULL);
     s->cfg = *cfg;
+    if (!s->cfg.n_vocab)
+        s->cfg.n_vocab = tok->n_vocab;
     s->loopback = (ntohl(addr.sin_addr.s_addr) >> 24) == 127;
     s->engine = engine;
     s->tok = tok;

@@ -42,6 +42,8 @@ typedef struct pv_server_config {
     unsigned connection_timeout_s;
     const char *model_id;      /* the id /v1/models lists (default "pensieve") */
     uint32_t n_ctx;            /* the model's context, for max_tokens checks */
+    uint32_t n_vocab;          /* the model's vocabulary, for logit_bias token ids
+                                * (0: the tokenizer's) */
     uint32_t n_layers;         /* the model's layers, for session views */
     FILE *log;                 /* one line per request; NULL = none */
     /* Sessions saved across restarts (include/pensieve/state.h), borrowed:

@@ -491,6 +491,32 @@ static int check_context(srv_req *r, pv_api_error *err)
     return 0;
 }
 
+/* logit_bias token ids against the model's vocabulary (the parser knows no
+ * model), and a list that would leave nothing to generate. */
+static int check_logit_bias(const srv_req *r, pv_api_error *err)
+{
+    const pv_sampling *s = &r->api.sampling;
+    const uint32_t n_vocab = r->srv->cfg.n_vocab;
+    size_t banned = 0;
+    for (size_t k = 0; k < s->n_bias; k++) {
+        if ((uint32_t)s->bias_tokens[k] >= n_vocab) {
+            pv_api_fail(err, 400, "invalid_request_error", "logit_bias", NULL,
+                        "Invalid key in 'logit_bias': %d. Maximum value is %u (the model's vocabulary has %u "
+                        "tokens).",
+                        s->bias_tokens[k], n_vocab - 1, n_vocab);
+            return -1;
+        }
+        banned += s->bias_values[k] <= PV_LOGIT_BIAS_BAN;
+    }
+    if (s->n_bias && banned == n_vocab) {
+        pv_api_fail(err, 400, "invalid_request_error", "logit_bias", NULL,
+                    "'logit_bias' bans all %u tokens of the model's vocabulary (-100): none is left to generate.",
+                    n_vocab);
+        return -1;
+    }
+    return 0;
+}
+
 enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind)
 {
     pv_server *s = r->srv;
@@ -523,7 +549,7 @@ enum MHD_Result srv_turn_start(srv_req *r, pv_api_kind kind)
             return srv_respond_error(r, &err);
         }
     }
-    if (tokenize(r, &err) != 0 || check_context(r, &err) != 0)
+    if (check_logit_bias(r, &err) != 0 || tokenize(r, &err) != 0 || check_context(r, &err) != 0)
         return srv_respond_error(r, &err);
     if (!r->api.seed_set)
         r->api.sampling.seed = serial * 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL);

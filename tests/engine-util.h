@@ -30,11 +30,12 @@ typedef struct eu_model {
     pv_tokenizer tok;
 } eu_model;
 
-/* The synthetic model (n_layers layers, context n_ctx) on backend be (NULL:
- * open backend `name`), which m owns from now on, also on failure.
- * PV_ERR_NO_DEVICE / PV_ERR_NOT_FOUND when the backend is absent. */
-static inline pv_status eu_model_init_on(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
-                                         uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens)
+/* The synthetic model (n_layers layers, context n_ctx, logits for up to
+ * max_logit_rows rows a pass) on backend be (NULL: open backend `name`),
+ * which m owns from now on, also on failure. PV_ERR_NO_DEVICE /
+ * PV_ERR_NOT_FOUND when the backend is absent. */
+static inline pv_status eu_model_init_rows(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
+                                           uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens, int32_t max_logit_rows)
 {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -57,12 +58,18 @@ static inline pv_status eu_model_init_on(eu_model *m, pv_backend *be, const char
     o.kv_dtype = kv;
     o.chunk_tokens = chunk_tokens;
     o.max_batch_tokens = 128;
-    o.max_logit_rows = 16;
+    o.max_logit_rows = max_logit_rows;
     if ((st = pv_tokenizer_init(&m->tok, &g)) == PV_OK && (m->be || (st = pv_backend_init(&m->be, name, 0)) == PV_OK))
         st = pv_llama_init(&m->model, m->be, &g, &o);
     pv_gguf_free(&g);
     free(image);
     return st;
+}
+
+static inline pv_status eu_model_init_on(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
+                                         uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens)
+{
+    return eu_model_init_rows(m, be, name, n_layers, n_ctx, kv, chunk_tokens, 16);
 }
 
 static inline pv_status eu_model_init(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx,
@@ -77,6 +84,22 @@ static inline void eu_model_free(eu_model *m)
     pv_tokenizer_free(&m->tok);
     pv_backend_free(m->be);
     memset(m, 0, sizeof *m);
+}
+
+/* eu_model_init for a test of backend `name`: 1 when the model is ready;
+ * 0 after a SKIP line (the backend is absent here) or a failed check, the
+ * model freed. */
+static inline int eu_model_ready(eu_model *m, const char *name, uint32_t n_layers, uint32_t n_ctx, pv_dtype kv,
+                                 int32_t chunk_tokens)
+{
+    pv_status st = eu_model_init(m, name, n_layers, n_ctx, kv, chunk_tokens);
+    if (st == PV_ERR_NO_DEVICE || st == PV_ERR_NOT_FOUND)
+        tap_skip("%s: %s", name, pv_last_error());
+    else
+        ok(st == PV_OK, "%s: synthetic model (%s)", name, st == PV_OK ? "ok" : pv_last_error());
+    if (st != PV_OK)
+        eu_model_free(m);
+    return st == PV_OK;
 }
 
 /* One turn of the script: session index, prompt tokens, tokens to make. */
@@ -130,6 +153,25 @@ static inline void eu_script(eu_turn *turns, int n_sessions, int rounds, uint32_
             }
             t->max_tokens = max_tokens;
         }
+}
+
+/* Steps e until no turn is pending, pv_engine_check after every step: its
+ * failures counted in *check_failures, the first one's message kept in
+ * first_failure. steps (NULL: not counted) grows by the steps taken. A
+ * step that fails or does no work while turns are pending ends it. */
+static inline pv_status eu_drain(pv_engine *e, int *check_failures, char *first_failure, size_t cap, uint64_t *steps)
+{
+    pv_status st = PV_OK;
+    while (st == PV_OK && pv_engine_pending(e) > 0) {
+        int worked = 0;
+        if ((st = pv_engine_step(e, &worked)) == PV_OK && !worked)
+            st = pv_error(PV_ERR_STATE, "no progress with %zu turns pending", pv_engine_pending(e));
+        if (steps)
+            (*steps)++;
+        if (st == PV_OK && pv_engine_check(e) != PV_OK && !(*check_failures)++)
+            snprintf(first_failure, cap, "%s", pv_last_error());
+    }
+    return st;
 }
 
 /* Runs the script with `concurrent` sessions' turns in flight at once,

@@ -40,3 +40,12 @@ TESTS += tests/test-engine-state
 tests_test_engine_state_SOURCES = tests/test-engine-state.c tests/engine-util.h
 tests_test_engine_state_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_engine_state_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
+
+# Logit bias: greedy turns against a brute-force reference, bans, forced
+# tokens, concurrent turns with different lists, modes and chained steps,
+# the submit-time refusals.
+check_PROGRAMS += tests/test-engine-bias
+TESTS += tests/test-engine-bias
+tests_test_engine_bias_SOURCES = tests/test-engine-bias.c tests/engine-util.h
+tests_test_engine_bias_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_engine_bias_LDADD = $(PV_LINK)

@@ -1,7 +1,8 @@
 """pensieve-serve through the official openai Python client: models, a chat
 completion, streaming with usage, sessions by prompt_cache_key and by the
 X-Session-Id header (a later turn reuses cached KV and answers as the same
-request sent statelessly), bad requests refused with 400, and with an API
+request sent statelessly), logit_bias as the client sends it, bad requests
+(logit_bias ones too) refused with 400, and with an API
 key a wrong key refused with 401. Prints TAP lines; tests/test-serve-openai.sh
 runs it against a server it started. Exits 1 on any failed check."""
 
@@ -114,9 +115,28 @@ def main():
     session_turns("prompt_cache_key", cache_key("s1"))
     session_turns("X-Session-Id", {"extra_headers": {"X-Session-Id": "s2"}})
 
-    # 5. Bad requests: 400, and the server goes on answering.
+    # 5. logit_bias as the client sends it (a dict of int keys; string keys
+    # on the wire): a ban on the greedy answer's first token changes it, and
+    # the banned token never comes. token_ids is the server's extension.
+    def token_ids(r):
+        return list(getattr(r.choices[0], "token_ids", None) or [])
+
+    ids_kwargs = dict(extra_body={"return_token_ids": True, "ignore_eos": True}, **greedy)
+    try:
+        plain = token_ids(client.chat.completions.create(messages=hello, **ids_kwargs))
+        banned = token_ids(client.chat.completions.create(
+            messages=hello, logit_bias={plain[0]: -100} if plain else None, **ids_kwargs))
+        tap.ok(len(plain) == 8 and len(banned) == 8 and banned[0] != plain[0] and plain[0] not in banned,
+               f"logit_bias -100 on the answer's first token gives another first token and never it{label}",
+               f"unbiased {plain}, banned {banned}")
+    except Exception:
+        tap.error(f"logit_bias through the client{label}")
+
+    # 6. Bad requests: 400, and the server goes on answering.
     for desc, kwargs in (("max_tokens 0", dict(model=MODEL, max_tokens=0)),
-                         ("temperature 5", dict(model=MODEL, max_tokens=8, temperature=5))):
+                         ("temperature 5", dict(model=MODEL, max_tokens=8, temperature=5)),
+                         ("logit_bias value 101", dict(model=MODEL, max_tokens=8, logit_bias={5: 101})),
+                         ("logit_bias key '01'", dict(model=MODEL, max_tokens=8, logit_bias={"01": 1}))):
         try:
             client.chat.completions.create(messages=hello, **kwargs)
             tap.ok(False, f"{desc} is refused with 400{label}", "the request succeeded")
@@ -131,7 +151,7 @@ def main():
     except Exception:
         tap.error(f"the server answers after refusing bad requests{label}")
 
-    # 6. A wrong key.
+    # 7. A wrong key.
     if args.api_key:
         wrong = openai.OpenAI(base_url=base_url, api_key=args.api_key + "-wrong",
                               max_retries=0, timeout=120)

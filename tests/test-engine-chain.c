@@ -142,14 +142,8 @@ static pv_status run_workload(const turn_plan *plan, int32_t decode_steps, pv_en
             if ((out[i].status = pv_engine_submit(e, name, &t, &cb, NULL)) != PV_OK)
                 out[i].done = 1;
         }
-        while (st == PV_OK && pv_engine_pending(e) > 0) {
-            int worked = 0;
-            if ((st = pv_engine_step(e, &worked)) == PV_OK && !worked)
-                st = pv_error(PV_ERR_STATE, "no progress with %zu turns pending", pv_engine_pending(e));
-            rs->steps++;
-            if (st == PV_OK && pv_engine_check(e) != PV_OK && !rs->check_failures++)
-                snprintf(rs->first_failure, sizeof rs->first_failure, "%s", pv_last_error());
-        }
+        if (st == PV_OK)
+            st = eu_drain(e, &rs->check_failures, rs->first_failure, sizeof rs->first_failure, &rs->steps);
     }
     if (e) {
         pv_engine_stats es;
@@ -203,20 +197,14 @@ static void compare(const char *label, const turn_out *want, const turn_out *got
 
 static void test_backend(const char *backend)
 {
-    pv_status st = eu_model_init(&M, backend, LAYERS, N_CTX, PV_F32, CHUNK);
-    if (st == PV_ERR_NO_DEVICE || st == PV_ERR_NOT_FOUND) {
-        tap_skip("%s: %s", backend, pv_last_error());
-        eu_model_free(&M);
-        return;
-    }
-    if (!ok(st == PV_OK, "%s: synthetic model (%s)", backend, st == PV_OK ? "ok" : pv_last_error()))
+    if (!eu_model_ready(&M, backend, LAYERS, N_CTX, PV_F32, CHUNK))
         return;
     SLOT = pv_llama_slot_bytes(M.model);
     turn_plan plan[TURNS];
     make_plan(plan);
     static turn_out want[TURNS], got[TURNS];
     run_stats rs;
-    st = run_workload(plan, 1, PV_MODE_PENSIEVE, 4096, want, &rs);
+    pv_status st = run_workload(plan, 1, PV_MODE_PENSIEVE, 4096, want, &rs);
     choose_stops(plan, want);
     int stops = 0, ends[8] = {0};
     st = st == PV_OK ? run_workload(plan, 1, PV_MODE_PENSIEVE, 4096, want, &rs) : st;

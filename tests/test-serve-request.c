@@ -313,8 +313,7 @@ static void invalid_common(void)
         {"\"presence_penalty\":0.5", "presence_penalty", "not supported"},
         {"\"frequency_penalty\":-1", "frequency_penalty", "not supported"},
         {"\"frequency_penalty\":\"0\"", "frequency_penalty", "a number"},
-        {"\"logit_bias\":{\"50256\":-100}", "logit_bias", "not supported"},
-        {"\"logit_bias\":[]", "logit_bias", "an object"},
+        {"\"logit_bias\":[]", "logit_bias", "an object mapping token ids"},
         {"\"ignore_eos\":\"true\"", "ignore_eos", "a boolean"},
         {"\"return_token_ids\":1", "return_token_ids", "a boolean"},
         {"\"session_id\":\"\"", "session_id", "1 to 128 bytes"},
@@ -353,6 +352,93 @@ static void invalid_common(void)
     pv_api_request_free(&req);
     snprintf(body, sizeof body, CHAT_WITH("\"user\":\"%.257s\""), s);
     refused(CHAT, body, "user", "at most 256 bytes");
+}
+
+/* logit_bias: keys are token ids in plain decimal, byte by byte; values
+ * numbers in [-100, 100]; at most max_logit_bias entries. */
+static void logit_bias(void)
+{
+    pv_api_request req;
+    ok(good(CHAT, CHAT_WITH("\"logit_bias\":{\"17\":-100,\"0\":2.5,\"2147483647\":100,\"9\":-0.25}"), &req),
+       "a logit_bias of four entries parses");
+    ok(req.sampling.n_bias == 4 && req.sampling.bias_tokens == req.bias_tokens &&
+           req.sampling.bias_values == req.bias_values && req.bias_tokens[0] == 17 &&
+           req.bias_values[0] == -100.0f && req.bias_tokens[1] == 0 && req.bias_values[1] == 2.5f &&
+           req.bias_tokens[2] == INT32_MAX && req.bias_values[2] == 100.0f && req.bias_tokens[3] == 9 &&
+           req.bias_values[3] == -0.25f,
+       "its entries in the body's order, owned and pointed to by sampling (keys 0 and 2147483647, "
+       "values -100 and 100 included)");
+    pv_api_request_free(&req);
+    ok(good(COMPL, COMPL_WITH("\"logit_bias\":null"), &req) && req.sampling.n_bias == 0 &&
+           req.bias_tokens == NULL,
+       "logit_bias null is no bias");
+    pv_api_request_free(&req);
+    ok(good(COMPL, COMPL_WITH("\"logit_bias\":{}"), &req) && req.sampling.n_bias == 0 &&
+           req.sampling.bias_tokens == NULL,
+       "logit_bias {} is no bias");
+    pv_api_request_free(&req);
+
+    static const struct {
+        const char *extra, *says;
+    } cases[] = {
+        {"\"logit_bias\":\"x\"", "an object mapping token ids to numbers in [-100, 100], or null, got \"x\""},
+        {"\"logit_bias\":[[1,-100]]", "an object mapping token ids"},
+        {"\"logit_bias\":5", "an object mapping token ids"},
+        {"\"logit_bias\":{\"-1\":1}", "key \"-1\" is not a token id"},
+        {"\"logit_bias\":{\"+5\":1}", "key \"+5\" is not a token id"},
+        {"\"logit_bias\":{\"01\":1}", "key \"01\" is not a token id"},
+        {"\"logit_bias\":{\"00\":1}", "key \"00\" is not a token id"},
+        {"\"logit_bias\":{\"1e3\":1}", "key \"1e3\" is not a token id"},
+        {"\"logit_bias\":{\"5.0\":1}", "key \"5.0\" is not a token id"},
+        {"\"logit_bias\":{\" 5\":1}", "key \" 5\" is not a token id"},
+        {"\"logit_bias\":{\"5 \":1}", "key \"5 \" is not a token id"},
+        {"\"logit_bias\":{\"\":1}", "key \"\" is not a token id"},
+        {"\"logit_bias\":{\"0x10\":1}", "key \"0x10\" is not a token id"},
+        {"\"logit_bias\":{\"\\u0661\":1}", "key \"\xd9\xa1\" is not a token id"},
+        {"\"logit_bias\":{\"2147483648\":1}", "key \"2147483648\" is not a token id"},
+        {"\"logit_bias\":{\"99999999999\":1}", "at most 2147483647"},
+        {"\"logit_bias\":{\"18446744073709551621\":1}", "key \"18446744073709551621\" is not a token id"},
+        {"\"logit_bias\":{\"5\":101}", "value for token 5 must be a number in [-100, 100], got 101"},
+        {"\"logit_bias\":{\"5\":-100.5}", "value for token 5 must be a number in [-100, 100], got -100.5"},
+        {"\"logit_bias\":{\"5\":100.000001}", "got 100.000001"},
+        {"\"logit_bias\":{\"7\":\"x\"}", "value for token 7 must be a number in [-100, 100], got \"x\""},
+        {"\"logit_bias\":{\"7\":null}", "got null"},
+        {"\"logit_bias\":{\"7\":true}", "got true"},
+        {"\"logit_bias\":{\"7\":[1]}", "got an array of 1 element"},
+        {"\"logit_bias\":{\"1\":1,\"2\":1e308,\"3\":1}", "value for token 2"},
+        {"\"logit_bias\":{\"1\":1,\"1\":2}", "duplicate"},
+    };
+    char body[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int dup = strcmp(cases[i].says, "duplicate") == 0; /* jansson's, for the whole body */
+        snprintf(body, sizeof body, CHAT_WITH("%s"), cases[i].extra);
+        refused(CHAT, body, dup ? NULL : "logit_bias", cases[i].says);
+        snprintf(body, sizeof body, COMPL_WITH("%s"), cases[i].extra);
+        refused(COMPL, body, dup ? NULL : "logit_bias", cases[i].says);
+    }
+
+    /* The entry limit: 1024 entries pass, 1025 do not, and a lower limit
+     * holds. */
+    const size_t max = PV_SAMPLING_MAX_BIAS + 1;
+    char *big = malloc(max * 16 + 128), *at = big;
+    at += sprintf(at, "{\"prompt\":\"p\",\"logit_bias\":{");
+    for (size_t k = 0; k < max; k++)
+        at += sprintf(at, "%s\"%zu\":-1", k ? "," : "", k);
+    strcpy(at, "}}");
+    refused_len(COMPL, big, strlen(big), "logit_bias", "holds 1025 entries: at most 1024 are accepted",
+                "a logit_bias of 1025 entries");
+    lim.max_logit_bias = PV_SAMPLING_MAX_BIAS + 10;
+    refused_len(COMPL, big, strlen(big), "logit_bias", "at most 1024 are accepted",
+                "a logit_bias of 1025 entries under a limit past the engine's: the engine's holds");
+    lim.max_logit_bias = 3;
+    refused(COMPL, COMPL_WITH("\"logit_bias\":{\"1\":1,\"2\":1,\"3\":1,\"4\":1}"), "logit_bias",
+            "holds 4 entries: at most 3 are accepted");
+    pv_api_limits_default(&lim);
+    strcpy(strrchr(big, ','), "}}");
+    ok(good(COMPL, big, &req) && req.sampling.n_bias == PV_SAMPLING_MAX_BIAS && req.bias_tokens[1023] == 1023,
+       "a logit_bias of 1024 entries parses");
+    pv_api_request_free(&req);
+    free(big);
 }
 
 static void hostile_json(void)
@@ -493,13 +579,14 @@ int main(void)
 {
     pv_api_limits_default(&lim);
     ok(lim.max_messages == 4096 && lim.max_stops == 4 && lim.max_stop_bytes == 256 &&
-           lim.max_session_id_bytes == 128,
+           lim.max_session_id_bytes == 128 && lim.max_logit_bias == PV_SAMPLING_MAX_BIAS,
        "default limits");
     valid_chat();
     valid_completion();
     invalid_messages();
     invalid_completion();
     invalid_common();
+    logit_bias();
     hostile_json();
     error_json();
     return tap_done();

@@ -407,7 +407,30 @@ typedef struct bad_case {
     const char *what, *path, *body;
     long status;
     const char *param; /* expected error param, NULL: not checked */
+    const char *says;  /* in the error's message, NULL: not checked */
 } bad_case;
+
+/* A request answered with c's status and an OpenAI error body (message,
+ * type, param, code) naming c's param and saying c's words, the server
+ * healthy after it. */
+static void refused(rig *g, const bad_case *c)
+{
+    http_resp r;
+    post(g->port, c->path, c->body, NULL, &r);
+    answer a;
+    read_answer(&r, &a);
+    json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
+    json_t *err = json_object_get(j, "error");
+    const char *message = json_string_value(json_object_get(err, "message"));
+    int shaped = message && json_is_string(json_object_get(err, "type")) && json_object_get(err, "param") &&
+                 json_object_get(err, "code");
+    ok(r.status == c->status && shaped && (!c->param || strcmp(a.error_param, c->param) == 0) &&
+           (!c->says || strstr(message, c->says)) && healthy(g->port),
+       "%s: %ld (want %ld), OpenAI error body, param '%s'; /health still 200%s%s", c->what, r.status, c->status,
+       a.error_param, c->says ? ": " : "", c->says && message ? message : "");
+    json_decref(j);
+    resp_free(&r);
+}
 
 static void test_bad_input(rig *g)
 {
@@ -421,41 +444,27 @@ static void test_bad_input(rig *g)
     big[sizeof big - 1] = '\0';
     memcpy(big, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 55);
     const bad_case cases[] = {
-        {"malformed JSON", "/v1/chat/completions", "{\"model\": \"m\", \"messages\": [", 400, NULL},
-        {"a body over --max-body", "/v1/chat/completions", big, 413, NULL},
+        {"malformed JSON", "/v1/chat/completions", "{\"model\": \"m\", \"messages\": [", 400, NULL, NULL},
+        {"a body over --max-body", "/v1/chat/completions", big, 413, NULL, NULL},
         {"temperature of the wrong type", "/v1/chat/completions",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "temperature"},
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":\"hot\"}", 400, "temperature", NULL},
         {"an unknown role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400,
-         "messages[0].role"},
-        {"empty messages", "/v1/chat/completions", "{\"messages\":[]}", 400, "messages"},
+         "messages[0].role", NULL},
+        {"empty messages", "/v1/chat/completions", "{\"messages\":[]}", 400, "messages", NULL},
         {"max_tokens 0", "/v1/chat/completions",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "max_tokens"},
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "max_tokens", NULL},
         {"max_tokens past the context", "/v1/chat/completions",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400, "max_tokens"},
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", 400, "max_tokens", NULL},
         {"temperature out of range", "/v1/chat/completions",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature"},
-        {"a prompt past the context", "/v1/chat/completions", long_prompt, 400, "messages"},
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"temperature\":3}", 400, "temperature", NULL},
+        {"a prompt past the context", "/v1/chat/completions", long_prompt, 400, "messages", NULL},
         {"invalid UTF-8", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}",
-         400, NULL},
-        {"n = 2", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n"},
-        {"a completion without a prompt", "/v1/completions", "{\"model\":\"m\"}", 400, "prompt"},
+         400, NULL, NULL},
+        {"n = 2", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n", NULL},
+        {"a completion without a prompt", "/v1/completions", "{\"model\":\"m\"}", 400, "prompt", NULL},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        http_resp r;
-        post(g->port, cases[i].path, cases[i].body, NULL, &r);
-        answer a;
-        read_answer(&r, &a);
-        json_t *j = json_loads(r.body ? r.body : "", 0, NULL);
-        json_t *err = json_object_get(j, "error");
-        int shaped = json_is_string(json_object_get(err, "message")) && json_is_string(json_object_get(err, "type")) &&
-                     json_object_get(err, "param") && json_object_get(err, "code");
-        ok(r.status == cases[i].status && shaped && (!cases[i].param || strcmp(a.error_param, cases[i].param) == 0) &&
-               healthy(g->port),
-           "%s: %ld (want %ld), OpenAI error body, param '%s'; /health still 200", cases[i].what, r.status,
-           cases[i].status, a.error_param);
-        json_decref(j);
-        resp_free(&r);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused(g, &cases[i]);
     free(long_prompt);
     http_resp r;
     http(g->port, "DELETE", "/v1/sessions/nobody", NULL, 0, NULL, &r);
@@ -470,6 +479,90 @@ static void test_bad_input(rig *g)
     http(g->port, "GET", "/v1/chat/completions", NULL, 0, NULL, &r);
     ok(r.status == 405, "GET on a POST endpoint: 405");
     resp_free(&r);
+}
+
+/* logit_bias on both endpoints: a ban changes the greedy answer's first
+ * token and the banned token never comes; +100 makes every token one;
+ * every malformed list is a 400 naming the problem. */
+static void test_logit_bias(rig *g)
+{
+    static const char *const hello[] = {"hello there"};
+    const uint32_t V = g->m.tok.n_vocab;
+    answer plain, banned, forced;
+    chat(g->port, hello, 1, 8, NULL, NULL, &plain);
+    char extra[128];
+    snprintf(extra, sizeof extra, "{\"logit_bias\": {\"%d\": -100}}", plain.ids[0]);
+    chat(g->port, hello, 1, 8, extra, NULL, &banned);
+    int seen = 0;
+    for (int i = 0; i < banned.n_ids; i++)
+        seen += banned.ids[i] == plain.ids[0];
+    ok(plain.status == 200 && plain.n_ids == 8 && banned.status == 200 && banned.n_ids == 8 &&
+           banned.ids[0] != plain.ids[0] && seen == 0,
+       "chat: logit_bias -100 on token %d, the unbiased answer's first, gives another first token (%d) and never "
+       "token %d",
+       plain.ids[0], banned.ids[0], plain.ids[0]);
+    const int32_t force = plain.ids[0] == 7 ? 8 : 7;
+    snprintf(extra, sizeof extra, "{\"logit_bias\": {\"%d\": 100, \"%d\": -3.5}}", force, plain.ids[1]);
+    chat(g->port, hello, 1, 8, extra, NULL, &forced);
+    seen = 0;
+    for (int i = 0; i < forced.n_ids; i++)
+        seen += forced.ids[i] == force;
+    ok(forced.status == 200 && forced.n_ids == 8 && seen == 8, "chat: logit_bias +100 on token %d: %d of 8 tokens are it",
+       force, seen);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"once upon a time\",\"max_tokens\":5,\"temperature\":1,\"seed\":3,"
+             "\"ignore_eos\":true,\"return_token_ids\":true,\"logit_bias\":{\"%d\":100}}",
+             force);
+    http_resp r;
+    post(g->port, "/v1/completions", body, NULL, &r);
+    answer c;
+    read_answer(&r, &c);
+    resp_free(&r);
+    seen = 0;
+    for (int i = 0; i < c.n_ids; i++)
+        seen += c.ids[i] == force;
+    ok(c.status == 200 && c.n_ids == 5 && seen == 5, "completion, sampled: logit_bias +100 on token %d: %d of 5 tokens",
+       force, seen);
+
+    /* The malformed: each a 400 with param logit_bias. */
+    static char past_vocab[160], many[16 * 1100], every[16 * 1100];
+    snprintf(past_vocab, sizeof past_vocab, "{\"prompt\":\"x\",\"logit_bias\":{\"3\":1,\"%u\":-100}}", V);
+    char *at = many + sprintf(many, "{\"prompt\":\"x\",\"logit_bias\":{");
+    for (int k = 0; k <= PV_SAMPLING_MAX_BIAS; k++)
+        at += sprintf(at, "%s\"%d\":1", k ? "," : "", k);
+    strcpy(at, "}}");
+    at = every + sprintf(every, "{\"prompt\":\"x\",\"logit_bias\":{");
+    for (uint32_t k = 0; k < V; k++)
+        at += sprintf(at, "%s\"%u\":-100", k ? "," : "", k);
+    strcpy(at, "}}");
+    char vocab_says[96], every_says[96];
+    snprintf(vocab_says, sizeof vocab_says, "Invalid key in 'logit_bias': %u. Maximum value is %u", V, V - 1);
+    snprintf(every_says, sizeof every_says, "bans all %u tokens", V);
+#define BIAS_CHAT(x) "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":" x "}"
+    const bad_case cases[] = {
+        {"logit_bias not an object", "/v1/chat/completions", BIAS_CHAT("[[5,-100]]"), 400, "logit_bias",
+         "an object mapping token ids"},
+        {"logit_bias key \"-1\"", "/v1/chat/completions", BIAS_CHAT("{\"-1\":1}"), 400, "logit_bias",
+         "key \"-1\" is not a token id"},
+        {"logit_bias key \"01\"", "/v1/chat/completions", BIAS_CHAT("{\"01\":1}"), 400, "logit_bias",
+         "key \"01\" is not a token id"},
+        {"logit_bias key \"1e3\"", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"1e3\":1}}", 400,
+         "logit_bias", "key \"1e3\" is not a token id"},
+        {"logit_bias key \" 5\"", "/v1/chat/completions", BIAS_CHAT("{\" 5\":1}"), 400, "logit_bias",
+         "key \" 5\" is not a token id"},
+        {"logit_bias key past the vocabulary", "/v1/completions", past_vocab, 400, "logit_bias", vocab_says},
+        {"logit_bias value 101", "/v1/chat/completions", BIAS_CHAT("{\"5\":101}"), 400, "logit_bias",
+         "value for token 5 must be a number in [-100, 100], got 101"},
+        {"logit_bias value \"x\"", "/v1/chat/completions", BIAS_CHAT("{\"5\":\"x\"}"), 400, "logit_bias",
+         "got \"x\""},
+        {"logit_bias of 1025 entries", "/v1/completions", many, 400, "logit_bias",
+         "holds 1025 entries: at most 1024 are accepted"},
+        {"logit_bias banning every token", "/v1/completions", every, 400, "logit_bias", every_says},
+    };
+#undef BIAS_CHAT
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        refused(g, &cases[i]);
 }
 
 static void test_api_keys(void)
@@ -808,6 +901,7 @@ int main(void)
     test_completions(&g);
     test_sessions(&g);
     test_bad_input(&g);
+    test_logit_bias(&g);
     test_concurrency(&g);
     test_disconnect(&g);
     rig_stop(&g);

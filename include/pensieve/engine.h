@@ -70,6 +70,14 @@ typedef struct pv_engine_config {
  * chunks per batch, no idle timeout, prefix sharing on. */
 void pv_engine_config_defaults(pv_engine_config *cfg);
 
+/* A turn's logit bias (OpenAI's logit_bias) holds at most this many
+ * entries. OpenAI's API reference states no limit; 1024 bounds the copy a
+ * request keeps and a step's sampling lists (max_running x 1024 entries). */
+#define PV_SAMPLING_MAX_BIAS 1024
+/* Bias values are in [-PV_SAMPLING_BIAS_RANGE, +PV_SAMPLING_BIAS_RANGE]
+ * (OpenAI's range); -100 bans the token (PV_LOGIT_BIAS_BAN). */
+#define PV_SAMPLING_BIAS_RANGE 100.0f
+
 /* How one turn samples and stops. */
 typedef struct pv_sampling {
     float temperature;          /* 0: greedy (argmax, lowest id on ties) */
@@ -80,6 +88,17 @@ typedef struct pv_sampling {
     const char *const *stop;    /* stop strings (copied at submit); NULL if none */
     size_t n_stop;
     int ignore_eos;             /* 1: keep going past the model's end tokens */
+    /* Logit bias, every token this turn samples (copied at submit; NULL
+     * and 0 if none): bias_values[k] is added to the logit of token
+     * bias_tokens[k] before greedy or sampled choice, as pv_sample_batch
+     * documents (include/pensieve/backend.h); -100 bans the token, +100
+     * all but forces it. pv_engine_submit refuses a token outside
+     * [0, n_vocab), a token listed twice, a value that is not finite or
+     * outside [-100, 100], more than PV_SAMPLING_MAX_BIAS entries, and a
+     * list that bans every token of the vocabulary. */
+    const int32_t *bias_tokens;
+    const float *bias_values;
+    size_t n_bias;
 } pv_sampling;
 
 void pv_sampling_defaults(pv_sampling *s); /* greedy, top_p 1, seed 1, no limit */

@@ -4,10 +4,12 @@
  * Input: byte 0 selects the mode, the rest is the body.
  *   bit 0  0: chat completions (messages), 1: completions (prompt)
  *   bit 1  small limits (2 messages, 2 stops of 4 bytes, 8-byte session
- *          ids), so the limit checks are reached by short inputs
+ *          ids, 3 logit_bias entries), so the limit checks are reached by
+ *          short inputs
  * The properties: a parsed request holds only what the limits and the
- * header allow (roles, owned strings, stops pointed to by sampling,
- * sampling in range); a refused one is a 400 with a param that is NUL
+ * header allow (roles, owned strings, stops and the logit bias pointed to
+ * by sampling, sampling and bias entries in range, no token twice); a
+ * refused one is a 400 with a param that is NUL
  * terminated, leaves the request zeroed, and its error body is JSON that
  * jansson reads back with the same message. */
 #include "server/request.h"
@@ -80,6 +82,16 @@ static void check_ok(const pv_api_request *r, pv_api_kind kind, const pv_api_lim
         fail("user too long", body, len);
     if (r->include_usage && !r->stream)
         fail("include_usage without stream", body, len);
+    if (s->n_bias > lim->max_logit_bias || s->bias_tokens != r->bias_tokens ||
+        s->bias_values != r->bias_values || (s->n_bias == 0) != (r->bias_tokens == NULL))
+        fail("logit bias inconsistent with sampling, or over the limit", body, len);
+    for (size_t k = 0; k < s->n_bias; k++) {
+        if (s->bias_tokens[k] < 0 || !(s->bias_values[k] >= -100.0f && s->bias_values[k] <= 100.0f))
+            fail("a logit bias entry out of range", body, len);
+        for (size_t j = 0; j < k; j++)
+            if (s->bias_tokens[j] == s->bias_tokens[k])
+                fail("a logit bias token twice", body, len);
+    }
 }
 
 static void check_error(const pv_api_request *r, const pv_api_error *err, const uint8_t *body,
@@ -121,6 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         lim.max_stops = 2;
         lim.max_stop_bytes = 4;
         lim.max_session_id_bytes = 8;
+        lim.max_logit_bias = 3;
     }
     const uint8_t *body = data + 1;
     size_t len = size - 1;

@@ -274,6 +274,11 @@ static void request_seeds(void)
          "\"n\":1,\"logprobs\":false,\"tools\":[],\"response_format\":{\"type\":\"text\"},"
          "\"presence_penalty\":0,\"logit_bias\":{},\"ignore_eos\":false,\"session_id\":\"s-1\","
          "\"prompt_cache_key\":\"k\",\"user\":\"u\"}"},
+        {"chat-logit-bias", 2,
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+         "\"logit_bias\":{\"0\":-100,\"17\":2.5,\"2147483647\":100}}"},
+        {"completion-bad-logit-bias", 3,
+         "{\"prompt\":\"p\",\"logit_bias\":{\"01\":1,\" 5\":-1,\"1e3\":0,\"7\":101,\"8\":\"x\"}}"},
         {"chat-minimal", 0, "{\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \xe6\x97\xa5\"}]}"},
         {"chat-limits", 2,
          "{\"messages\":[{\"role\":\"system\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"},"
