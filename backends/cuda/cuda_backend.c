@@ -522,14 +522,10 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
     /* Recorded into a graph, a wait for an event from outside it is an
      * external wait node: it waits, when the graph runs, for the event's
      * last record before then. */
-    const int in_graph = cu->graph && q == PV_QUEUE_COMPUTE;
-    const unsigned int flags = in_graph ? cudaEventWaitExternal : 0;
-    if (in_graph) {
-        const uint64_t item[2] = {(uint64_t)(uintptr_t)ev->handle, flags};
-        pv_graph_trace_item(&cu->graph->trace, PV_TRACE_EVENT, item, sizeof item);
-        if (!cu->capturing)
-            return PV_OK;
-    }
+    const unsigned int flags = cu->graph && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
+    const uint64_t item[2] = {(uint64_t)(uintptr_t)ev->handle, flags};
+    if (q == PV_QUEUE_COMPUTE && graph_traced(cu, PV_TRACE_EVENT, item, sizeof item))
+        return PV_OK;
     CUDA_TRY(cudaStreamWaitEvent(cu->stream[q], (cudaEvent_t)ev->handle, flags), "%s stream",
              q == PV_QUEUE_COPY ? "copy" : "compute");
     return PV_OK;
@@ -557,15 +553,14 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[q];
+    if (done && q == PV_QUEUE_COMPUTE)
+        PV_TRY(not_capturing(cu, "an event on the compute stream"));
     be->copies++;
-    if (cu->graph && q == PV_QUEUE_COMPUTE) {
-        const uint64_t item[4] = {(uint64_t)(uintptr_t)dev_ptr(dst, dst_off, 1),
-                                  (uint64_t)(uintptr_t)dev_ptr(src, src_off, 1), bytes,
-                                  (uint64_t)(uintptr_t)(wait ? wait->handle : NULL)};
-        pv_graph_trace_item(&cu->graph->trace, PV_TRACE_COPY, item, sizeof item);
-        if (!cu->capturing)
-            return done ? cuda_event_record(be, q, done) : PV_OK; /* refused in a graph step, as when recorded */
-    }
+    const uint64_t item[4] = {(uint64_t)(uintptr_t)dev_ptr(dst, dst_off, 1),
+                              (uint64_t)(uintptr_t)dev_ptr(src, src_off, 1), bytes,
+                              (uint64_t)(uintptr_t)(wait ? wait->handle : NULL)};
+    if (q == PV_QUEUE_COMPUTE && graph_traced(cu, PV_TRACE_COPY, item, sizeof item))
+        return PV_OK;
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
     /* Unified addressing tells the runtime which side each pointer is on. */
@@ -768,18 +763,13 @@ static int blas_traced(cuda_impl *cu, pv_dtype dtype, cublasOperation_t op_a, cu
                        int k, float alpha, float beta, const void *a, int lda, const void *b, int ldb, const void *c,
                        int ldc)
 {
-    int check = 0;
-    pv_graph_trace *t = compute_trace(cu, &check);
-    if (!t)
-        return 0;
     uint64_t item[10] = {(uint64_t)dtype, (uint64_t)op_a | (uint64_t)op_b << 8, (uint64_t)(uint32_t)m,
                          (uint64_t)(uint32_t)n | (uint64_t)(uint32_t)k << 32,
                          (uint64_t)(uint32_t)lda | (uint64_t)(uint32_t)ldb << 32, (uint64_t)(uint32_t)ldc,
                          (uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b, (uint64_t)(uintptr_t)c, 0};
     memcpy(&item[9], &alpha, sizeof alpha);
     memcpy((char *)&item[9] + sizeof alpha, &beta, sizeof beta);
-    pv_graph_trace_item(t, PV_TRACE_LIBRARY, item, sizeof item);
-    return check;
+    return graph_traced(cu, PV_TRACE_LIBRARY, item, sizeof item);
 }
 
 /* cuBLAS is column-major. A row-major matrix is its transpose read

@@ -49,17 +49,12 @@ pv_status pv_cuda_marker_record(pv_backend *be, pv_marker *m)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
-    int check = 0;
-    pv_graph_trace *t = compute_trace(cu, &check);
-    if (t) {
-        const uint64_t item[2] = {(uint64_t)(uintptr_t)m->handle, 1};
-        pv_graph_trace_item(t, PV_TRACE_EVENT, item, sizeof item);
-        if (check) /* the recording's record node takes the time */
-            return PV_OK;
-    }
+    const uint64_t item[2] = {(uint64_t)(uintptr_t)m->handle, 1};
+    if (graph_traced(cu, PV_TRACE_EVENT, item, sizeof item)) /* the recording's record node takes the time */
+        return PV_OK;
     CUDA_TRY(cudaEventRecordWithFlags((cudaEvent_t)m->handle, cu->stream[PV_QUEUE_COMPUTE],
-                                      t ? cudaEventRecordExternal : cudaEventRecordDefault),
-             "timing marker%s", t ? " in a graph" : "");
+                                      cu->graph ? cudaEventRecordExternal : cudaEventRecordDefault),
+             "timing marker%s", cu->graph ? " in a graph" : "");
     return PV_OK;
 }
 

@@ -145,12 +145,16 @@ static inline pv_status not_capturing(const cuda_impl *cu, const char *what)
     return PV_OK;
 }
 
-/* The trace of the graph step in progress on the compute stream, or NULL;
- * *check: the step's commands are compared, not enqueued. */
-static inline pv_graph_trace *compute_trace(const cuda_impl *cu, int *check)
+/* A command for the compute stream, described by `item`, in a graph step:
+ * goes into the step's trace. Returns 1 when the step is checked against a
+ * recording, whose graph makes the command: the caller then enqueues
+ * nothing. 0 outside graph steps and while recording. */
+static inline int graph_traced(const cuda_impl *cu, pv_trace_kind kind, const void *item, size_t n)
 {
-    *check = cu->graph && !cu->capturing;
-    return cu->graph ? &cu->graph->trace : NULL;
+    if (!cu->graph)
+        return 0;
+    pv_graph_trace_item(&cu->graph->trace, kind, item, n);
+    return !cu->capturing;
 }
 
 /* Device address of element `off` (of elem_size bytes) of a buffer. Host
