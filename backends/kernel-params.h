@@ -79,8 +79,32 @@ typedef enum pv_kparam {
      * (backends/attention-split.h); 0 is that header's rule, which grows it
      * with the context. */
     PV_KPARAM_SPLITS,
+    /* PV_GEMM, launch: how qmatmul multiplies the batches too large for
+     * its fused kernels (T > 16): the weights widened into tiles, then the
+     * BLAS GEMM in the precision of a pv_gemm_mode. A backend runs the modes
+     * up to its pv_kernel_tuning.max_gemm (kernel-tuning.h); pensieve-tune
+     * measures them and keeps the fastest. */
+    PV_KPARAM_GEMM,
     PV_KPARAM_COUNT
 } pv_kparam;
+
+/* PV_GEMM's values. The 16-bit modes round both the weights and the
+ * activations (f16: 11-bit significand, range 65504; bf16: 8 bits, f32's
+ * range) and accumulate in f32 on tensor cores; TF32 keeps f32 tiles and
+ * rounds the products' inputs to a 10-bit significand inside the GEMM. */
+typedef enum pv_gemm_mode {
+    PV_GEMM_F32 = 0, /* f32 tiles, f32 GEMM (no tensor cores) */
+    PV_GEMM_F16,     /* f16 tiles and activations (tensor cores from compute capability 7.0) */
+    PV_GEMM_BF16,    /* bf16 tiles and activations (8.0) */
+    PV_GEMM_TF32,    /* f32 tiles, TF32 tensor-core GEMM (8.0) */
+    PV_GEMM_MODES
+} pv_gemm_mode;
+
+static inline const char *pv_gemm_mode_name(int mode)
+{
+    static const char *const names[PV_GEMM_MODES] = {"f32", "f16", "bf16", "tf32"};
+    return mode >= 0 && mode < PV_GEMM_MODES ? names[mode] : "?";
+}
 
 typedef enum pv_kparam_role { PV_KPARAM_TUNED, PV_KPARAM_VARIANT, PV_KPARAM_LAUNCH } pv_kparam_role;
 
@@ -113,6 +137,7 @@ static inline const char *pv_kparam_define(pv_kparam p)
 {
     static const char *const names[PV_KPARAM_COUNT] = {
         "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE", "PV_SPLITS",
+        "PV_GEMM",
     };
     return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
 }
@@ -134,8 +159,9 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
             {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
             {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
         }},
-        [PV_KERNEL_QMATMUL] = {"qmatmul", 2, {
+        [PV_KERNEL_QMATMUL] = {"qmatmul", 3, {
             {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
+            {PV_KPARAM_GEMM, PV_KPARAM_LAUNCH, PV_GEMM_F32, 4, {PV_GEMM_F32, PV_GEMM_F16, PV_GEMM_BF16, PV_GEMM_TF32}},
             /* F32, F16, Q4_0, Q4_1, Q8_0, BF16; the kernel has no default */
             {PV_KPARAM_WTYPE, PV_KPARAM_VARIANT, 0, 6, {0, 1, 2, 3, 8, 30}},
         }},
@@ -204,6 +230,18 @@ static inline int pv_kernel_params_defines(const pv_kernel_params *p, char *buf,
         len += n;
     }
     return len;
+}
+
+/* p with its launch parameters zeroed: the sets that build one program
+ * compare equal (a program cache keys on this). */
+static inline pv_kernel_params pv_kernel_params_built(const pv_kernel_params *p)
+{
+    pv_kernel_params built = *p;
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(p->family);
+    for (int i = 0; spec && i < spec->n_params; i++)
+        if (spec->params[i].role == PV_KPARAM_LAUNCH)
+            built.value[spec->params[i].param] = 0;
+    return built;
 }
 
 /* kernels/qmatmul.cl's decode-sized products: the token class of a call

@@ -37,7 +37,11 @@ static int listed(const pv_kparam_spec *ps, int value)
 
 static int above_limit(const pv_kernel_tuning *t, pv_kparam param, int value)
 {
-    return param == PV_KPARAM_WG && t && t->max_work_group > 0 && value > t->max_work_group;
+    if (!t)
+        return 0;
+    if (param == PV_KPARAM_GEMM)
+        return value > t->max_gemm;
+    return param == PV_KPARAM_WG && t->max_work_group > 0 && value > t->max_work_group;
 }
 
 pv_status pv_kernel_tuning_default(pv_kernel_tuning *t, pv_kernel_family family, pv_kparam param, int value)
@@ -321,6 +325,11 @@ pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *
         return pv_error(PV_ERR_UNSUPPORTED, "kernel parameters \"%.80s\" for %s: PV_WG = %d is above the device's "
                         "work-group limit %d",
                         params, bucket, p.value[PV_KPARAM_WG], t->max_work_group);
+    if (above_limit(t, PV_KPARAM_GEMM, p.value[PV_KPARAM_GEMM]))
+        return pv_error(PV_ERR_UNSUPPORTED, "kernel parameters \"%.80s\" for %s: PV_GEMM = %d (%s) is not run by "
+                        "this device (at most %d, %s)",
+                        params, bucket, p.value[PV_KPARAM_GEMM], pv_gemm_mode_name(p.value[PV_KPARAM_GEMM]),
+                        t->max_gemm, pv_gemm_mode_name(t->max_gemm));
     if (i < 0) {
         if (t->n == PV_KERNEL_BUCKETS_MAX) /* a guard: there are no more buckets than that */
             return pv_error(PV_ERR_INVALID_ARG, "kernel tuning: more than %d buckets", PV_KERNEL_BUCKETS_MAX);

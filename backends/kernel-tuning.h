@@ -41,6 +41,7 @@ typedef struct pv_kernel_bucket {
 struct pv_kernel_tuning {
     pv_kernel_params defaults[PV_KERNEL_FAMILY_COUNT];
     int max_work_group; /* the device's limit on PV_WG; 0: none */
+    int max_gemm;       /* the largest PV_GEMM (pv_gemm_mode) the backend runs; reset: PV_GEMM_F32 */
     int n;
     pv_kernel_bucket bucket[PV_KERNEL_BUCKETS_MAX];
     pv_kernel_params params[PV_KERNEL_BUCKETS_MAX];

@@ -190,7 +190,8 @@ static double gemm_peak(pv_backend *be, const pv_llama_hparams *hp, int prompt, 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *backend = "cpu";
-    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16, fuse = 1, graphs = 1;
+    int prompt = 256, decode = 32, reps = 3, json = 0, batch = 16, fuse = 1, graphs = 1, n_sets = 0;
+    const char *kernel_sets[8];
     pv_llama_weights weights = PV_LLAMA_WEIGHTS_NATIVE;
     pv_dtype kv_dtype = PV_F32;
     static const struct option longopts[] = {
@@ -200,6 +201,7 @@ int main(int argc, char **argv)
         {"batch", required_argument, 0, 'B'},  {"weights", required_argument, 0, 'w'},
         {"kv", required_argument, 0, 'k'},     {"fuse", required_argument, 0, 'f'},
         {"graphs", required_argument, 0, 'g'}, {"help", no_argument, 0, 'h'},
+        {"kernel", required_argument, 0, 'K'},
         {0, 0, 0, 0},
     };
     int c;
@@ -212,6 +214,11 @@ int main(int argc, char **argv)
         case 'r': reps = atoi(optarg); break;
         case 'j': json = 1; break;
         case 'B': batch = atoi(optarg); break;
+        case 'K':
+            if (n_sets == (int)(sizeof kernel_sets / sizeof kernel_sets[0]) || !strchr(optarg, ':'))
+                goto usage;
+            kernel_sets[n_sets++] = optarg;
+            break;
         case 'f':
         case 'g':
             if (strcmp(optarg, "0") == 0 || strcmp(optarg, "1") == 0) {
@@ -221,11 +228,14 @@ int main(int argc, char **argv)
             goto usage;
         case 'h':
             printf("usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] [--kv f32|f16] "
-                   "[--fuse 0|1] [--graphs 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] [--json]\n"
+                   "[--fuse 0|1] [--graphs 0|1] [--kernel BUCKET:PARAMS]... [--prompt N] [--decode N] [--batch N]\n"
+                   "       [--reps N] [--json]\n"
                    "Prefill, decode and batched decode tokens/s (medians of --reps after a warm-up) beside\n"
                    "their bounds, and the kernel launches of each kind of step (pv_backend_launches):\n"
                    "  --fuse 1 (default) the model's fused ops where the backend has them; 0 without\n"
                    "  --graphs 1 (default) decode steps run as graphs where the backend has them; 0 not\n"
+                   "  --kernel        a kernel parameter set, as pensieve-tune keeps one (pv_backend_kernel_set),\n"
+                   "                  e.g. qmatmul:PV_GEMM=1 (prefill's GEMMs in f16); at most 8\n"
                    "  launches/step   one forward call: the prefill, the first decode step of the last\n"
                    "                  repetition (context prompt + 1), the first batched step\n"
                    "  launches/layer  (count when layer n_layers - 1 starts writing the KV pool - count\n"
@@ -258,8 +268,8 @@ int main(int argc, char **argv)
         default:
         usage:
             fprintf(stderr, "usage: bench-model [--model GGUF] [--backend NAME] [--weights native|f32] "
-                            "[--kv f32|f16] [--fuse 0|1] [--graphs 0|1] [--prompt N] [--decode N] [--batch N] [--reps N] "
-                            "[--json] [--help]\n");
+                            "[--kv f32|f16] [--fuse 0|1] [--graphs 0|1] [--kernel BUCKET:PARAMS]... [--prompt N] "
+                            "[--decode N] [--batch N] [--reps N] [--json] [--help]\n");
             return 2;
         }
     }
@@ -282,6 +292,16 @@ int main(int argc, char **argv)
         return fail(model_path);
     if (pv_backend_init(&be, backend, 0) != PV_OK)
         return fail(backend);
+    for (int i = 0; i < n_sets; i++) {
+        char bucket[64];
+        const size_t len = strcspn(kernel_sets[i], ":");
+        snprintf(bucket, sizeof bucket, "%.*s", (int)(len < sizeof bucket ? len : sizeof bucket - 1), kernel_sets[i]);
+        if (pv_backend_kernel_set(be, bucket, kernel_sets[i] + len + 1) != PV_OK)
+            return fail(kernel_sets[i]);
+    }
+    char qmatmul_set[96] = "";
+    if (pv_backend_kernels_tunable(be) && pv_backend_kernel_get(be, "qmatmul", qmatmul_set, sizeof qmatmul_set) != PV_OK)
+        return fail("qmatmul's kernel set");
     pv_llama_options lo;
     pv_llama_options_default(&lo);
     lo.weights = weights;
@@ -475,13 +495,13 @@ int main(int argc, char **argv)
                "\"batch_decode_tps\": %.2f,\n \"decode_host_s\": %.9f, \"decode_step_s\": %.9f, "
                "\"decode_host_fraction\": %.4f, \"decode_device_s\": %.9f, \"decode_host_over_device\": %.4f, "
                "\"decode_bound_reference\": \"%s\",\n"
-               " \"fuse\": %d, \"graphs\": %d, \"graph_runs\": %" PRIu64 ", \"graph_replays\": %" PRIu64
-               ", \"graph_failure\": \"%s\", "
+               " \"fuse\": %d, \"graphs\": %d, \"qmatmul_set\": \"%s\", \"graph_runs\": %" PRIu64
+               ", \"graph_replays\": %" PRIu64 ", \"graph_failure\": \"%s\", "
                "\"n_layers\": %u, \"launches\": {",
                backend, model_path, prompt, decode, reps, prefill_tps, decode_tps, gemm_rate, gemm_best,
                prefill_bound, decode_bound, pv_llama_weights_name(weights), wb.resident, wb.file, wb.per_token,
                rss_model, pv_dtype_name(kv_dtype), kv_bytes, decode_gbs, batch, batch_tps, enqueue_s, step_s,
-               enqueue_s / step_s, device_s, host_over_device, read_name, fuse, graphs, pv_backend_graph_runs(be),
+               enqueue_s / step_s, device_s, host_over_device, read_name, fuse, graphs, qmatmul_set, pv_backend_graph_runs(be),
                pv_backend_graph_replays(be), graph_failure, hp->n_layers);
         launch_count_json("prefill", &prefill_launches, hp->n_layers, 0);
         launch_count_json("decode", &decode_launches, hp->n_layers, batch <= 1);
@@ -543,6 +563,8 @@ int main(int argc, char **argv)
                enqueue_s * 1e6, step_s * 1e6, 100 * enqueue_s / step_s,
                !graphs ? "off" : pv_backend_graphs(be) ? "on" : "not on this backend", pv_backend_graph_runs(be),
                pv_backend_graph_replays(be));
+        if (qmatmul_set[0])
+            printf("qmatmul kernel set: %s\n", qmatmul_set);
         printf("decode step on the device's clock (timing markers around it%s): %.1f us; the median step's host "
                "time / device time %.2f\n",
                on_device ? "" : "; the CPU's are the host's clock around the call", device_s * 1e6,

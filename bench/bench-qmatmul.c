@@ -15,12 +15,16 @@
  *
  * Usage: bench-qmatmul [--backend cpu|opencl|cuda] [--types q4_1,q8_0,...]
  *                      [--shapes 576x576,1536x576,...] [--tokens 1,4,16,64]
- *                      [--reps 5] [--hot] [--json]
+ *                      [--gemm f32,f16,bf16,tf32] [--reps 5] [--hot] [--json]
  * A shape is n_out x n_in. The defaults are SmolLM2-135M's projections
  * (attention 576x576 and 192x576, FFN 1536x576 and 576x1536, output
- * 49152x576). */
+ * 49152x576). --gemm runs the whole table once per PV_GEMM mode
+ * (backends/kernel-params.h: the precision of the GEMMs that batches too
+ * large for the fused kernels take), set as pensieve-tune sets it; without
+ * it the backend keeps its own. */
 #include "config.h"
 
+#include "backends/kernel-params.h"
 #include "bench/bench-device.h"
 #include "bench/bench-util.h"
 
@@ -44,12 +48,15 @@ typedef struct options {
     int n_shapes;
     int64_t tokens[MAX_ITEMS];
     int n_tokens;
+    int gemm[PV_GEMM_MODES];
+    int n_gemm; /* 0: the backend's own mode */
     int reps;
     int hot; /* two copies only: the weights come from cache */
     int json;
 } options;
 
 typedef struct result {
+    int gemm; /* -1: the backend's own */
     pv_wtype type;
     int64_t n_out, n_in, n_tokens;
     double weight_bytes, us_per_call, gbps, gflops;
@@ -108,6 +115,12 @@ static uint64_t matrix_bytes(pv_wtype t, int64_t n_out, int64_t n_in)
     if (!pv_wtype_block(t, &elems, &bytes) || n_in % elems != 0)
         return 0;
     return (uint64_t)n_out * ((uint64_t)n_in / elems * bytes);
+}
+
+/* A result's PV_GEMM mode, "own" when the backend kept its own. */
+static const char *gemm_label(int gemm)
+{
+    return gemm < 0 ? "own" : pv_gemm_mode_name(gemm);
 }
 
 static pv_status bench_one(pv_backend *be, const options *opt, pv_wtype t, int64_t n_out, int64_t n_in,
@@ -240,11 +253,29 @@ static int parse_types(const char *s, options *o)
     return *s ? -1 : 0;
 }
 
+static int parse_gemm(const char *s, options *o)
+{
+    o->n_gemm = 0;
+    while (*s && o->n_gemm < PV_GEMM_MODES) {
+        size_t len = strcspn(s, ",");
+        int found = -1;
+        for (int m = 0; m < PV_GEMM_MODES; m++)
+            if (strlen(pv_gemm_mode_name(m)) == len && strncmp(pv_gemm_mode_name(m), s, len) == 0)
+                found = m;
+        if (found < 0)
+            return -1;
+        o->gemm[o->n_gemm++] = found;
+        s += len + (s[len] == ',');
+    }
+    return *s ? -1 : 0;
+}
+
 static int usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--backend cpu|opencl|cuda] [--types f32,f16,bf16,q8_0,q4_0,q4_1]\n"
-            "          [--shapes N_OUTxN_IN,...] [--tokens 1,4,16,64] [--reps N] [--hot] [--json]\n",
+            "          [--shapes N_OUTxN_IN,...] [--tokens 1,4,16,64] [--gemm f32,f16,bf16,tf32]\n"
+            "          [--reps N] [--hot] [--json]\n",
             argv0);
     return 2;
 }
@@ -276,6 +307,8 @@ int main(int argc, char **argv)
             ok = parse_shapes(value, &opt) == 0 && opt.n_shapes > 0;
         else if (strcmp(arg, "--tokens") == 0)
             ok = (opt.n_tokens = parse_list(value, opt.tokens, MAX_ITEMS)) > 0;
+        else if (strcmp(arg, "--gemm") == 0)
+            ok = parse_gemm(value, &opt) == 0 && opt.n_gemm > 0;
         else if (strcmp(arg, "--reps") == 0)
             ok = (opt.reps = atoi(value)) >= 1 && opt.reps <= MAX_REPS;
         else
@@ -306,15 +339,24 @@ int main(int argc, char **argv)
         pv_backend_free(be);
         return 1;
     }
-    const int max_results = MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
+    const int max_results = PV_GEMM_MODES * MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
     result *res = calloc((size_t)max_results, sizeof *res);
     int n_res = 0;
-    for (int ti = 0; ti < opt.n_types && st == PV_OK && res; ti++) {
-        if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, opt.types[ti]))
-            continue;
-        for (int si = 0; si < opt.n_shapes && st == PV_OK; si++) {
-            st = bench_one(be, &opt, opt.types[ti], opt.shapes[si][0], opt.shapes[si][1], res + n_res);
-            n_res += opt.n_tokens;
+    for (int gi = 0; gi < (opt.n_gemm ? opt.n_gemm : 1) && st == PV_OK && res; gi++) {
+        const int gemm = opt.n_gemm ? opt.gemm[gi] : -1;
+        char set[32];
+        snprintf(set, sizeof set, "PV_GEMM=%d", gemm);
+        if (gemm >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
+            break;
+        for (int ti = 0; ti < opt.n_types && st == PV_OK; ti++) {
+            if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, opt.types[ti]))
+                continue;
+            for (int si = 0; si < opt.n_shapes && st == PV_OK; si++) {
+                st = bench_one(be, &opt, opt.types[ti], opt.shapes[si][0], opt.shapes[si][1], res + n_res);
+                for (int k = 0; k < opt.n_tokens; k++)
+                    res[n_res + k].gemm = gemm;
+                n_res += opt.n_tokens;
+            }
         }
     }
     bench_stream after;
@@ -344,10 +386,10 @@ int main(int argc, char **argv)
         }
         printf(", \"results\": [");
         for (int i = 0; i < n_res; i++)
-            printf("%s\n  {\"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, \"tokens\": %lld, "
-                   "\"weight_bytes\": %.0f, \"us_per_call\": %.3f, \"weight_gbps\": %.3f, "
+            printf("%s\n  {\"gemm\": \"%s\", \"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, "
+                   "\"tokens\": %lld, \"weight_bytes\": %.0f, \"us_per_call\": %.3f, \"weight_gbps\": %.3f, "
                    "\"%s\": %.4f, \"gflops\": %.3f}",
-                   i ? "," : "", pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
+                   i ? "," : "", gemm_label(res[i].gemm), pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
                    (long long)res[i].n_tokens, res[i].weight_bytes, res[i].us_per_call, res[i].gbps, ref_key,
                    read > 0 ? res[i].gbps / read : 0.0, res[i].gflops);
         printf("\n]}\n");
@@ -362,12 +404,13 @@ int main(int argc, char **argv)
                        : "weights are read from memory on every call (copies filling 4x the last-level cache); "
                          "median of %d passes\n\n",
                opt.reps);
-        printf("%-5s %13s %6s %10s %10s %9s %10s %8s\n", "type", "n_out x n_in", "tokens", "us/call",
+        printf("%-7s %-5s %13s %6s %10s %10s %9s %10s %8s\n", "gemm", "type", "n_out x n_in", "tokens", "us/call",
                "weight GB/s", "of ref", "GFLOP/s", "of peak");
         for (int i = 0; i < n_res; i++) {
             char shape[40];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)res[i].n_out, (long long)res[i].n_in);
-            printf("%-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", pv_wtype_name(res[i].type), shape,
+            printf("%-7s %-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", gemm_label(res[i].gemm),
+                   pv_wtype_name(res[i].type), shape,
                    (long long)res[i].n_tokens, res[i].us_per_call, res[i].gbps,
                    read > 0 ? 100.0 * res[i].gbps / read : 0.0, res[i].gflops);
             if (peak > 0)

@@ -1,6 +1,7 @@
 /* Quantized matmul family: y[T][n_out] = x[T][n_in] W^T with W[n_out][n_in]
  * in a GGUF weight type (block layouts in backends/backend.h), the
- * widening of W rows to f32, and embedding-row gather from such tables.
+ * widening of W rows to f32 (or to f16/bf16 with the activations, for
+ * tensor-core GEMMs), and embedding-row gather from such tables.
  *
  * Built once per weight type: PV_WTYPE is the type's ggml id (0 F32, 1 F16,
  * 2 Q4_0, 3 Q4_1, 8 Q8_0, 30 BF16), one program per type on OpenCL and
@@ -425,6 +426,42 @@ PV_KERNEL pv_qmatmul_widen(const PV_GLOBAL pv_u16 *w, pv_long w_off, int n_in, p
         return;
     const pv_long row_words = (pv_long)(n_in / PV_W_UNIT) * PV_W_UNIT_WORDS;
     out[r * n_in + e] = pv_w_elem(w + w_off + (row0 + r) * row_words, e);
+}
+
+/* v rounded to 16 bits at out[i]: bfloat16 (bf16 != 0: round to nearest
+ * even, NaN kept a NaN) or IEEE half. */
+PV_FUNC void pv_store16(float v, int bf16, PV_GLOBAL pv_u16 *out, pv_long i)
+{
+    if (bf16) {
+        const pv_u32 u = PV_AS_U32(v);
+        out[i] = (u & 0x7fffffffu) > 0x7f800000u ? (pv_u16)((u >> 16) | 0x40u)
+                                                 : (pv_u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    } else {
+        PV_STORE_HALF(v, (PV_GLOBAL pv_half *)out, i);
+    }
+}
+
+/* pv_qmatmul_widen into 16-bit tiles for the tensor-core GEMMs (PV_GEMM
+ * f16 and bf16, backends/kernel-params.h): out [n_rows][n_in].
+ * groups {ceil(n_in / PV_WG), n_rows}. */
+PV_KERNEL pv_qmatmul_widen16(const PV_GLOBAL pv_u16 *w, pv_long w_off, int n_in, pv_long row0, int bf16,
+                             PV_GLOBAL pv_u16 *out)
+{
+    const pv_long e = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
+    const pv_long r = PV_GROUP_ID(1);
+    if (e >= n_in)
+        return;
+    const pv_long row_words = (pv_long)(n_in / PV_W_UNIT) * PV_W_UNIT_WORDS;
+    pv_store16(pv_w_elem(w + w_off + (row0 + r) * row_words, e), bf16, out, r * n_in + e);
+}
+
+/* out[i] = x[x_off + i] rounded to 16 bits as pv_store16 does: the
+ * activations of those GEMMs. groups {ceil(n / PV_WG)}. */
+PV_KERNEL pv_qmatmul_narrow16(const PV_GLOBAL float *x, pv_long x_off, pv_long n, int bf16, PV_GLOBAL pv_u16 *out)
+{
+    const pv_long i = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
+    if (i < n)
+        pv_store16(x[x_off + i], bf16, out, i);
 }
 
 /* out[out_off + i * dim + e] = table[id][e] as f32, the table from word

@@ -5,10 +5,12 @@
  * bytes around the output; groups of products sharing x against the same
  * products run one by one; then the shapes GGUF forbids, refused with a
  * message; the SwiGLU product of two such matrices (pv_qmatmul_swiglu)
- * against its double value and against the unfused ops. Usage:
+ * against its double value and against the unfused ops; the larger
+ * batches in every tensor-core GEMM mode a backend runs. Usage:
  * test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
+#include "backends/kernel-params.h"
 #include "llama-ref.h"
 
 #include <pensieve/gguf.h>
@@ -75,6 +77,22 @@ static void free_weights(weights *w)
     free(w->deq);
 }
 
+/* got = x W^T [T][n_out] on the backend: x uploaded into *tx, the product
+ * into the guarded *ty (both for the caller to free). */
+static pv_status run_qmatmul(pv_backend *be, pv_wtype t, const weights *w, int64_t T, int64_t n_in, int64_t n_out,
+                             const float *x, tensor *tx, tensor *ty, float *got)
+{
+    pv_status st = tensor_init(tx, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), x);
+    if (st == PV_OK)
+        st = tensor_init(ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_out), NULL);
+    if (st != PV_OK)
+        return st;
+    pv_qmatmul_args a = {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w = w->buf, .w_off = w->off,
+                         .x = tx->buf, .x_off = tx->off, .y = ty->buf, .y_off = ty->off};
+    st = pv_qmatmul(be, &a);
+    return st == PV_OK ? tensor_read(ty, got) : st;
+}
+
 static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t n_out, int64_t n_in, uint64_t *rng)
 {
     weights w = {0};
@@ -103,18 +121,9 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
                     s += (double)xq[i * n_in + k] * (double)w.deq[o * n_in + k];
                 want[i * n_out + o] = s;
             }
-        tensor tx, ty;
+        tensor tx = {0}, ty = {0};
         float *got = xmalloc((size_t)(T * n_out) * sizeof *got);
-        pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), x);
-        if (st == PV_OK)
-            st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_out), NULL);
-        if (st == PV_OK) {
-            pv_qmatmul_args a = {.w_type = t, .n_tokens = T, .n_in = n_in, .n_out = n_out, .w = w.buf,
-                                 .w_off = w.off, .x = tx.buf, .x_off = tx.off, .y = ty.buf, .y_off = ty.off};
-            st = pv_qmatmul(be, &a);
-            if (st == PV_OK)
-                st = tensor_read(&ty, got);
-        }
+        pv_status st = run_qmatmul(be, t, &w, T, n_in, n_out, x, &tx, &ty, got);
         const double err = st == PV_OK ? normalized_error_f64(got, want, (size_t)(T * n_out)) : INFINITY;
         const double limit = ERROR_LIMIT;
         const int guards = st == PV_OK && guards_intact(&ty);
@@ -153,6 +162,82 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
         free(got);
     }
     free_weights(&w);
+}
+
+/* v as the 16-bit GEMM inputs hold it: bf16 rounded to nearest even, or
+ * IEEE half (pensieve/half.h, the host's own conversion). */
+static float round16(float v, int bf16)
+{
+    if (!bf16)
+        return pv_half_to_float(pv_float_to_half(v));
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* the test's values are finite */
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* qmatmul's larger batches in each PV_GEMM mode (backends/kernel-params.h)
+ * the backend runs, selected as pensieve-tune does. The 16-bit modes must
+ * equal, to the f32 limit, the product of x and the dequantised W each
+ * rounded to the mode's type as specified (round to nearest even): a tile
+ * or activation rounded otherwise (truncated, or to the other type) is
+ * off by some 1e-3. TF32 rounds inside cuBLAS, its 10-bit significand
+ * gives some 1e-3 of the largest output against the f32 product. A mode
+ * the backend does not run is refused by name. */
+#define TF32_ERROR_LIMIT 4e-3
+
+static void check_gemm_modes(pv_backend *be, const char *name, uint64_t *rng)
+{
+    static const pv_wtype mode_types[] = {PV_W_Q4_1, PV_W_F16, PV_W_BF16, PV_W_F32};
+    const int64_t n_out = 192, n_in = 576, T = 64;
+    for (int mode = PV_GEMM_F16; mode < PV_GEMM_MODES; mode++) {
+        char set[32];
+        snprintf(set, sizeof set, "PV_GEMM=%d", mode);
+        const pv_status st_set = pv_backend_kernel_set(be, "qmatmul", set);
+        if (st_set != PV_OK) {
+            ok(st_set == PV_ERR_UNSUPPORTED && strcmp(name, "cuda") != 0 &&
+                   (strstr(pv_last_error(), "PV_GEMM") || strstr(pv_last_error(), "no tunable kernels")),
+               "%s: PV_GEMM %s refused by name (%s)", name, pv_gemm_mode_name(mode), pv_last_error());
+            continue;
+        }
+        const int narrow = mode != PV_GEMM_TF32, bf16 = mode == PV_GEMM_BF16;
+        for (size_t ti = 0; ti < sizeof mode_types / sizeof mode_types[0]; ti++) {
+            const pv_wtype t = mode_types[ti];
+            weights w = {0};
+            const size_t x_n = (size_t)(T * n_in), y_n = (size_t)(T * n_out);
+            float *x = xmalloc(x_n * sizeof *x), *got = xmalloc(y_n * sizeof *got);
+            double *want = xmalloc(y_n * sizeof *want);
+            rng_fill(rng, x, x_n, -1.0f, 1.0f);
+            tensor tx = {0}, ty = {0};
+            const int made = make_weights(be, t, n_out, n_in, rng, &w);
+            const pv_status st = made ? run_qmatmul(be, t, &w, T, n_in, n_out, x, &tx, &ty, got) : PV_ERR_INVALID_ARG;
+            for (int64_t i = 0; i < T && made; i++)
+                for (int64_t o = 0; o < n_out; o++) {
+                    double sum = 0;
+                    for (int64_t k = 0; k < n_in; k++) {
+                        const float xv = x[i * n_in + k], wv = w.deq[o * n_in + k];
+                        sum += narrow ? (double)round16(xv, bf16) * (double)round16(wv, bf16) : (double)xv * wv;
+                    }
+                    want[i * n_out + o] = sum;
+                }
+            const double err = st == PV_OK ? normalized_error_f64(got, want, y_n) : INFINITY;
+            const double limit = narrow ? ERROR_LIMIT : TF32_ERROR_LIMIT;
+            const int guards = st == PV_OK && guards_intact(&ty);
+            ok(st == PV_OK && err <= limit && guards,
+               "%s: qmatmul %s T %lld with PV_GEMM %s: error %.3g against the %s product (limit %.3g)%s%s", name,
+               pv_wtype_name(t), (long long)T, pv_gemm_mode_name(mode), err, narrow ? "rounded" : "f32", limit,
+               guards ? "" : ", output guard bytes overwritten", st == PV_OK ? "" : pv_last_error());
+            tensor_free(&tx);
+            tensor_free(&ty);
+            free_weights(&w);
+            free(x);
+            free(got);
+            free(want);
+        }
+    }
+    if (pv_backend_kernels_tunable(be) && pv_backend_kernel_set(be, "qmatmul", "PV_GEMM=0") != PV_OK)
+        ok(0, "%s: back to PV_GEMM f32: %s", name, pv_last_error());
 }
 
 static void check_embed(pv_backend *be, const char *name, pv_wtype t, uint64_t *rng)
@@ -511,6 +596,7 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
             tap_skip("%s: qmatmul_swiglu %s is not supported by this backend", name, pv_wtype_name(t));
         }
     }
+    check_gemm_modes(be, name, &rng);
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);

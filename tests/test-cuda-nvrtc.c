@@ -160,7 +160,8 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
     static const char *const gather[] = {"pv_kv_write", "pv_rope_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
     static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
-                                          "pv_qmatmul_widen",    "pv_embed_gather",     NULL};
+                                          "pv_qmatmul_widen",    "pv_qmatmul_widen16",  "pv_qmatmul_narrow16",
+                                          "pv_embed_gather",     NULL};
     static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",         "pv_swiglu",
                                             "pv_add",     "pv_softmax",     "pv_argmax",       "pv_sample_top_p",
                                             "pv_sample_batch", NULL};

@@ -106,19 +106,22 @@ static void test_candidates(void)
 {
     static const struct {
         const char *bucket;
-        int limit, count;
+        int limit, max_gemm, count;
     } cases[] = {
-        {"attention.hd128.g2.prefill.long", 0, 3 * 6},
-        {"attention.hd128.g2.prefill.long", 32, 2 * 6},
-        {"gather", 0, 4 * 5},
-        {"gather", 64, 2 * 5},
-        {"qmatmul", 0, 4},
-        {"recompute", 128, 3 * 5},
+        {"attention.hd128.g2.prefill.long", 0, 0, 3 * 6},
+        {"attention.hd128.g2.prefill.long", 32, 0, 2 * 6},
+        {"gather", 0, 0, 4 * 5},
+        {"gather", 64, 0, 2 * 5},
+        {"qmatmul", 0, PV_GEMM_F32, 4},
+        {"qmatmul", 64, PV_GEMM_F16, 2 * 2},
+        {"qmatmul", 0, PV_GEMM_TF32, 4 * 4},
+        {"recompute", 128, 0, 3 * 5},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         pv_kernel_tuning t;
         pv_kernel_tuning_reset(&t);
         t.max_work_group = cases[c].limit;
+        t.max_gemm = cases[c].max_gemm;
         pv_backend fake = {.tuning = &t};
         int count = -1, good = 1;
         pv_status st = pv_kernel_candidate(&fake, cases[c].bucket, 0, NULL, 0, &count);
@@ -129,13 +132,14 @@ static void test_candidates(void)
             st = pv_kernel_candidate(&fake, cases[c].bucket, i, seen[i], sizeof seen[i], NULL);
             pv_kernel_params p = t.defaults[b.family];
             good = st == PV_OK && pv_kernel_params_parse(seen[i], &p) == PV_OK &&
-                   (!cases[c].limit || p.value[PV_KPARAM_WG] <= cases[c].limit);
+                   (!cases[c].limit || p.value[PV_KPARAM_WG] <= cases[c].limit) &&
+                   p.value[PV_KPARAM_GEMM] <= cases[c].max_gemm;
             for (int j = 0; good && j < i; j++)
                 good = strcmp(seen[i], seen[j]) != 0;
         }
         ok(st == PV_OK && good && count == cases[c].count,
-           "%s, work-group limit %d: %d candidates (want %d), distinct and within the limit", cases[c].bucket,
-           cases[c].limit, count, cases[c].count);
+           "%s, work-group limit %d, GEMM modes to %s: %d candidates (want %d), distinct and within the limits",
+           cases[c].bucket, cases[c].limit, pv_gemm_mode_name(cases[c].max_gemm), count, cases[c].count);
         free(seen);
         char past[96];
         ok(pv_kernel_candidate(&fake, cases[c].bucket, count, past, sizeof past, NULL) == PV_ERR_INVALID_ARG,

@@ -273,7 +273,7 @@ static void print_kernels(const tune_bucket_result *res, int n, int repeats)
         for (int c = 0; c < r->n_candidates; c++)
             if (r->candidates[c].rejected)
                 printf("    rejected %s: error %.3g against the cpu backend (limit %g)\n", r->candidates[c].params,
-                       r->candidates[c].error, r->limit);
+                       r->candidates[c].error, r->candidates[c].limit);
     }
 }
 
@@ -290,8 +290,9 @@ static json_t *kernels_json(const tune_bucket_result *res, int n)
         json_t *cands = json_array();
         for (int c = 0; c < r->n_candidates; c++) {
             const tune_candidate *k = &r->candidates[c];
-            json_array_append_new(cands, json_pack("{s:s,s:o,s:b,s:o,s:o}", "params", k->params, "error",
-                                                   number_or_null(k->error), "rejected", k->rejected, "seconds",
+            json_array_append_new(cands, json_pack("{s:s,s:o,s:f,s:b,s:o,s:o}", "params", k->params, "error",
+                                                   number_or_null(k->error), "limit", k->limit, "rejected",
+                                                   k->rejected, "seconds",
                                                    k->rejected ? json_null() : json_real(k->seconds), "spread",
                                                    k->rejected ? json_null() : json_real(k->spread)));
         }

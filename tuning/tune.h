@@ -90,6 +90,7 @@ const char *tune_family_name(tune_family f);
 typedef struct tune_candidate {
     char params[96];
     double error;   /* against the CPU backend, relative to the largest output */
+    double limit;   /* the error it may have: its bucket's, or REDUCED_LIMIT for a tensor-core PV_GEMM */
     int rejected;   /* error above the limit: never timed */
     double seconds; /* median, when not rejected */
     double spread;

@@ -224,6 +224,8 @@ static pv_status init_kernels(cuda_impl *cu, pv_backend *be)
              cu->device);
     CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device), "device %d",
              cu->device);
+    /* cuBLAS's tensor-core GEMMs: f16 from Volta, bf16 and TF32 from Ampere */
+    be->tuning->max_gemm = major >= 8 ? PV_GEMM_TF32 : major >= 7 ? PV_GEMM_F16 : PV_GEMM_F32;
     return pv_cuda_kernels_init(&cu->kernels, major, minor, be->tuning, &be->launches);
 }
 
@@ -758,12 +760,13 @@ static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_
 
 /* Describes a cuBLAS GEMM (column-major arguments) to the graph trace;
  * 1 when a graph step is checked against its recording, so the call is
- * the recording's to make. */
-static int blas_traced(cuda_impl *cu, pv_dtype dtype, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n,
+ * the recording's to make. precision: cuda_gemm's pv_dtype, or
+ * QMATMUL_PRECISION of qmatmul's pv_gemm_mode. */
+static int blas_traced(cuda_impl *cu, uint64_t precision, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n,
                        int k, float alpha, float beta, const void *a, int lda, const void *b, int ldb, const void *c,
                        int ldc)
 {
-    uint64_t item[10] = {(uint64_t)dtype, (uint64_t)op_a | (uint64_t)op_b << 8, (uint64_t)(uint32_t)m,
+    uint64_t item[10] = {precision, (uint64_t)op_a | (uint64_t)op_b << 8, (uint64_t)(uint32_t)m,
                          (uint64_t)(uint32_t)n | (uint64_t)(uint32_t)k << 32,
                          (uint64_t)(uint32_t)lda | (uint64_t)(uint32_t)ldb << 32, (uint64_t)(uint32_t)ldc,
                          (uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)b, (uint64_t)(uintptr_t)c, 0};
@@ -796,7 +799,7 @@ static pv_status cuda_gemm(pv_backend *be, const pv_gemm_args *a)
      * cuBLAS still gets valid addresses. */
     const void *pa = a->k ? dev_ptr(a->a, a->a_off, es) : pc;
     const void *pb = a->k ? dev_ptr(a->b, a->b_off, es) : pc;
-    if (blas_traced(cu, a->dtype, op_b, op_a, n, m, k, a->alpha, a->beta, pb, ldb, pa, lda, pc, ldc)) {
+    if (blas_traced(cu, (uint64_t)a->dtype, op_b, op_a, n, m, k, a->alpha, a->beta, pb, ldb, pa, lda, pc, ldc)) {
         be->launches++;
         return PV_OK;
     }
@@ -1075,25 +1078,45 @@ static pv_status cuda_sample_batch(pv_backend *be, const pv_sample_batch_args *a
  * kernel, which reads W once per call; larger ones widen W into scratch
  * tiles for cuBLAS, whose work per weight grows with T. */
 #define QMATMUL_FUSED_MAX_T 16
-/* Largest widened tile of W: 64 MiB of f32, and at most gridDim.y rows. */
+/* Largest widened tile of W: 64 MiB, and at most gridDim.y rows. */
 #define QMATMUL_TILE_BYTES ((size_t)64 << 20)
 #define QMATMUL_TILE_ROWS_MAX 65535
+/* blas_traced's precision of a qmatmul GEMM: above every pv_dtype. */
+#define QMATMUL_PRECISION(mode) ((uint64_t)0x100 | (uint64_t)(mode))
 
-/* y[:, r0 : r0 + n_rows] = x W_tile^T for W_tile [n_rows][n_in] f32 (the
- * row-major product as its column-major transpose, as cuda_gemm does). */
-static pv_status qmatmul_sgemm(pv_backend *be, const pv_qmatmul_args *a, int64_t r0, int64_t n_rows,
-                               const float *tile)
+/* The PV_GEMM of qmatmul's larger batches: the tuned one (kernel-params.h). */
+static int gemm_mode(const pv_backend *be)
 {
+    const pv_kernel_bucket b = {.family = PV_KERNEL_QMATMUL};
+    return pv_kernel_tuned(be->tuning, &b).value[PV_KPARAM_GEMM];
+}
+
+static int gemm_narrows(int mode)
+{
+    return mode == PV_GEMM_F16 || mode == PV_GEMM_BF16;
+}
+
+/* y[:, r0 : r0 + n_rows] = x W_tile^T for W_tile [n_rows][n_in] (the
+ * row-major product as its column-major transpose, as cuda_gemm does),
+ * tile and x in the mode's precision: f16 or bf16 for those modes, else
+ * f32; f32 accumulation and output in every mode. */
+static pv_status qmatmul_gemm(pv_backend *be, const pv_qmatmul_args *a, int mode, int64_t r0, int64_t n_rows,
+                              const void *tile, const void *x)
+{
+    static const cudaDataType_t input[PV_GEMM_MODES] = {CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F};
+    static const cublasComputeType_t compute[PV_GEMM_MODES] = {CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F,
+                                                               CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32};
     cuda_impl *cu = impl_of(be);
     const float one = 1.0f, zero = 0.0f;
     const int n_in = (int)a->n_in;
-    const float *x = dev_ptr(a->x, a->x_off, 4);
     float *y = dev_ptr(a->y, a->y_off + (uint64_t)r0, 4);
-    if (!blas_traced(cu, PV_F32, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, one, zero, tile,
-                     n_in, x, n_in, y, (int)a->n_out))
-        BLAS_TRY(cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
-                             n_in, x, n_in, &zero, y, (int)a->n_out),
-                 "qmatmul T=%" PRId64 " rows=%" PRId64 " n_in=%d", a->n_tokens, n_rows, n_in);
+    if (!blas_traced(cu, QMATMUL_PRECISION(mode), CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in,
+                     one, zero, tile, n_in, x, n_in, y, (int)a->n_out))
+        BLAS_TRY(cublasGemmEx(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_rows, (int)a->n_tokens, n_in, &one, tile,
+                              input[mode], n_in, x, input[mode], n_in, &zero, y, CUDA_R_32F, (int)a->n_out,
+                              compute[mode], CUBLAS_GEMM_DEFAULT),
+                 "qmatmul %s T=%" PRId64 " rows=%" PRId64 " n_in=%d", pv_gemm_mode_name(mode), a->n_tokens, n_rows,
+                 n_in);
     be->launches++;
     return PV_OK;
 }
@@ -1107,26 +1130,37 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
         return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
                                             (float *)dev_ptr(a->y, a->y_off, 4));
-    if (a->w_type == PV_W_F32) /* cuBLAS reads f32 weights in place */
-        return qmatmul_sgemm(be, a, 0, a->n_out, (const float *)w);
+    const int mode = gemm_mode(be), narrow = gemm_narrows(mode), bf16 = mode == PV_GEMM_BF16;
+    const void *x = dev_ptr(a->x, a->x_off, 4);
+    if (narrow) {
+        void *x16 = NULL;
+        PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL_X, (size_t)a->n_tokens * (size_t)a->n_in * 2, &x16));
+        PV_TRY(pv_cuda_launch_qmatmul_narrow16(&cu->kernels, s, a, (const float *)x, bf16, x16));
+        x = x16;
+    }
+    /* weights stored in the GEMM's input type are read in place */
+    if ((a->w_type == PV_W_F32 && !narrow) || (a->w_type == PV_W_F16 && mode == PV_GEMM_F16) ||
+        (a->w_type == PV_W_BF16 && mode == PV_GEMM_BF16))
+        return qmatmul_gemm(be, a, mode, 0, a->n_out, w, x);
 
-    int64_t tile_rows = (int64_t)(QMATMUL_TILE_BYTES / sizeof(float)) / a->n_in;
+    const size_t elem = narrow ? 2 : sizeof(float);
+    int64_t tile_rows = (int64_t)(QMATMUL_TILE_BYTES / elem) / a->n_in;
     tile_rows = tile_rows < 1 ? 1 : tile_rows > a->n_out ? a->n_out : tile_rows;
     tile_rows = tile_rows > QMATMUL_TILE_ROWS_MAX ? QMATMUL_TILE_ROWS_MAX : tile_rows;
     void *tile = NULL;
-    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * sizeof(float),
-                        &tile));
+    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * elem, &tile));
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
-        PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, (float *)tile));
-        PV_TRY(qmatmul_sgemm(be, a, r0, n_rows, (const float *)tile));
+        PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, mode, tile));
+        PV_TRY(qmatmul_gemm(be, a, mode, r0, n_rows, tile, x));
     }
     return PV_OK;
 }
 
 /* Decode-sized batches: one pass over both matrices. Larger ones: the two
  * products as cuda_qmatmul runs them (gate into y, up into a->up), then
- * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32. */
+ * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32
+ * (and x rounded to 16 bits once per product in the PV_GEMM f16, bf16). */
 static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
 {
     cuda_impl *cu = impl_of(be);

@@ -114,9 +114,14 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
                                        const void *w, const float *x, float *y);
 
-/* tile[n_rows][n_in] = rows row0.. of W widened to f32; n_rows <= 65535. */
+/* tile[n_rows][n_in] = rows row0.. of W in the GEMM's input type of
+ * gemm_mode (pv_gemm_mode: f16 or bf16, else f32); n_rows <= 65535. */
 pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
-                                       const void *w, int64_t row0, int64_t n_rows, float *tile);
+                                       const void *w, int64_t row0, int64_t n_rows, int gemm_mode, void *tile);
+
+/* out[T][n_in] = x rounded as the tiles are (the GEMMs' other operand). */
+pv_status pv_cuda_launch_qmatmul_narrow16(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                          const float *x, int bf16, void *out);
 
 /* T <= 16: y = silu(x Wg^T) * (x Wu^T) in one pass over both matrices. */
 pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t stream,

@@ -83,8 +83,9 @@ static pv_status program_load(pv_cuda_kernels *k, const pv_kernel_params *p, pv_
     return PV_OK;
 }
 
-static pv_status program_get(pv_cuda_kernels *k, const pv_kernel_params *p, pv_cuda_program **out)
+static pv_status program_get(pv_cuda_kernels *k, const pv_kernel_params *set, pv_cuda_program **out)
 {
+    const pv_kernel_params built = pv_kernel_params_built(set), *p = &built; /* launch parameters build nothing */
     for (int i = 0; i < k->n_programs; i++)
         if (same_params(&k->programs[i].params, p)) {
             *out = &k->programs[i];
@@ -452,16 +453,32 @@ pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t s
 
 /* groups {ceil(n_in / PV_WG), n_rows}, n_rows <= 65535 (the caller's tiles) */
 pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
-                                       const void *w, int64_t row0, int64_t n_rows, float *tile)
+                                       const void *w, int64_t row0, int64_t n_rows, int gemm_mode, void *tile)
+{
+    const pv_kernel_params p = weight_params(k, a->w_type);
+    const int narrow = gemm_mode == PV_GEMM_F16 || gemm_mode == PV_GEMM_BF16;
+    cudaKernel_t kernel;
+    PV_TRY(kernel_get(k, &p, narrow ? "pv_qmatmul_widen16" : "pv_qmatmul_widen", &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    long long w_off = 0, first_row = row0;
+    int n_in = (int)a->n_in, bf16 = gemm_mode == PV_GEMM_BF16;
+    void *args_f32[] = {&w, &w_off, &n_in, &first_row, &tile};
+    void *args_16[] = {&w, &w_off, &n_in, &first_row, &bf16, &tile};
+    return launch(k, stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg,
+                  narrow ? args_16 : args_f32);
+}
+
+/* groups {ceil(n / PV_WG)}, n / PV_WG below gridDim.x (the caller's T * n_in, each < 2^31) */
+pv_status pv_cuda_launch_qmatmul_narrow16(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
+                                          const float *x, int bf16, void *out)
 {
     const pv_kernel_params p = weight_params(k, a->w_type);
     cudaKernel_t kernel;
-    PV_TRY(kernel_get(k, &p, "pv_qmatmul_widen", &kernel));
+    PV_TRY(kernel_get(k, &p, "pv_qmatmul_narrow16", &kernel));
     const int wg = p.value[PV_KPARAM_WG];
-    long long w_off = 0, first_row = row0;
-    int n_in = (int)a->n_in;
-    void *args[] = {&w, &w_off, &n_in, &first_row, &tile};
-    return launch(k, stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg, args);
+    long long x_off = 0, n = a->n_tokens * a->n_in;
+    void *args[] = {&x, &x_off, &n, &bf16, &out};
+    return launch(k, stream, "qmatmul_narrow16", kernel, groups_of(n, wg), 1, wg, args);
 }
 
 /* ---- recompute family ---------------------------------------------------------------- */
