@@ -19,8 +19,11 @@
  * kernel combines. It pays when the call has too few groups to fill the
  * device (decode: one or two tokens over long contexts). The default S:
  *   S = min(ceil(4 * compute_units / groups), chunks / 2, 64), at least 1,
- * with groups = T * n_kv_heads * head blocks and chunks the longest
- * context's chunk count: four groups per compute unit, as the GPU kernel
+ * with groups = T * n_kv_heads * head blocks and chunks the slot table's
+ * width (max_chunks: at least the longest context's chunk count; the
+ * engine rounds it up, so that S, and with it every launch of a recorded
+ * decode graph, stays the same over the steps of one key while the
+ * contexts grow): four groups per compute unit, as the GPU kernel
  * (pv_attention_teams) keeps only a few rows in flight per work-item and
  * a compute unit needs several groups' loads to cover the memory latency;
  * and no range shorter than 2 chunks (64 positions at 32-token chunks, 4
@@ -79,10 +82,7 @@ static inline int pv_attention_splits(int forced, int tuned, uint32_t compute_un
         return forced;
     if (tuned > 0)
         return tuned;
-    int32_t longest = 0;
-    for (int32_t i = 0; i < a->n_tokens; i++)
-        longest = a->token_pos[i] + 1 > longest ? a->token_pos[i] + 1 : longest;
-    const int64_t chunks = (longest + a->chunk_tokens - 1) / a->chunk_tokens;
+    const int64_t chunks = a->max_chunks;
     const int64_t groups =
         (int64_t)a->n_tokens * a->n_kv_heads * pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
     int64_t s = (PV_ATTENTION_GROUPS_PER_UNIT * (int64_t)(compute_units ? compute_units : 1) + groups - 1) / groups;

@@ -608,6 +608,13 @@ static pv_status build_batch(pv_engine *e, size_t *n_tok, size_t *n_seqs, size_t
     return PV_OK;
 }
 
+/* The slot tables' width is rounded up to this many chunks (the rest of
+ * a row is -1): the width is part of a decode graph's key (models/llama.c
+ * forward_graph) and sets attention's split count on the GPUs
+ * (backends/attention-split.h), so a key, recorded once, replays while the
+ * longest context grows by up to this many chunks, not one. */
+#define TABLE_WIDTH_STEP 8u
+
 /* The slot tables of the batch: [n_layers][n_seqs][max_chunks]. */
 static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
 {
@@ -615,6 +622,7 @@ static pv_status build_tables(pv_engine *e, size_t n_seqs, int32_t *max_chunks)
     for (size_t i = 0; i < n_seqs; i++)
         if (e->b_reqs[i]->n_chunks > mc)
             mc = e->b_reqs[i]->n_chunks;
+    mc = (mc + TABLE_WIDTH_STEP - 1) / TABLE_WIDTH_STEP * TABLE_WIDTH_STEP;
     size_t need = (size_t)e->n_layers * n_seqs * mc;
     if (need > e->b_tables_cap) {
         int32_t *t = realloc(e->b_tables, need * sizeof *t);

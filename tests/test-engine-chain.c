@@ -7,7 +7,9 @@
  * wherever in a chain it ends, greedy or sampled, with sessions swapped and
  * recomputed under a small device pool. pv_engine_check runs after every
  * step, and the chains must really have run (more forward passes than
- * steps). Synthetic model on the CPU backend, and on OpenCL where present. */
+ * steps). Synthetic model on the CPU backend, and on OpenCL where present.
+ * On a backend that records decode graphs (CUDA), a long turn's decode
+ * passes replay their recordings as the context grows. */
 #include "engine-util.h"
 
 #include <inttypes.h>
@@ -195,6 +197,55 @@ static void compare(const char *label, const turn_out *want, const turn_out *got
                  want[first_diff].n, pv_finish_reason_name(want[first_diff].finish), (int)want[first_diff].status);
 }
 
+/* One session decoding 240 tokens through the engine: on a backend that
+ * records decode graphs, a key (tokens, sequences, slot-table width,
+ * logit rows) is recorded once and replayed while the context grows. The
+ * engine rounds the tables' width up to 8 chunks (64 tokens here), so at
+ * most 5 of the ~240 decode passes record; with the exact width (a new
+ * key every chunk of 8 tokens) some 30 would. */
+#define REPLAY_TOKENS 240
+#define REPLAY_AT_LEAST 0.95
+
+static void check_graph_replays(const char *backend)
+{
+    if (!pv_backend_graphs(M.be)) {
+        tap_skip("%s: records no decode graphs", backend);
+        return;
+    }
+    pv_cache_config cc;
+    pv_cache_config_defaults(&cc);
+    cc.device_bytes = 4096 * SLOT;
+    cc.host_bytes = 64 * SLOT;
+    pv_engine_config ec;
+    pv_engine_config_defaults(&ec);
+    ec.decode_steps = 4;
+    pv_engine *e = NULL;
+    turn_out out = {0};
+    int check_failures = 0;
+    char first_failure[256] = "";
+    uint64_t steps = 0;
+    const uint64_t runs0 = pv_backend_graph_runs(M.be), replays0 = pv_backend_graph_replays(M.be);
+    pv_status st = pv_engine_init(&e, M.be, M.model, &M.tok, &cc, &ec);
+    if (st == PV_OK) {
+        const int32_t prompt[] = {5, 6, 7, 8, 9, 10, 11};
+        pv_turn t = {.tokens = prompt, .n_tokens = sizeof prompt / sizeof prompt[0]};
+        pv_sampling_defaults(&t.sampling);
+        t.sampling.ignore_eos = 1;
+        t.sampling.max_tokens = REPLAY_TOKENS;
+        pv_turn_callbacks cb = {on_token, on_done, &out};
+        st = pv_engine_submit(e, "g", &t, &cb, NULL);
+    }
+    if (st == PV_OK)
+        st = eu_drain(e, &check_failures, first_failure, sizeof first_failure, &steps);
+    pv_engine_free(e);
+    const uint64_t runs = pv_backend_graph_runs(M.be) - runs0, replays = pv_backend_graph_replays(M.be) - replays0;
+    ok(st == PV_OK && out.n == REPLAY_TOKENS && runs >= REPLAY_TOKENS - 1 &&
+           (double)replays >= REPLAY_AT_LEAST * (double)runs,
+       "%s: %d decoded tokens, %" PRIu64 " forward passes as graphs, %" PRIu64 " of them replayed without "
+       "recording (at least %.0f%%)%s%s",
+       backend, out.n, runs, replays, 100 * REPLAY_AT_LEAST, st == PV_OK ? "" : ": ", st == PV_OK ? "" : pv_last_error());
+}
+
 static void test_backend(const char *backend)
 {
     if (!eu_model_ready(&M, backend, LAYERS, N_CTX, PV_F32, CHUNK))
@@ -253,6 +304,7 @@ static void test_backend(const char *backend)
         if (setups[s].device_slots == 4096 && setups[s].mode == PV_MODE_PENSIEVE)
             compare("roomy pensieve against the first run", want, ref);
     }
+    check_graph_replays(backend);
     eu_model_free(&M);
 }
 
