@@ -891,7 +891,11 @@ static pv_status build_chained(pv_engine *e, const chain_step *prev, chain_step 
  * in `next`, already enqueued, is work thrown away). */
 static pv_status take_chained(pv_engine *e, const chain_step *prev, chain_step *next)
 {
+    /* The wait is the device finishing prev's pass and sampling: forward
+     * time, as an unchained step's blocking read of its tokens is. */
+    const double t0 = pv_engine_now(e);
     pv_status st = pv_event_wait(prev->ready);
+    e->stats.forward_s += pv_engine_now(e) - t0;
     const int32_t *tokens = (const int32_t *)e->sampled_host->host_ptr + (size_t)prev->slot * e->cfg.max_running;
     for (size_t i = 0; i < prev->n && st == PV_OK; i++) {
         if (!prev->reqs[i])

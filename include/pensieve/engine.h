@@ -277,7 +277,8 @@ typedef struct pv_engine_stats {
     uint64_t swap_in_chunks, swap_out_chunks, dropped_chunks; /* (chunk, layer) records */
     uint64_t suspensions;
     uint64_t sessions_timed_out;
-    double forward_s;             /* time inside the model's forward pass and sampling */
+    double forward_s;             /* time inside the model's forward pass and sampling, and
+                                   * waiting for the device to finish them */
     double schedule_s;            /* time in the engine around it: scheduling, cache
                                    * bookkeeping, swap planning and issue */
     uint32_t sessions, running, waiting;
