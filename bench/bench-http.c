@@ -522,8 +522,10 @@ pv_status bh_chat_body(const bh_options *o, const wl_conversation *c, int32_t co
     }
     bh_text drawn = {0};
     pv_status st = PV_OK;
-    if (!bad && c->system_tokens > 0 && (st = bh_system_words(o->seed, c->system_prompt, c->system_tokens,
-                                                               &drawn)) == PV_OK)
+    if (!bad && c->system_text)
+        bad = json_array_append_new(messages, chat_message("system", c->system_text, strlen(c->system_text)));
+    else if (!bad && c->system_tokens > 0 &&
+             (st = bh_system_words(o->seed, c->system_prompt, c->system_tokens, &drawn)) == PV_OK)
         bad = json_array_append_new(messages, chat_message("system", drawn.p, drawn.n));
     for (int32_t k = 0; !bad && st == PV_OK && k <= turn; k++) {
         const char *text = c->turns[k].text;

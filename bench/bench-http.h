@@ -16,9 +16,9 @@
  * English words (each one token with its leading space in a GPT-2 style
  * vocabulary), deterministic per seed, conversation and turn; replayed
  * turns send their text. A conversation with a preamble sends it first in
- * every request, as a system message of system_tokens such words,
- * deterministic per seed and preamble (bh_system_words). The server counts
- * the real prompt.
+ * every request, as a system message: a replayed conversation's system
+ * text, else system_tokens such words, deterministic per seed and
+ * preamble (bh_system_words). The server counts the real prompt.
  *
  * A request fails on an HTTP status other than 200, an error object in the
  * stream, a stream that ends without "data: [DONE]", a transport error or
@@ -109,7 +109,8 @@ void bh_answer_free(bh_answer *a); /* and initialises it again */
 pv_status bh_answer_event(bh_answer *a, double now, const char *data, size_t len);
 
 /* The POST body of turn `turn` of conversation c (index conv, for the
- * generated words): its preamble as a system message (when it has one),
+ * generated words): its preamble as a system message (when it has one:
+ * the replayed system_text, else the drawn words),
  * every earlier user message with answers[k] after it,
  * then the new message, max_tokens the turn's output_tokens, streamed with
  * usage, greedy. *out is malloc'd JSON. */

@@ -135,6 +135,15 @@ static pv_status advance_clock(run_state *r)
     return PV_OK;
 }
 
+size_t bi_turn_messages(const wl_conversation *c, int32_t turn, pv_chat_message msgs[2])
+{
+    size_t n = 0;
+    if (turn == 0 && c->system_text)
+        msgs[n++] = (pv_chat_message){"system", c->system_text};
+    msgs[n++] = (pv_chat_message){"user", c->turns[turn].text};
+    return n;
+}
+
 pv_status bi_prompt_ids(const wl_conversation *c, int32_t turn, uint64_t seed, uint32_t n_vocab, uint64_t *rng,
                         int32_t **ids, size_t *n)
 {
@@ -170,10 +179,10 @@ static pv_status submit_turn(run_state *r, int32_t i)
     pv_sampling_defaults(&turn.sampling);
     turn.sampling.max_tokens = t->output_tokens;
     turn.sampling.ignore_eos = 1;
-    pv_chat_message msg = {"user", t->text};
+    pv_chat_message msgs[2];
     if (t->text) {
-        turn.messages = &msg;
-        turn.n_messages = 1;
+        turn.messages = msgs;
+        turn.n_messages = bi_turn_messages(c, cs->next, msgs);
     } else {
         const pv_status st = bi_prompt_ids(c, cs->next, r->seed, r->n_vocab, &r->rng, &cs->prompt_ids,
                                            &turn.n_tokens);

@@ -9,7 +9,8 @@
  * turns are token ids (random ids of the vocabulary's middle, never an end
  * token; a first turn's preamble, wl_system_prompt_ids, in front),
  * answered with ignore_eos so every answer has the length the workload
- * drew; replayed turns are chat messages. */
+ * drew; replayed turns are chat messages, the first one after the
+ * conversation's system text (bi_turn_messages). */
 #ifndef PV_BENCH_INPROC_H
 #define PV_BENCH_INPROC_H
 
@@ -34,6 +35,13 @@ double bi_clock_read(void *clock);
  * kept on failure); *n gets their count. */
 pv_status bi_prompt_ids(const wl_conversation *c, int32_t turn, uint64_t seed, uint32_t n_vocab, uint64_t *rng,
                         int32_t **ids, size_t *n);
+
+/* The chat messages of replayed turn `turn` of conversation c (its text
+ * not NULL) into msgs: on the first turn the conversation's system_text,
+ * when it has one, as a system message, then the turn's text as the
+ * user's. The session keeps them as its history, so a later turn sends
+ * only its own message. Returns how many (1 or 2); they point into c. */
+size_t bi_turn_messages(const wl_conversation *c, int32_t turn, pv_chat_message msgs[2]);
 
 /* Runs w through engine (fresh: its statistics become out->counters);
  * clock NULL: real time, else the engine's virtual clock;

@@ -91,7 +91,7 @@ pv_status wl_options_check(const wl_options *o, int replay)
     if (replay && o->system_prompt_tokens > 0)
         return pv_error(PV_ERR_INVALID_ARG,
                         "workload system_prompt_tokens = %d: a replay sends its file's conversations "
-                        "as recorded, with no preamble",
+                        "as recorded, their own system messages as their preambles",
                         (int)o->system_prompt_tokens);
     return PV_OK;
 }
@@ -269,6 +269,7 @@ void wl_free(wl_workload *w)
         for (int32_t k = 0; k < c->n_turns && c->turns; k++)
             free(c->turns[k].text);
         free(c->turns);
+        free(c->system_text);
     }
     free(w->conv);
     w->conv = NULL;
@@ -386,7 +387,30 @@ static pv_status wl_count(const wl_reader *rd, size_t msg, const char *text, int
     return PV_OK;
 }
 
-/* One line's conversation: its turns before the cap and think times. */
+/* Appends a system message's text to *acc, after a "\n" when *acc holds
+ * one already; text is taken (freed here on failure). */
+static pv_status wl_join_system(const wl_reader *rd, size_t msg, char **acc, char *text)
+{
+    if (!*acc) {
+        *acc = text;
+        return PV_OK;
+    }
+    const size_t have = strlen(*acc), add = strlen(text);
+    char *joined = realloc(*acc, have + 1 + add + 1);
+    if (!joined) {
+        free(text);
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "%s:%ld: message %zu: %zu bytes of system text", rd->path, rd->line,
+                        msg, have + 1 + add + 1);
+    }
+    joined[have] = '\n';
+    memcpy(joined + have + 1, text, add + 1);
+    free(text);
+    *acc = joined;
+    return PV_OK;
+}
+
+/* One line's conversation: its system text, its turns before the cap and
+ * think times. */
 static pv_status wl_parse_conversation(const wl_reader *rd, const json_t *root, const wl_options *o,
                                        wl_conversation *c)
 {
@@ -406,16 +430,17 @@ static pv_status wl_parse_conversation(const wl_reader *rd, const json_t *root, 
     const wl_dataset_stats *ds = wl_dataset_stats_of(o->dataset);
     int32_t mean_out = wl_tokens(ds->output_tokens * o->length_scale);
     int answered = 0;
+    size_t first_system = 0; /* names the system text in a count's refusal */
     for (size_t m = 0; m < n_msgs; m++) {
         const json_t *msg = json_array_get(msgs, m);
         const char *role = json_string_value(json_object_get(msg, "role"));
         if (!role)
             return pv_error(PV_ERR_FORMAT, "%s:%ld: message %zu has no \"role\" string", rd->path,
                             rd->line, m);
-        int user = strcmp(role, "user") == 0, assistant = strcmp(role, "assistant") == 0;
-        if (!user && !assistant) {
-            if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0 ||
-                strcmp(role, "tool") == 0)
+        int user = strcmp(role, "user") == 0, assistant = strcmp(role, "assistant") == 0,
+            system = strcmp(role, "system") == 0;
+        if (!user && !assistant && !system) {
+            if (strcmp(role, "developer") == 0 || strcmp(role, "tool") == 0)
                 continue;
             return pv_error(PV_ERR_FORMAT, "%s:%ld: message %zu has the unknown role \"%s\"",
                             rd->path, rd->line, m, role);
@@ -430,6 +455,14 @@ static pv_status wl_parse_conversation(const wl_reader *rd, const json_t *root, 
                                 rd->path, rd->line, m);
             return pv_error(PV_ERR_OUT_OF_MEMORY, "%s:%ld: message %zu's text", rd->path,
                             rd->line, m);
+        }
+        if (system) {
+            if (!c->system_text)
+                first_system = m;
+            pv_status st = wl_join_system(rd, m, &c->system_text, text);
+            if (st != PV_OK)
+                return st;
+            continue;
         }
         int32_t tokens = 0;
         pv_status st = wl_count(rd, m, text, &tokens);
@@ -456,7 +489,18 @@ static pv_status wl_parse_conversation(const wl_reader *rd, const json_t *root, 
     }
     if (c->n_turns == 0)
         return pv_error(PV_ERR_FORMAT, "%s:%ld: no user message", rd->path, rd->line);
-    int32_t keep = wl_apply_cap(turns, c->n_turns, o->context_cap);
+    if (c->system_text) {
+        pv_status st = wl_count(rd, first_system, c->system_text, &c->system_tokens);
+        if (st != PV_OK)
+            return st;
+        /* As a generated preamble: it must leave a turn of 2 tokens. */
+        if (c->system_tokens > o->context_cap - 2)
+            return pv_error(PV_ERR_FORMAT,
+                            "%s:%ld: the system messages' %d tokens leave no room for a turn under the "
+                            "context cap of %d tokens",
+                            rd->path, rd->line, (int)c->system_tokens, (int)o->context_cap);
+    }
+    int32_t keep = wl_apply_cap(turns, c->n_turns, o->context_cap - c->system_tokens);
     for (int32_t k = keep; k < c->n_turns; k++) {
         free(turns[k].text);
         turns[k].text = NULL;

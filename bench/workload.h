@@ -37,8 +37,9 @@
  * bench-http.h's bh_system_words), so every conversation that drew k
  * sends the same tokens.
  *
- * Context cap: a conversation's context after turn k is its preamble plus
- * the sum of the inputs and outputs of turns 1..k. The conversation ends
+ * Context cap: a conversation's context after turn k is its preamble (a
+ * replayed conversation's system text) plus the sum of the inputs and
+ * outputs of turns 1..k. The conversation ends
  * before the first turn that would take it past context_cap. A first turn
  * that alone is past what the preamble leaves of the cap (cap below) is
  * shortened instead, so every conversation keeps one turn: its output
@@ -79,8 +80,10 @@ typedef struct wl_turn {
 
 typedef struct wl_conversation {
     double arrival_s;      /* when the first turn is sent, from the start of the run */
-    int32_t system_tokens; /* the preamble's length in tokens; 0: none (zeroed, replayed) */
-    int32_t system_prompt; /* which preamble, in [0, system_prompts), when system_tokens > 0 */
+    int32_t system_tokens; /* the preamble's (or system_text's) length in tokens; 0: none */
+    int32_t system_prompt; /* generated: which preamble, in [0, system_prompts), when system_tokens > 0 */
+    char *system_text;     /* replay only: the conversation's system message text (malloc'd), sent as
+                              its system prompt in place of a generated preamble; NULL: none */
     int32_t n_turns;       /* >= 1 */
     wl_turn *turns;
 } wl_conversation;
@@ -108,7 +111,7 @@ void wl_options_default(wl_options *o);
 
 /* The options' refusals, shared by generate and replay (replay allows
  * n_conversations 0 and refuses a preamble: a replayed file's
- * conversations are sent as recorded): PV_ERR_INVALID_ARG naming the
+ * conversations are sent as recorded, their system messages included): PV_ERR_INVALID_ARG naming the
  * field, its value and the limit. rate, think_mean_s and the scales must
  * be finite. */
 pv_status wl_options_check(const wl_options *o, int replay);
@@ -124,10 +127,14 @@ pv_status wl_generate(const wl_options *o, wl_workload *out);
 
 /* Replay: a JSONL file, one conversation a line, OpenAI messages format:
  * {"messages":[{"role":"user","content":"..."},{"role":"assistant",
- * "content":"..."},...]}. "system", "developer" and "tool" messages are
- * skipped, as are assistant messages before the first user message; content
- * is a string or an array of parts, whose {"type":"text","text":...} parts
- * are joined with "\n" (other parts skipped). Each user message is a turn;
+ * "content":"..."},...]}. The "system" messages, wherever they are, joined
+ * with "\n" in file order, are the conversation's system_text (its
+ * system_tokens counted as a turn's text is), which the drivers send in
+ * front of its first turn, as a generated preamble is; "developer" and
+ * "tool" messages are skipped, as are assistant messages before the first
+ * user message; content is a string or an array of parts, whose
+ * {"type":"text","text":...} parts are joined with "\n" (other parts
+ * skipped). Each user message is a turn;
  * the assistant messages after it (until the next user message) give its
  * output_tokens; a turn with no answer gets round(dataset's mean output *
  * length_scale), at least 1. Token counts come from count(ctx, text) (the
@@ -137,8 +144,8 @@ pv_status wl_generate(const wl_options *o, wl_workload *out);
  * conversations are read. Empty and whitespace-only lines are skipped.
  * Errors: PV_ERR_IO for a file that cannot be read; PV_ERR_FORMAT naming
  * "path:line" and what is wrong (not JSON, no messages array, a message
- * without role or content, an unknown role, no user message, no
- * conversation in the file); PV_ERR_INVALID_ARG for bad options or a
+ * without role or content, an unknown role, no user message, system text
+ * past context_cap - 2 tokens, no conversation in the file); PV_ERR_INVALID_ARG for bad options or a
  * negative count. On failure *out is left empty. */
 pv_status wl_load_jsonl(const char *path, const wl_options *o,
                         int32_t (*count)(void *ctx, const char *text), void *ctx,

@@ -591,7 +591,7 @@ static pv_status check_device_fit(const pv_engine *e, const char *session, uint6
     if (e->be->info.global_mem_bytes && slots * e->slot_bytes > e->be->info.global_mem_bytes)
         snprintf(device, sizeof device, " (more than the device's %" PRIu64 " MiB)",
                  e->be->info.global_mem_bytes / mib);
-    return pv_error(PV_ERR_INVALID_ARG,
+    return pv_error(PV_ERR_CAPACITY,
                     "pv_engine_submit: session \"%.64s\": the device pool cannot hold this turn (%s%s): it needs "
                     "%" PRIu64 " chunks of %u tokens in each of %u layers (%" PRIu64 " slots), the pool holds "
                     "%" PRId64 " slots (%" PRIu64 " tokens); a device budget of %" PRIu64 " MiB (--device-mem %" PRIu64
@@ -709,7 +709,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
         if (st != PV_OK)
             goto fail;
         if (conv.n + 1 > e->n_ctx) {
-            st = pv_error(PV_ERR_INVALID_ARG,
+            st = pv_error(PV_ERR_CAPACITY,
                           "pv_engine_submit: session \"%.64s\": a conversation of %zu tokens leaves no room "
                           "to generate within the model's context of %u tokens",
                           session, conv.n, e->n_ctx);
@@ -736,7 +736,7 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     /* One token at least must fit after the prompt. */
     uint64_t total = (uint64_t)s->history.n + r->feed.n;
     if (total + 1 > e->n_ctx) {
-        st = pv_error(PV_ERR_INVALID_ARG,
+        st = pv_error(PV_ERR_CAPACITY,
                       "pv_engine_submit: session \"%.64s\": %zu tokens of history + %zu of this turn "
                       "leave no room to generate within the model's context of %u tokens",
                       session, s->history.n, r->feed.n, e->n_ctx);

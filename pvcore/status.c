@@ -21,6 +21,7 @@ const char *pv_status_str(pv_status status)
     case PV_ERR_NOT_FOUND: return "not found";
     case PV_ERR_STATE: return "invalid state";
     case PV_ERR_BUSY: return "busy";
+    case PV_ERR_CAPACITY: return "over capacity";
     }
     return "unknown status";
 }

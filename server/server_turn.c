@@ -246,8 +246,13 @@ static int try_submit(pv_engine *e, srv_req *r, int unparked)
         park(s, r, unparked);
         return 1;
     }
-    if (st == PV_ERR_INVALID_ARG)
+    /* Only the engine's limits are context_length_exceeded; any other
+     * refusal of the turn is a plain invalid request (code null, as the
+     * parser's), never mislabelled as too long. */
+    if (st == PV_ERR_CAPACITY)
         submit_failed(r, 400, "invalid_request_error", "context_length_exceeded", pv_last_error());
+    else if (st == PV_ERR_INVALID_ARG)
+        submit_failed(r, 400, "invalid_request_error", NULL, pv_last_error());
     else
         submit_failed(r, 500, "server_error", NULL, pv_last_error());
     srv_req_unref(r);

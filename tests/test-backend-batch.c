@@ -14,6 +14,10 @@
  *     code), against the CPU (greedy rows exactly, ties to the lowest id;
  *     sampled rows up to rounding; the CPU itself against a reference
  *     computed here in double), and known answers;
+ *   - host-out sampling (sample_batch, argmax, sample_top_p in turn) many
+ *     calls in a row, row counts growing and shrinking: each call's tokens
+ *     the CPU's (a results buffer kept between calls is big enough and
+ *     read after its own call's kernel);
  *   - sample_batch into out_dev (at offsets, read back through an async
  *     copy, nothing around the rows written) = into host out, with and
  *     without a logit bias; the bias against the reference, known answers
@@ -624,6 +628,53 @@ static void check_sample_batch(ctx *c, int64_t rows, int64_t cols)
     rows_free(&s);
 }
 
+/* Host-out sampling calls one after another, row counts growing and
+ * shrinking, through sample_batch, argmax and sample_top_p in turn, each
+ * on fresh logits: every call's tokens are the CPU's (the reference's).
+ * A backend that keeps one results buffer between calls (OpenCL) fails
+ * here if it reads one too small, or reads before its own call's kernel
+ * has written it (the previous call's tokens). */
+static void check_host_out_calls(ctx *c, int64_t cols)
+{
+    static const int64_t sizes[] = {1, 5, 64, 3, 200, 2, 33, 513, 7, 100, 1, 300};
+    static const char *const names[3] = {"sample_batch", "argmax", "sample_top_p"};
+    const int n = (int)(sizeof sizes / sizeof sizes[0]);
+    for (int i = 0; i < n; i++) {
+        const int64_t rows = sizes[i];
+        const int op = i % 3;
+        sample_rows s;
+        random_rows(c, &s, rows, cols);
+        /* argmax: every row greedy; sample_top_p: one temperature and
+         * top_p for all rows, each its own u. */
+        const float temperature = rng_range(&c->rng, 0.3f, 1.6f), top_p = rng_range(&c->rng, 0.3f, 1.0f);
+        for (int64_t r = 0; r < rows && op > 0; r++) {
+            s.temperature[r] = op == 1 ? 0.0f : temperature;
+            s.top_p[r] = top_p;
+            s.u[r] = rng_range(&c->rng, 0.01f, 0.99f);
+        }
+        int32_t *got = xmalloc((size_t)rows * sizeof *got);
+        pv_status st = PV_OK;
+        if (op == 0) {
+            st = run_batch(c->be, &s, got);
+        } else {
+            tensor tx;
+            st = tensor_init(&tx, c->be, PV_MEM_DEVICE, sizeof(float), (uint64_t)(rows * cols), s.x);
+            pv_argmax_args am = {.rows = rows, .cols = cols, .x = tx.buf, .x_off = tx.off, .out = got};
+            pv_sample_args sa = {.rows = rows, .cols = cols, .temperature = temperature, .top_p = top_p,
+                                 .logits = tx.buf, .logits_off = tx.off, .u = s.u, .out = got};
+            if (st == PV_OK)
+                st = op == 1 ? pv_argmax(c->be, &am) : pv_sample_top_p(c->be, &sa);
+            tensor_free(&tx);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "host-out call %d of %d: %s of %lld rows x %lld", i + 1, n, names[op],
+                 (long long)rows, (long long)cols);
+        check_tokens(c, st, &s, got, what);
+        free(got);
+        rows_free(&s);
+    }
+}
+
 /* out_dev from element dev_off gives what host out gives on this backend,
  * with or without a logit bias, and those tokens are the CPU's (the
  * reference's) up to rounding. */
@@ -1041,6 +1092,7 @@ static void run_all(ctx *c)
     check_sample_batch(c, 9, 32000);
     check_sample_batch(c, 40, 1000);
     check_sample_batch(c, 2, 3);
+    check_host_out_calls(c, 257);
 
     /* into the device, with and without a bias; many rows; offsets */
     static const struct {

@@ -228,6 +228,24 @@ static void test_answer(void)
 
 /* ---- the request body ------------------------------------------------------------- */
 
+/* 1 when the body's messages are want's n (role, content) pairs in order. */
+static int messages_are(const char *body, const char *want[][2], size_t n)
+{
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *m = json_object_get(j, "messages");
+    int good = json_array_size(m) == n;
+    for (size_t k = 0; good && k < n; k++) {
+        json_t *e = json_array_get(m, k);
+        const char *role = json_string_value(json_object_get(e, "role")),
+                   *content = json_string_value(json_object_get(e, "content"));
+        good = role && content && want[k][1] && strcmp(role, want[k][0]) == 0 && strcmp(content, want[k][1]) == 0;
+        if (!good)
+            tap_diag("message %zu: %s", k, body);
+    }
+    json_decref(j);
+    return good;
+}
+
 static void test_body(void)
 {
     wl_turn turns[3] = {{.input_tokens = 4, .output_tokens = 9}, {.input_tokens = 2, .output_tokens = 7},
@@ -238,19 +256,12 @@ static void test_body(void)
     char *body = NULL;
     pv_status st = bh_chat_body(&o, &c, 4, 2, answers, &body);
     json_t *j = st == PV_OK ? json_loads(body, 0, NULL) : NULL;
-    json_t *m = json_object_get(j, "messages");
     bh_text w0 = {0}, w1 = {0};
-    int good = json_array_size(m) == 5 && bh_words(5, 4, 0, 4, &w0) == PV_OK && bh_words(5, 4, 1, 2, &w1) == PV_OK;
+    int good = bh_words(5, 4, 0, 4, &w0) == PV_OK && bh_words(5, 4, 1, 2, &w1) == PV_OK;
     const char *want[5][2] = {{"user", w0.p}, {"assistant", "first answer"}, {"user", w1.p},
                               {"assistant", "second"}, {"user", "replayed \xe2\x9c\x93 text"}};
-    for (size_t k = 0; good && k < 5; k++) {
-        json_t *e = json_array_get(m, k);
-        good = strcmp(json_string_value(json_object_get(e, "role")), want[k][0]) == 0 &&
-               strcmp(json_string_value(json_object_get(e, "content")), want[k][1]) == 0;
-        if (!good)
-            tap_diag("message %zu: %s", k, body);
-    }
-    ok(good, "turn 3's body carries the two earlier turns and their answers in order, then its message");
+    ok(good && messages_are(body, want, 5),
+       "turn 3's body carries the two earlier turns and their answers in order, then its message");
     json_t *so = json_object_get(j, "stream_options");
     ok(json_integer_value(json_object_get(j, "max_tokens")) == 5 && json_is_true(json_object_get(j, "stream")) &&
            json_is_true(json_object_get(so, "include_usage")) && json_is_true(json_object_get(j, "ignore_eos")) &&
@@ -285,18 +296,19 @@ static void test_body(void)
     bh_text sys = {0};
     o.n_ban_tokens = 0;
     st = bh_chat_body(&o, &pc, 4, 1, answers, &body);
-    j = st == PV_OK ? json_loads(body, 0, NULL) : NULL;
-    m = json_object_get(j, "messages");
-    good = json_array_size(m) == 4 && bh_system_words(5, 2, 6, &sys) == PV_OK;
+    good = st == PV_OK && bh_system_words(5, 2, 6, &sys) == PV_OK;
     const char *want_sys[4][2] = {{"system", sys.p}, {"user", w0.p}, {"assistant", "first answer"}, {"user", w1.p}};
-    for (size_t k = 0; good && k < 4; k++) {
-        json_t *e = json_array_get(m, k);
-        good = strcmp(json_string_value(json_object_get(e, "role")), want_sys[k][0]) == 0 &&
-               strcmp(json_string_value(json_object_get(e, "content")), want_sys[k][1]) == 0;
-    }
-    ok(good, "with a preamble, turn 2's body starts with it as a system message of its words (%.200s)",
+    ok(good && messages_are(body, want_sys, 4),
+       "with a preamble, turn 2's body starts with it as a system message of its words (%.200s)",
        body ? body : "(none)");
-    json_decref(j);
+    free(body);
+
+    /* a replayed conversation's system text goes as it is, not drawn words */
+    pc.system_text = "replayed system \xe2\x9c\x93";
+    st = bh_chat_body(&o, &pc, 4, 1, answers, &body);
+    want_sys[0][1] = pc.system_text;
+    ok(st == PV_OK && messages_are(body, want_sys, 4),
+       "a replayed system text is turn 2's first message, as it is (%.200s)", body ? body : "(none)");
     free(body);
     free(sys.p);
     free(w0.p);

@@ -647,9 +647,9 @@ static void cancel_queued_and_running(void)
     huge.v[0] = other_token(huge.v[0]);
     conv_add_random(&huge, N_CTX - huge.n);
     st = submit(e, "q", &huge, 1, &sq, &rx, NULL);
-    ok(st == PV_ERR_INVALID_ARG && session_tokens(e, "q") == (size_t)q1.n && pv_engine_pending(e) == 0,
-       "a diverging conversation of %d tokens (no room to answer) is refused before any cut: %s", huge.n,
-       pv_last_error());
+    ok(st == PV_ERR_CAPACITY && session_tokens(e, "q") == (size_t)q1.n && pv_engine_pending(e) == 0,
+       "a diverging conversation of %d tokens (no room to answer) is refused (PV_ERR_CAPACITY) before any cut: %s",
+       huge.n, pv_last_error());
 
     /* q goes on: its input extended. Only the prefix kept at the cut has
      * KV; the rest runs. */

@@ -449,13 +449,14 @@ static void bad_input(void)
     t.tokens = toks;
     t.n_tokens = 128;
     st = pv_engine_submit(e, "a", &t, NULL, NULL);
-    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "context of 128"),
-       "a turn past the model's context is refused, not truncated: %s", pv_last_error());
+    ok(st == PV_ERR_CAPACITY && strstr(pv_last_error(), "context of 128"),
+       "a turn past the model's context is refused (PV_ERR_CAPACITY), not truncated: %s", pv_last_error());
 
     t.n_tokens = 1;
     toks[0] = 1 << 20;
     st = pv_engine_submit(e, "a", &t, NULL, NULL);
-    ok(st == PV_ERR_INVALID_ARG, "a token id past the vocabulary is refused: %s", pv_last_error());
+    ok(st == PV_ERR_INVALID_ARG, "a token id past the vocabulary is refused as an invalid argument, not capacity: %s",
+       pv_last_error());
     toks[0] = 5;
 
     st = pv_engine_end_session(e, "nobody");
@@ -527,7 +528,7 @@ static void bad_input(void)
     char want[64];
     snprintf(want, sizeof want, "(--device-mem %lluM)",
              (unsigned long long)((20 * slot + (1u << 20) - 1) >> 20));
-    ok(sub[2] == PV_ERR_INVALID_ARG && rr[2].done == 0 && rr[2].n == 0 && pv_engine_pending(e) == 0 &&
+    ok(sub[2] == PV_ERR_CAPACITY && rr[2].done == 0 && rr[2].n == 0 && pv_engine_pending(e) == 0 &&
            strstr(refused, "it needs 5 chunks of 16 tokens in each of 4 layers (20 slots), the pool holds 16 slots") &&
            strstr(refused, want),
        "a turn past the device pool is refused at submit with the budget that fits: %s", refused);
@@ -542,7 +543,7 @@ static void bad_input(void)
     t.sampling.max_tokens = 3;
     pv_status over = pv_engine_submit(e, "big", &t, &cbb, NULL);
     snprintf(refused, sizeof refused, "%s", pv_last_error());
-    ok(over == PV_ERR_INVALID_ARG && strstr(refused, "or max_tokens 2 or less"),
+    ok(over == PV_ERR_CAPACITY && strstr(refused, "or max_tokens 2 or less"),
        "one generated token past the pool is refused, naming the max_tokens that fits: %s", refused);
     t.sampling.max_tokens = 2;
     st = pv_engine_submit(e, "big", &t, &cbb, NULL);
@@ -554,7 +555,7 @@ static void bad_input(void)
     /* Full: even unbounded, no room for the next prompt. */
     t.sampling.max_tokens = 0;
     st = pv_engine_submit(e, "big", &t, &cbb, NULL);
-    ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "the device pool cannot hold this turn"),
+    ok(st == PV_ERR_CAPACITY && strstr(pv_last_error(), "the device pool cannot hold this turn"),
        "a full session's next turn is refused, bounded or not: %s", pv_last_error());
 
     /* Unbounded generation stops where the pool is full: 40 tokens of
@@ -595,7 +596,7 @@ static void bad_input(void)
     if (st == PV_OK && (st = pv_engine_submit(e, "edge", &t, &cbf, NULL)) == PV_OK)
         st = pv_engine_run(e);
     t.sampling.ignore_eos = 0;
-    ok(over == PV_ERR_INVALID_ARG && strstr(refused, "(20 slots)") && st == PV_OK && rf.status == PV_OK &&
+    ok(over == PV_ERR_CAPACITY && strstr(refused, "(20 slots)") && st == PV_OK && rf.status == PV_OK &&
            rf.n == 26,
        "the slots a refusal names run the turn (%s; then %d tokens)", refused, rf.n);
     /* Freed mid-turn: one running, one queued (LeakSanitizer checks the rest). */

@@ -229,7 +229,7 @@ typedef struct rig_opts {
     const char *const *keys;
     size_t n_keys, max_body;
     unsigned timeout_s;
-    size_t device_mib;
+    size_t device_kib;
     /* Each attention call sleeps this long (the delay backend): turns that
      * last without costing CPU, whatever the machine's speed or load. */
     double attention_delay_s;
@@ -246,7 +246,7 @@ static int rig_start(rig *g, const rig_opts *o)
         return -1;
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
-    cc.device_bytes = (o->device_mib ? o->device_mib : 4) << 20;
+    cc.device_bytes = (o->device_kib ? o->device_kib : 4096) << 10;
     cc.host_bytes = 4u << 20;
     pv_engine_config ec;
     pv_engine_config_defaults(&ec);
@@ -432,6 +432,21 @@ static void refused(rig *g, const bad_case *c)
     resp_free(&r);
 }
 
+/* A request too long for the server's context or for the engine's device
+ * pool (PV_ERR_CAPACITY from pv_engine_submit): context_length_exceeded
+ * either way, with the message saying which. */
+static void too_long(int port, const char *what, const char *body, const char *says)
+{
+    http_resp r;
+    post(port, "/v1/chat/completions", body, NULL, &r);
+    answer a;
+    read_answer(&r, &a);
+    ok(r.status == 400 && strcmp(a.error_code, "context_length_exceeded") == 0 && r.body && strstr(r.body, says),
+       "%s: %ld, code '%s' (want 400, context_length_exceeded): %.300s", what, r.status, a.error_code,
+       r.body ? r.body : "");
+    resp_free(&r);
+}
+
 static void test_bad_input(rig *g)
 {
     char *long_prompt = malloc(3 * N_CTX * 4 + 128);
@@ -465,6 +480,7 @@ static void test_bad_input(rig *g)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         refused(g, &cases[i]);
+    too_long(g->port, "a prompt past the context", long_prompt, "maximum context length");
     free(long_prompt);
     http_resp r;
     http(g->port, "DELETE", "/v1/sessions/nobody", NULL, 0, NULL, &r);
@@ -479,6 +495,23 @@ static void test_bad_input(rig *g)
     http(g->port, "GET", "/v1/chat/completions", NULL, 0, NULL, &r);
     ok(r.status == 405, "GET on a POST endpoint: 405");
     resp_free(&r);
+}
+
+/* A device pool of 256 KiB holds 32 chunks of 16 tokens in each of the 2
+ * layers, less than the context: a turn within the context (the server
+ * passes it on) but past the pool is refused by the engine, and the answer
+ * is context_length_exceeded, as for a prompt past the context. */
+static void test_device_pool(void)
+{
+    rig g;
+    if (!ok(rig_start(&g, &(rig_opts){.n_layers = 2, .device_kib = 256}) == 0, "a server with a 256 KiB device pool")) {
+        tap_diag("%s", pv_last_error());
+        return;
+    }
+    too_long(g.port, "max_tokens past the device pool",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1000}",
+             "the device pool cannot hold this turn");
+    rig_stop(&g);
 }
 
 /* logit_bias on both endpoints: a ban changes the greedy answer's first
@@ -905,6 +938,7 @@ int main(void)
     test_concurrency(&g);
     test_disconnect(&g);
     rig_stop(&g);
+    test_device_pool();
     test_abandoned_wait();
     test_turn_outlasts_timeout();
     test_api_keys();

@@ -2,8 +2,8 @@
  * match the dataset means and the requested rates, the scales multiply
  * exactly, the same seed gives the same workload, the context cap holds,
  * bad options are refused naming the field, and JSONL replay reads good
- * files (system messages, content parts, an unanswered turn) and refuses
- * bad ones naming path:line. Shared preambles (issue 28): the workloads
+ * files (system messages as the conversation's system text, content
+ * parts, an unanswered turn) and refuses bad ones naming path:line. Shared preambles (issue 28): the workloads
  * of before them are unchanged (digests recorded from the code of
  * before), a preamble only takes its room under the cap, the choice is
  * uniform, and the in-process driver's token ids of a preamble are the
@@ -31,7 +31,8 @@ static int same_workload(const wl_workload *a, const wl_workload *b)
         return 0;
     for (int32_t i = 0; i < a->n; i++) {
         const wl_conversation *x = &a->conv[i], *y = &b->conv[i];
-        if (x->arrival_s != y->arrival_s || x->n_turns != y->n_turns)
+        if (x->arrival_s != y->arrival_s || x->n_turns != y->n_turns || x->system_tokens != y->system_tokens ||
+            !x->system_text != !y->system_text || (x->system_text && strcmp(x->system_text, y->system_text) != 0))
             return 0;
         for (int32_t k = 0; k < x->n_turns; k++) {
             const wl_turn *s = &x->turns[k], *t = &y->turns[k];
@@ -602,8 +603,15 @@ static void test_replay_good(void)
     if (!ok(st == PV_OK && w.n == 3, "good file: 3 conversations (%s)", pv_last_error()))
         return;
     ok(w.conv[0].n_turns == 2 && w.conv[1].n_turns == 1 && w.conv[2].n_turns == 2,
-       "turns: 2 (system message skipped), 1, 2 (got %d, %d, %d)", w.conv[0].n_turns,
+       "turns: 2 (the system message is no turn), 1, 2 (got %d, %d, %d)", w.conv[0].n_turns,
        w.conv[1].n_turns, w.conv[2].n_turns);
+    ok(w.conv[0].system_text && strcmp(w.conv[0].system_text, "be brief") == 0 && w.conv[0].system_tokens == 2,
+       "conversation 1: its system message is its system text, 2 words (\"%s\", %d)",
+       w.conv[0].system_text ? w.conv[0].system_text : "(null)", w.conv[0].system_tokens);
+    ok(!w.conv[1].system_text && w.conv[1].system_tokens == 0 && !w.conv[2].system_text &&
+           w.conv[2].system_tokens == 0,
+       "conversations without a system message have no system text (%d, %d tokens)", w.conv[1].system_tokens,
+       w.conv[2].system_tokens);
     ok(turn_is(&w.conv[0], 0, 2, 4, "hello there") && turn_is(&w.conv[0], 1, 2, 1, "fine thanks"),
        "conversation 1: texts and word counts, answers give the outputs");
     ok(turn_is(&w.conv[1], 0, 5, 2, "look at\nthis picture now"),
@@ -611,8 +619,8 @@ static void test_replay_good(void)
     ok(turn_is(&w.conv[2], 0, 3, 2, "one two three") &&
            turn_is(&w.conv[2], 1, 4, 205, "unanswered question here please"),
        "conversation 3: the unanswered turn gets sharegpt's mean output, 205");
-    ok(word_calls == 9, "the counter saw the 9 user and assistant messages, not the system one "
-                         "(%d calls)", word_calls);
+    ok(word_calls == 10, "the counter saw the 9 user and assistant messages and the system text (%d calls)",
+       word_calls);
     /* Same seed and rate: the arrivals and think times of a generated run. */
     o.n_conversations = 3;
     int same_times = wl_generate(&o, &g) == PV_OK;
@@ -638,9 +646,10 @@ static void test_replay_good(void)
     o.length_scale = 0.5;
     o.context_cap = 6;
     st = wl_load_jsonl(path, &o, count_words, &word_calls, &w);
-    ok(st == PV_OK && w.n == 3 && w.conv[0].n_turns == 1 &&
-           turn_is(&w.conv[0], 0, 2, 4, "hello there") && w.conv[2].n_turns == 1,
-       "cap 6: conversations stop before the turn past it");
+    ok(st == PV_OK && w.n == 3 && w.conv[0].n_turns == 1 && turn_is(&w.conv[0], 0, 2, 2, "hello there") &&
+           w.conv[2].n_turns == 1,
+       "cap 6: conversations stop before the turn past it; the system text's 2 words count, so the "
+       "first turn's 4-word answer is cut to 2");
     wl_free(&w);
     o.context_cap = 16384;
     st = wl_load_jsonl(path, &o, count_words, &word_calls, &w);
@@ -702,6 +711,74 @@ static void test_replay_bad(void)
        "replay checks the options too: %s", pv_last_error());
 }
 
+/* System messages: every one, wherever it is, joined in file order as the
+ * conversation's system text, counted under the cap; the turns are those
+ * of the same conversation without them; the in-process driver sends the
+ * text as a system message before the first turn's only. */
+static void test_replay_system(void)
+{
+    static const char with[] =
+        "{\"messages\":[{\"role\":\"system\",\"content\":\"you are terse\"},"
+        "{\"role\":\"developer\",\"content\":\"not this\"},"
+        "{\"role\":\"user\",\"content\":\"hello there\"},{\"role\":\"assistant\",\"content\":\"hi\"},"
+        "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"and polite\"}]},"
+        "{\"role\":\"user\",\"content\":\"bye now\"},{\"role\":\"assistant\",\"content\":\"bye\"}]}\n"
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"no system here\"}]}\n";
+    static const char without[] =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hello there\"},{\"role\":\"assistant\",\"content\":\"hi\"},"
+        "{\"role\":\"user\",\"content\":\"bye now\"},{\"role\":\"assistant\",\"content\":\"bye\"}]}\n"
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"no system here\"}]}\n";
+    wl_options o;
+    wl_options_default(&o);
+    o.n_conversations = 0;
+    wl_workload w = {0}, plain = {0};
+    pv_clear_error();
+    pv_status st = wl_load_jsonl(temp_file(with), &o, count_words, &word_calls, &w);
+    pv_status sp = wl_load_jsonl(temp_file(without), &o, count_words, &word_calls, &plain);
+    if (!ok(st == PV_OK && sp == PV_OK && w.n == 2 && plain.n == 2, "files with and without system messages load (%s)",
+            pv_last_error()))
+        return;
+    const wl_conversation *c = &w.conv[0];
+    ok(c->system_text && strcmp(c->system_text, "you are terse\nand polite") == 0 && c->system_tokens == 5,
+       "both system messages, the second after a turn, joined in order; developer skipped (\"%s\", %d tokens)",
+       c->system_text ? c->system_text : "(null)", c->system_tokens);
+    /* Alike but for the system text: the same turns, times and arrivals. */
+    wl_workload bare = w;
+    wl_conversation bare_conv[2] = {w.conv[0], w.conv[1]};
+    bare_conv[0].system_text = NULL;
+    bare_conv[0].system_tokens = 0;
+    bare.conv = bare_conv;
+    ok(same_workload(&bare, &plain) && !w.conv[1].system_text,
+       "the turns, think times and arrivals are those of the file without them; a conversation without one is "
+       "unchanged");
+    pv_chat_message m[2];
+    const size_t n0 = bi_turn_messages(c, 0, m);
+    ok(n0 == 2 && strcmp(m[0].role, "system") == 0 && m[0].content == c->system_text &&
+           strcmp(m[1].role, "user") == 0 && strcmp(m[1].content, "hello there") == 0,
+       "in process, the first turn sends the system text, then the user's message (%zu messages)", n0);
+    const size_t n1 = bi_turn_messages(c, 1, m), n_other = n1 == 1 ? bi_turn_messages(&w.conv[1], 0, m) : 0;
+    ok(n1 == 1 && n_other == 1 && strcmp(m[0].role, "user") == 0 && strcmp(m[0].content, "no system here") == 0,
+       "a later turn sends only its message (the session has the rest); so does a conversation without one");
+    wl_free(&w);
+    wl_free(&plain);
+
+    /* The cap: the 5 words leave 3 of a cap of 8, which the first turn (2
+     * in, 1 out) fills: the second is not sent. Past cap - 2, refused. */
+    o.context_cap = 8;
+    st = wl_load_jsonl(temp_file(with), &o, count_words, &word_calls, &w);
+    ok(st == PV_OK && w.n == 2 && w.conv[0].n_turns == 1 && turn_is(&w.conv[0], 0, 2, 1, "hello there"),
+       "cap 8: the system text's 5 words count against it (%s)", pv_last_error());
+    wl_free(&w);
+    o.context_cap = 6;
+    const char *path = temp_file(with);
+    st = wl_load_jsonl(path, &o, count_words, &word_calls, &w);
+    char where[128];
+    snprintf(where, sizeof where, "%s:1:", path);
+    ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), where) && strstr(pv_last_error(), "5 tokens") &&
+           strstr(pv_last_error(), "cap of 6") && w.n == 0,
+       "cap 6: system text past cap - 2 is refused naming path:line: %s", pv_last_error());
+}
+
 static int32_t count_negative(void *ctx, const char *text)
 {
     return -1;
@@ -719,6 +796,7 @@ int main(void)
     test_preamble_ids();
     test_replay_good();
     test_replay_bad();
+    test_replay_system();
     wl_options o;
     wl_options_default(&o);
     wl_workload w = {0};

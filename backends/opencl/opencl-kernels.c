@@ -343,7 +343,7 @@ void pv_opencl_index_buffers_free(pv_opencl *cl)
             cl->index_buffers[q][i] = NULL;
             cl->index_bytes[q][i] = 0;
         }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < PV_OPENCL_SCRATCH_COUNT; i++) {
         if (cl->scratch[i])
             clReleaseMemObject(cl->scratch[i]);
         cl->scratch[i] = NULL;
@@ -890,19 +890,16 @@ pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a)
     return launch(be, "softmax", &ka, (uint64_t)a->rows, 1);
 }
 
-/* The row results land in a device buffer of their own, read back blocking. */
+/* The row results land in the backend's results scratch, created once and
+ * grown, not per call. */
 static pv_status result_buffer(pv_backend *be, const char *what, int64_t rows, cl_mem *out)
 {
-    cl_int err;
-    *out = clCreateBuffer(pv_opencl_of(be)->context, CL_MEM_WRITE_ONLY, (size_t)rows * sizeof(int32_t), NULL,
-                          &err);
-    if (err != CL_SUCCESS) {
-        *out = NULL;
-        return pv_opencl_fail(what, "clCreateBuffer (results)", err);
-    }
-    return PV_OK;
+    return scratch_reserve(pv_opencl_of(be), what, PV_OPENCL_SCRATCH_RESULTS, (size_t)rows * sizeof(int32_t), out);
 }
 
+/* A blocking read on the compute queue, in order after the call's kernel:
+ * it waits for that kernel (and the compute before it), never for the copy
+ * queue, and is done before the next call's kernel may write the buffer. */
 static pv_status read_results(pv_backend *be, const char *what, cl_mem results, int64_t rows, int32_t *out)
 {
     cl_int err = clEnqueueReadBuffer(pv_opencl_of(be)->queues[PV_QUEUE_COMPUTE], results, CL_TRUE, 0,
@@ -927,7 +924,6 @@ pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a)
     st = launch(be, "argmax", &ka, (uint64_t)a->rows, 1);
     if (st == PV_OK)
         st = read_results(be, "argmax", results, a->rows, a->out);
-    clReleaseMemObject(results);
     return st;
 }
 
@@ -953,7 +949,6 @@ pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a)
     st = launch(be, "sample_top_p", &ka, (uint64_t)a->rows, 1);
     if (st == PV_OK)
         st = read_results(be, "sample_top_p", results, a->rows, a->out);
-    clReleaseMemObject(results);
     return st;
 }
 
@@ -1004,7 +999,5 @@ pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
     st = launch(be, "sample_batch", &ka, (uint64_t)a->rows, 1);
     if (st == PV_OK && a->out)
         st = read_results(be, "sample_batch", results, a->rows, a->out);
-    if (results)
-        clReleaseMemObject(results);
     return st;
 }

@@ -29,6 +29,16 @@
  * kernels/attention.cl's PV_TEST_BREAK_WG). */
 #define PV_OPENCL_TEST_DEFINES_MAX 128
 
+/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
+ * of attention, the biased rows of sample_batch, and the tokens of a
+ * host-out sample_batch, argmax or sample_top_p (read back blocking before
+ * the call returns, so the next call may write them again). */
+#define PV_OPENCL_SCRATCH_QMATMUL 0
+#define PV_OPENCL_SCRATCH_ATTENTION 1
+#define PV_OPENCL_SCRATCH_BIAS 2
+#define PV_OPENCL_SCRATCH_RESULTS 3
+#define PV_OPENCL_SCRATCH_COUNT 4
+
 /* The most host index arrays one op passes (sample_batch with a logit
  * bias: 6). */
 #define PV_OPENCL_INDEX_BUFFERS 6
@@ -68,18 +78,12 @@ typedef struct pv_opencl {
     /* Device scratch of the ops that need some (PV_OPENCL_SCRATCH_*),
      * grown as needed and kept: creating a buffer does not synchronise,
      * and a released one lives on until the kernels using it finish. */
-    cl_mem scratch[3];
-    size_t scratch_bytes[3];
+    cl_mem scratch[PV_OPENCL_SCRATCH_COUNT];
+    size_t scratch_bytes[PV_OPENCL_SCRATCH_COUNT];
     int attention_splits; /* PV_ATTENTION_SPLITS (backends/attention-split.h); 0: the default */
     int attention_group;  /* query heads per attention work-group at most (the same header) */
     char test_defines[PV_OPENCL_TEST_DEFINES_MAX];
 } pv_opencl;
-
-/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
- * of attention, the biased rows of sample_batch. */
-#define PV_OPENCL_SCRATCH_QMATMUL 0
-#define PV_OPENCL_SCRATCH_ATTENTION 1
-#define PV_OPENCL_SCRATCH_BIAS 2
 
 static inline pv_opencl *pv_opencl_of(const pv_backend *be)
 {

@@ -211,13 +211,15 @@ pv_status pv_engine_profile_apply(pv_backend *be, const char *path, pv_cache_con
 void pv_engine_free(pv_engine *e);
 
 /* Queue a turn for a session (created on first use). Fails at once, with no
- * callback, for: an empty turn, a session with a turn still running
- * (PV_ERR_BUSY), a turn that would not fit the model's context
- * (PV_ERR_INVALID_ARG naming the lengths and the limit), a turn whose KV
- * would not fit the whole device pool (PV_ERR_INVALID_ARG naming the
- * chunks and slots it needs, the device budget in MiB that would hold them
- * as "--device-mem NM", and the largest max_tokens that fits now), bad
- * sampling. A turn's KV is the history, the new prompt and, with
+ * callback, for: a session with a turn still running (PV_ERR_BUSY); a turn
+ * that would not fit the model's context (PV_ERR_CAPACITY naming the
+ * lengths and the limit); a turn whose KV would not fit the whole device
+ * pool (PV_ERR_CAPACITY naming the chunks and slots it needs, the device
+ * budget in MiB that would hold them as "--device-mem NM", and the largest
+ * max_tokens that fits now); an empty turn, a bad token id, session id or
+ * sampling (PV_ERR_INVALID_ARG). PV_ERR_CAPACITY is only these limits, so
+ * a caller can tell "too long for this engine" from a malformed turn
+ * (pensieve-serve's context_length_exceeded). A turn's KV is the history, the new prompt and, with
  * max_tokens set, max_tokens - 1 generated tokens (the last is sampled,
  * not run), capped at the model's context, in whole chunks of every
  * layer; with max_tokens 0 only the first generated token is counted and

@@ -17,7 +17,10 @@ typedef enum pv_status {
     PV_ERR_FORMAT,        /* a file or value is malformed */
     PV_ERR_NOT_FOUND,     /* an unknown name, session or key */
     PV_ERR_STATE,         /* the call is not valid in the object's current state */
-    PV_ERR_BUSY           /* the object is pinned or in use */
+    PV_ERR_BUSY,          /* the object is pinned or in use */
+    PV_ERR_CAPACITY       /* a well-formed request exceeds a limit of the model or the device (the
+                           * model's context, the device pool), not a bad argument: a smaller one
+                           * would be accepted. Appended last: the earlier values keep their numbers. */
 } pv_status;
 
 /* A short constant name for a status ("invalid argument", ...). */

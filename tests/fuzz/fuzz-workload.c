@@ -2,8 +2,9 @@
  * (bench/workload.c, wl_load_jsonl) on arbitrary file contents, through a
  * memfd as fuzz-ini. A load either fails with a message naming the file,
  * or gives conversations the benchmark can run: at least one turn each,
- * lengths of at least one token, no context past the cap, think times and
- * arrivals finite, not negative and in order. */
+ * lengths of at least one token, a system text exactly when it has
+ * system tokens, no context (system text included) past the cap, think
+ * times and arrivals finite, not negative and in order. */
 #define _GNU_SOURCE /* memfd_create */
 #include "fuzz-file.h"
 #include "bench/workload.h"
@@ -63,7 +64,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!isfinite(c->arrival_s) || c->arrival_s < last_arrival)
             fail("arrival out of order", i, -1);
         last_arrival = c->arrival_s;
-        int64_t context = 0;
+        if (!c->system_text != (c->system_tokens == 0) || c->system_tokens < 0)
+            fail("system tokens without a system text, or the other way round", i, -1);
+        int64_t context = c->system_tokens;
         for (int32_t t = 0; t < c->n_turns; t++) {
             const wl_turn *turn = &c->turns[t];
             if (turn->input_tokens < 1 || turn->output_tokens < 1)
