@@ -437,10 +437,11 @@ static pv_status wl_parse_conversation(const wl_reader *rd, const json_t *root, 
         if (!role)
             return pv_error(PV_ERR_FORMAT, "%s:%ld: message %zu has no \"role\" string", rd->path,
                             rd->line, m);
+        /* "developer" is OpenAI's newer name for "system" (pensieve-serve reads it so) */
         int user = strcmp(role, "user") == 0, assistant = strcmp(role, "assistant") == 0,
-            system = strcmp(role, "system") == 0;
+            system = strcmp(role, "system") == 0 || strcmp(role, "developer") == 0;
         if (!user && !assistant && !system) {
-            if (strcmp(role, "developer") == 0 || strcmp(role, "tool") == 0)
+            if (strcmp(role, "tool") == 0)
                 continue;
             return pv_error(PV_ERR_FORMAT, "%s:%ld: message %zu has the unknown role \"%s\"",
                             rd->path, rd->line, m, role);

@@ -127,11 +127,12 @@ pv_status wl_generate(const wl_options *o, wl_workload *out);
 
 /* Replay: a JSONL file, one conversation a line, OpenAI messages format:
  * {"messages":[{"role":"user","content":"..."},{"role":"assistant",
- * "content":"..."},...]}. The "system" messages, wherever they are, joined
- * with "\n" in file order, are the conversation's system_text (its
- * system_tokens counted as a turn's text is), which the drivers send in
- * front of its first turn, as a generated preamble is; "developer" and
- * "tool" messages are skipped, as are assistant messages before the first
+ * "content":"..."},...]}. The "system" and "developer" messages (as
+ * pensieve-serve reads them), wherever they are, joined with "\n" in file
+ * order, are the conversation's system_text (its system_tokens counted as a
+ * turn's text is), which the drivers send in front of its first turn, as a
+ * generated preamble is; "tool" messages are skipped, as are assistant
+ * messages before the first
  * user message; content is a string or an array of parts, whose
  * {"type":"text","text":...} parts are joined with "\n" (other parts
  * skipped). Each user message is a turn;

@@ -711,7 +711,8 @@ static void test_replay_bad(void)
        "replay checks the options too: %s", pv_last_error());
 }
 
-/* System messages: every one, wherever it is, joined in file order as the
+/* System messages (and developer ones, OpenAI's newer name for them):
+ * every one, wherever it is, joined in file order as the
  * conversation's system text, counted under the cap; the turns are those
  * of the same conversation without them; the in-process driver sends the
  * text as a system message before the first turn's only. */
@@ -719,7 +720,7 @@ static void test_replay_system(void)
 {
     static const char with[] =
         "{\"messages\":[{\"role\":\"system\",\"content\":\"you are terse\"},"
-        "{\"role\":\"developer\",\"content\":\"not this\"},"
+        "{\"role\":\"developer\",\"content\":\"briefly\"},"
         "{\"role\":\"user\",\"content\":\"hello there\"},{\"role\":\"assistant\",\"content\":\"hi\"},"
         "{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"and polite\"}]},"
         "{\"role\":\"user\",\"content\":\"bye now\"},{\"role\":\"assistant\",\"content\":\"bye\"}]}\n"
@@ -739,8 +740,9 @@ static void test_replay_system(void)
             pv_last_error()))
         return;
     const wl_conversation *c = &w.conv[0];
-    ok(c->system_text && strcmp(c->system_text, "you are terse\nand polite") == 0 && c->system_tokens == 5,
-       "both system messages, the second after a turn, joined in order; developer skipped (\"%s\", %d tokens)",
+    ok(c->system_text && strcmp(c->system_text, "you are terse\nbriefly\nand polite") == 0 && c->system_tokens == 6,
+       "the system messages and the developer one (pensieve-serve reads it as system), the last after a turn, "
+       "joined in order (\"%s\", %d tokens)",
        c->system_text ? c->system_text : "(null)", c->system_tokens);
     /* Alike but for the system text: the same turns, times and arrivals. */
     wl_workload bare = w;
@@ -762,21 +764,21 @@ static void test_replay_system(void)
     wl_free(&w);
     wl_free(&plain);
 
-    /* The cap: the 5 words leave 3 of a cap of 8, which the first turn (2
+    /* The cap: the 6 words leave 3 of a cap of 9, which the first turn (2
      * in, 1 out) fills: the second is not sent. Past cap - 2, refused. */
-    o.context_cap = 8;
+    o.context_cap = 9;
     st = wl_load_jsonl(temp_file(with), &o, count_words, &word_calls, &w);
     ok(st == PV_OK && w.n == 2 && w.conv[0].n_turns == 1 && turn_is(&w.conv[0], 0, 2, 1, "hello there"),
-       "cap 8: the system text's 5 words count against it (%s)", pv_last_error());
+       "cap 9: the system text's 6 words count against it (%s)", pv_last_error());
     wl_free(&w);
-    o.context_cap = 6;
+    o.context_cap = 7;
     const char *path = temp_file(with);
     st = wl_load_jsonl(path, &o, count_words, &word_calls, &w);
     char where[128];
     snprintf(where, sizeof where, "%s:1:", path);
-    ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), where) && strstr(pv_last_error(), "5 tokens") &&
-           strstr(pv_last_error(), "cap of 6") && w.n == 0,
-       "cap 6: system text past cap - 2 is refused naming path:line: %s", pv_last_error());
+    ok(st == PV_ERR_FORMAT && strstr(pv_last_error(), where) && strstr(pv_last_error(), "6 tokens") &&
+           strstr(pv_last_error(), "cap of 7") && w.n == 0,
+       "cap 7: system text past cap - 2 is refused naming path:line: %s", pv_last_error());
 }
 
 static int32_t count_negative(void *ctx, const char *text)
