@@ -571,7 +571,7 @@ void pv_engine_request_free(pv_request *r)
  * generation is not checked past its first token: it stops with finish
  * "length" when the pool is full (pv_engine_device_tokens). `what` names
  * the context's parts for the message. */
-static pv_status check_device_fit(const pv_engine *e, const char *session, uint64_t context, int32_t max_tokens,
+static pv_status check_device_fit(const pv_engine *e, const char *who, uint64_t context, int32_t max_tokens,
                                   const char *what)
 {
     uint64_t kv = context + (max_tokens > 0 ? (uint64_t)max_tokens : 1) - 1;
@@ -592,11 +592,11 @@ static pv_status check_device_fit(const pv_engine *e, const char *session, uint6
         snprintf(device, sizeof device, " (more than the device's %" PRIu64 " MiB)",
                  e->be->info.global_mem_bytes / mib);
     return pv_error(PV_ERR_CAPACITY,
-                    "pv_engine_submit: session \"%.64s\": the device pool cannot hold this turn (%s%s): it needs "
+                    "pv_engine_submit: %s: the device pool cannot hold this turn (%s%s): it needs "
                     "%" PRIu64 " chunks of %u tokens in each of %u layers (%" PRIu64 " slots), the pool holds "
                     "%" PRId64 " slots (%" PRIu64 " tokens); a device budget of %" PRIu64 " MiB (--device-mem %" PRIu64
                     "M) would fit it%s%s",
-                    session, what, generate, chunks, e->chunk_tokens, e->n_layers, slots, e->n_device_slots,
+                    who, what, generate, chunks, e->chunk_tokens, e->n_layers, slots, e->n_device_slots,
                     holds, need_mib, need_mib, device, shorter);
 }
 
@@ -667,6 +667,11 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     if ((st = pv_engine_session_get(e, session, &s)) != PV_OK)
         return st;
     s->anonymous = session == anonymous_id;
+    /* What a refusal calls the turn: the internal id of a turn without a
+     * session is no name for a client to see. */
+    char who[96] = "a turn without a session";
+    if (!s->anonymous)
+        snprintf(who, sizeof who, "session \"%.64s\"", session);
     pv_request *r = calloc(1, sizeof *r);
     if (!r) {
         st = pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_submit: request");
@@ -710,14 +715,14 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
             goto fail;
         if (conv.n + 1 > e->n_ctx) {
             st = pv_error(PV_ERR_CAPACITY,
-                          "pv_engine_submit: session \"%.64s\": a conversation of %zu tokens leaves no room "
+                          "pv_engine_submit: %s: a conversation of %zu tokens leaves no room "
                           "to generate within the model's context of %u tokens",
-                          session, conv.n, e->n_ctx);
+                          who, conv.n, e->n_ctx);
             goto fail;
         }
         char what[64];
         snprintf(what, sizeof what, "a conversation of %zu tokens", conv.n);
-        if ((st = check_device_fit(e, session, conv.n, r->sampling.max_tokens, what)) != PV_OK)
+        if ((st = check_device_fit(e, who, conv.n, r->sampling.max_tokens, what)) != PV_OK)
             goto fail;
         if ((st = continue_conversation(e, s, &conv, &r->feed)) != PV_OK)
             goto fail;
@@ -737,15 +742,15 @@ pv_status pv_engine_submit(pv_engine *e, const char *session, const pv_turn *tur
     uint64_t total = (uint64_t)s->history.n + r->feed.n;
     if (total + 1 > e->n_ctx) {
         st = pv_error(PV_ERR_CAPACITY,
-                      "pv_engine_submit: session \"%.64s\": %zu tokens of history + %zu of this turn "
+                      "pv_engine_submit: %s: %zu tokens of history + %zu of this turn "
                       "leave no room to generate within the model's context of %u tokens",
-                      session, s->history.n, r->feed.n, e->n_ctx);
+                      who, s->history.n, r->feed.n, e->n_ctx);
         goto fail;
     }
     if (!turn->whole_conversation) {
         char what[96];
         snprintf(what, sizeof what, "%zu tokens of history + %zu of this turn", s->history.n, r->feed.n);
-        if ((st = check_device_fit(e, session, total, r->sampling.max_tokens, what)) != PV_OK)
+        if ((st = check_device_fit(e, who, total, r->sampling.max_tokens, what)) != PV_OK)
             goto fail;
     }
     pv_ivec_free(&conv);

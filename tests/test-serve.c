@@ -511,6 +511,10 @@ static void test_device_pool(void)
     too_long(g.port, "max_tokens past the device pool",
              "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1000}",
              "the device pool cannot hold this turn");
+    /* a request without a session is named as such, not by the engine's internal id */
+    too_long(g.port, "max_tokens past the device pool, named for a client",
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1000}",
+             "pv_engine_submit: a turn without a session: the device pool");
     rig_stop(&g);
 }
 
