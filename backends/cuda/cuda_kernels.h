@@ -33,18 +33,6 @@ pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
 /* Kernels looked up in one program at most (the qmatmul family's eight). */
 #define PV_CUDA_PROGRAM_KERNELS 12
 
-/* The byte size of each parameter of one kernel, learnt once from the
- * runtime, so a launch can describe its arguments to a graph trace.
- * n_params < 0: the runtime could not say (such launches are opaque to
- * the trace: the step is recorded again each time). */
-#define PV_CUDA_KERNEL_MAX_PARAMS 32
-#define PV_CUDA_KERNEL_PARAMS_SLOTS 256 /* open addressing; more kernels than any process loads */
-typedef struct pv_cuda_kernel_params {
-    const void *kernel;
-    int n_params;
-    uint8_t size[PV_CUDA_KERNEL_MAX_PARAMS];
-} pv_cuda_kernel_params;
-
 /* One loaded program: a family under one parameter set. */
 typedef struct pv_cuda_program {
     pv_kernel_params params;
@@ -67,11 +55,11 @@ typedef struct pv_cuda_kernels {
     pv_cuda_program *programs;
     int n_programs, cap_programs;
     /* During a graph step (backends/graph-trace.h), each launch is
-     * described to `trace`; with `check`, it is compared with the
-     * recording's instead of launched. NULL outside graph steps. */
+     * described to `trace` (its arguments' bytes, their sizes given by the
+     * launcher); with `check`, it is compared with the recording's instead
+     * of launched. NULL outside graph steps. */
     pv_graph_trace *trace;
     int check;
-    pv_cuda_kernel_params param_sizes[PV_CUDA_KERNEL_PARAMS_SLOTS];
 } pv_cuda_kernels;
 
 /* The target for a device of compute capability major.minor, the cache

@@ -156,74 +156,57 @@ static long long rows_in_grid_x(long long total, long long first)
     return total - first < MAX_GRID_X ? total - first : MAX_GRID_X;
 }
 
-/* The parameter sizes of `kernel`, asked of the runtime at its first
- * launch; NULL when the table is full. */
-static const pv_cuda_kernel_params *kernel_params(pv_cuda_kernels *k, cudaKernel_t kernel)
-{
-    const uintptr_t h = (uintptr_t)(const void *)kernel;
-    for (size_t probe = 0; probe < PV_CUDA_KERNEL_PARAMS_SLOTS; probe++) {
-        pv_cuda_kernel_params *e = &k->param_sizes[(h / 16 + probe) % PV_CUDA_KERNEL_PARAMS_SLOTS];
-        if (e->kernel == (const void *)kernel)
-            return e;
-        if (e->kernel)
-            continue;
-        e->kernel = (const void *)kernel;
-        e->n_params = 0;
-        for (size_t i = 0;; i++) {
-            size_t offset = 0, size = 0;
-            if (cudaFuncGetParamInfo((const void *)kernel, i, &offset, &size) != cudaSuccess) {
-                (void)cudaGetLastError(); /* past the last parameter (or not answerable) */
-                break;
-            }
-            if (i == PV_CUDA_KERNEL_MAX_PARAMS || size == 0 || size > UINT8_MAX) {
-                e->n_params = -1;
-                break;
-            }
-            e->size[i] = (uint8_t)size;
-            e->n_params = (int)i + 1;
-        }
-        if (e->n_params == 0)
-            e->n_params = -1; /* every kernel of kernels/ has parameters: the runtime did not say */
-        return e;
-    }
-    return NULL;
-}
+/* A kernel argument: its address, for cudaLaunchKernel, and its size, for
+ * the graph trace (which compares the bytes a step would launch with). */
+typedef struct karg {
+    void *p;
+    size_t size;
+} karg;
+#define KARG(x) {(void *)&(x), sizeof(x)}
+#define N_ARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define MAX_KERNEL_ARGS 24 /* more than any kernel of kernels/ takes */
 
 /* Describes a launch to the graph trace: kernel, geometry and the bytes of
  * every argument, so a later step launches the recorded graph only if it
  * would have launched exactly this. */
-static void trace_launch(pv_cuda_kernels *k, cudaKernel_t kernel, dim3 grid, dim3 block, void **args)
+static void trace_launch(pv_cuda_kernels *k, cudaKernel_t kernel, dim3 grid, dim3 block, const karg *args,
+                         int n_args)
 {
-    const pv_cuda_kernel_params *p = kernel_params(k, kernel);
-    unsigned char item[3 * sizeof(uint64_t) + PV_CUDA_KERNEL_MAX_PARAMS * sizeof(uint64_t)];
-    if (!p || p->n_params < 0) {
-        pv_graph_trace_opaque(k->trace, PV_TRACE_LAUNCH);
-        return;
-    }
+    unsigned char item[3 * sizeof(uint64_t) + MAX_KERNEL_ARGS * sizeof(uint64_t)];
     const uint64_t head[3] = {(uint64_t)(uintptr_t)(const void *)kernel,
                               (uint64_t)grid.x | (uint64_t)grid.y << 32, block.x};
     size_t n = sizeof head;
     memcpy(item, head, n);
-    for (int i = 0; i < p->n_params; i++) {
-        memcpy(item + n, args[i], p->size[i]);
-        n += p->size[i];
+    for (int i = 0; i < n_args; i++) {
+        if (args[i].size > sizeof item - n) { /* no kernel has such arguments; never replayed */
+            pv_graph_trace_opaque(k->trace, PV_TRACE_LAUNCH);
+            return;
+        }
+        memcpy(item + n, args[i].p, args[i].size);
+        n += args[i].size;
     }
     pv_graph_trace_item(k->trace, PV_TRACE_LAUNCH, item, n);
 }
 
 static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *what, cudaKernel_t kernel,
-                        unsigned int groups0, unsigned int groups1, int work_group, void **args)
+                        unsigned int groups0, unsigned int groups1, int work_group, const karg *args, int n_args)
 {
+    if (n_args > MAX_KERNEL_ARGS)
+        return pv_error(PV_ERR_BACKEND, "cuda: %s takes %d arguments, more than the launcher's %d", what, n_args,
+                        MAX_KERNEL_ARGS);
     dim3 grid = {groups0, groups1, 1};
     dim3 block = {(unsigned int)work_group, 1, 1};
     if (k->trace) {
-        trace_launch(k, kernel, grid, block, args);
+        trace_launch(k, kernel, grid, block, args, n_args);
         if (k->check) { /* the recorded graph launches it */
             (*k->launches)++;
             return PV_OK;
         }
     }
-    cudaError_t err = cudaLaunchKernel((const void *)kernel, grid, block, args, 0, stream);
+    void *addresses[MAX_KERNEL_ARGS];
+    for (int i = 0; i < n_args; i++)
+        addresses[i] = args[i].p;
+    cudaError_t err = cudaLaunchKernel((const void *)kernel, grid, block, addresses, 0, stream);
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaLaunchKernel", "%s, %u x %u groups of %d", what, groups0, groups1,
                             work_group);
@@ -269,15 +252,17 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
         long long part_off = i0 * splits * token_elems;
         long long ml_off = ml_base + i0 * splits * a->n_heads * 2;
         const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
-        void *args[] = {&q,         &off,        &kv_pool,      &seq,         &pos,
-                        &slot_table, &max_chunks, &n_heads,      &n_kv_heads,  &head_dim,
-                        &chunk_tokens, &scale,    &heads_per_block, &n_splits, &out,
-                        &off,       &part,       &part_off,     &ml_off};
+        karg args[] = {KARG(q),          KARG(off),          KARG(kv_pool),  KARG(seq),        KARG(pos),
+                       KARG(slot_table), KARG(max_chunks),   KARG(n_heads),  KARG(n_kv_heads), KARG(head_dim),
+                       KARG(chunk_tokens), KARG(scale),      KARG(heads_per_block), KARG(n_splits), KARG(out),
+                       KARG(off),        KARG(part),         KARG(part_off), KARG(ml_off)};
         PV_TRY(launch(k, stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
-                   args));
+                   args, N_ARGS(args)));
         if (splits > 1) {
-            void *combine_args[] = {&part, &part_off, &ml_off, &n_splits, &n_heads, &head_dim, &out, &off};
-            PV_TRY(launch(k, stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args));
+            karg combine_args[] = {KARG(part),    KARG(part_off), KARG(ml_off), KARG(n_splits),
+                                   KARG(n_heads), KARG(head_dim), KARG(out),    KARG(off)};
+            PV_TRY(launch(k, stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args,
+                          N_ARGS(combine_args)));
         }
     }
     return PV_OK;
@@ -300,10 +285,10 @@ pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const
     for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
         long long off = i0 * row_elems;
         const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
-        void *args[] = {&kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks, &chunk_tokens,
-                        &row_elems};
+        karg args[] = {KARG(kf),  KARG(off),        KARG(vf),         KARG(off),          KARG(kv_pool),  KARG(seq),
+                       KARG(pos), KARG(slot_table), KARG(max_chunks), KARG(chunk_tokens), KARG(row_elems)};
         PV_TRY(launch(k, stream, "kv_write", kernel, groups_of(row_elems, wg),
-                   (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
+                   (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -324,9 +309,9 @@ pv_status pv_cuda_launch_slot_copy(pv_cuda_kernels *k, cudaStream_t stream, cons
     for (long long i0 = 0; i0 < a->n_slots_moved; i0 += MAX_GRID_ROWS) {
         long long off = i0 * slot_elems;
         const int32_t *ids = slots + i0;
-        void *args[] = {&pool, &staging, &off, &ids, &slot_elems};
+        karg args[] = {KARG(pool), KARG(staging), KARG(off), KARG(ids), KARG(slot_elems)};
         PV_TRY(launch(k, stream, what, kernel, groups_of(slot_elems, per_group),
-                   (unsigned int)rows_in_launch(a->n_slots_moved, i0), wg, args));
+                   (unsigned int)rows_in_launch(a->n_slots_moved, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -346,9 +331,9 @@ pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, 
     long long slot_words = a->slot_elems * (long long)pv_dtype_size(a->dtype) / 4;
     for (long long i0 = 0; i0 < a->n; i0 += MAX_GRID_ROWS) {
         const int32_t *to = dst_slots + i0, *from = src_slots + i0;
-        void *args[] = {&dst, &src, &to, &from, &slot_words};
+        karg args[] = {KARG(dst), KARG(src), KARG(to), KARG(from), KARG(slot_words)};
         PV_TRY(launch(k, stream, "slot_transfer", kernel, groups_of(slot_words, per_group),
-                      (unsigned int)rows_in_launch(a->n, i0), wg, args));
+                      (unsigned int)rows_in_launch(a->n, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -379,10 +364,12 @@ pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, 
     for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
         long long q_off = i0 * q_elems, off = i0 * row_elems;
         const int32_t *seq = token_seq + i0, *pos = token_pos + i0;
-        void *args[] = {&q, &q_off, &kf, &off, &vf, &off, &kv_pool, &seq, &pos, &slot_table, &max_chunks,
-                        &chunk_tokens, &n_heads, &n_kv_heads, &head_dim, &base, &neox};
+        karg args[] = {KARG(q),          KARG(q_off),        KARG(kf),      KARG(off),        KARG(vf),
+                       KARG(off),        KARG(kv_pool),      KARG(seq),     KARG(pos),        KARG(slot_table),
+                       KARG(max_chunks), KARG(chunk_tokens), KARG(n_heads), KARG(n_kv_heads), KARG(head_dim),
+                       KARG(base),       KARG(neox)};
         PV_TRY(launch(k, stream, "rope_kv_write", kernel, (unsigned int)(a->n_heads + a->n_kv_heads),
-                      (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args));
+                      (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -399,9 +386,10 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
     for (long long i0 = 0; i0 < a->n_ids; i0 += MAX_GRID_ROWS) {
         long long out_off = i0 * a->dim;
         const int32_t *first = ids + i0; /* device ids stay numbered from ids_dev */
-        void *args[] = {&table, &table_off, &n_rows, &first, &ids_dev, &ids_dev_off, &dim, &out, &out_off};
+        karg args[] = {KARG(table),       KARG(table_off), KARG(n_rows), KARG(first),  KARG(ids_dev),
+                       KARG(ids_dev_off), KARG(dim),       KARG(out),    KARG(out_off)};
         PV_TRY(launch(k, stream, "embed_gather", kernel, groups_of(a->dim, wg),
-                   (unsigned int)rows_in_launch(a->n_ids, i0), wg, args));
+                   (unsigned int)rows_in_launch(a->n_ids, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -423,18 +411,18 @@ static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const cha
     long long zero = 0;
     int tokens = (int)n_tokens, in = (int)n_in, out = (int)n_out;
     int x4 = (uintptr_t)x % 16 == 0 && n_in % 4 == 0;
-    void *args[13];
+    karg args[12];
     int n = 0;
-    args[n++] = &w;
-    args[n++] = &zero;
+    args[n++] = (karg)KARG(w);
+    args[n++] = (karg)KARG(zero);
     if (w_up) {
-        args[n++] = &w_up;
-        args[n++] = &zero;
+        args[n++] = (karg)KARG(w_up);
+        args[n++] = (karg)KARG(zero);
     }
-    void *rest[] = {&x, &zero, &x4, &y, &zero, &tokens, &in, &out};
-    for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++)
+    const karg rest[] = {KARG(x), KARG(zero), KARG(x4), KARG(y), KARG(zero), KARG(tokens), KARG(in), KARG(out)};
+    for (int i = 0; i < N_ARGS(rest); i++)
         args[n++] = rest[i];
-    return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(token_class)), 1, wg, args);
+    return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(token_class)), 1, wg, args, n);
 }
 
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
@@ -462,10 +450,10 @@ pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, 
     const int wg = p.value[PV_KPARAM_WG];
     long long w_off = 0, first_row = row0;
     int n_in = (int)a->n_in, bf16 = gemm_mode == PV_GEMM_BF16;
-    void *args_f32[] = {&w, &w_off, &n_in, &first_row, &tile};
-    void *args_16[] = {&w, &w_off, &n_in, &first_row, &bf16, &tile};
+    karg args_f32[] = {KARG(w), KARG(w_off), KARG(n_in), KARG(first_row), KARG(tile)};
+    karg args_16[] = {KARG(w), KARG(w_off), KARG(n_in), KARG(first_row), KARG(bf16), KARG(tile)};
     return launch(k, stream, "qmatmul_widen", kernel, groups_of(a->n_in, wg), (unsigned int)n_rows, wg,
-                  narrow ? args_16 : args_f32);
+                  narrow ? args_16 : args_f32, narrow ? N_ARGS(args_16) : N_ARGS(args_f32));
 }
 
 /* groups {ceil(n / PV_WG)}, n / PV_WG below gridDim.x (the caller's T * n_in, each < 2^31) */
@@ -477,8 +465,8 @@ pv_status pv_cuda_launch_qmatmul_narrow16(pv_cuda_kernels *k, cudaStream_t strea
     PV_TRY(kernel_get(k, &p, "pv_qmatmul_narrow16", &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     long long x_off = 0, n = a->n_tokens * a->n_in;
-    void *args[] = {&x, &x_off, &n, &bf16, &out};
-    return launch(k, stream, "qmatmul_narrow16", kernel, groups_of(n, wg), 1, wg, args);
+    karg args[] = {KARG(x), KARG(x_off), KARG(n), KARG(bf16), KARG(out)};
+    return launch(k, stream, "qmatmul_narrow16", kernel, groups_of(n, wg), 1, wg, args, N_ARGS(args));
 }
 
 /* ---- recompute family ---------------------------------------------------------------- */
@@ -504,8 +492,9 @@ pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const 
     float eps = a->eps;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->dim;
-        void *args[] = {&x, &off, &weight, &weight_off, &out, &off, &dim, &eps};
-        PV_TRY(launch(k, stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(x), KARG(off), KARG(weight), KARG(weight_off), KARG(out), KARG(off), KARG(dim), KARG(eps)};
+        PV_TRY(
+            launch(k, stream, "rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -521,8 +510,10 @@ pv_status pv_cuda_launch_add_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, co
     float eps = a->eps;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->dim;
-        void *args[] = {&x, &off, &y, &off, &weight, &weight_off, &out, &off, &dim, &eps};
-        PV_TRY(launch(k, stream, "add_rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(x),          KARG(off), KARG(y),   KARG(off), KARG(weight),
+                       KARG(weight_off), KARG(out), KARG(off), KARG(dim), KARG(eps)};
+        PV_TRY(launch(k, stream, "add_rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args,
+                      N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -540,9 +531,9 @@ pv_status pv_cuda_launch_rope(pv_cuda_kernels *k, cudaStream_t stream, const pv_
     for (long long i0 = 0; i0 < a->n_tokens; i0 += MAX_GRID_ROWS) {
         long long off = i0 * token_elems;
         const int32_t *first = pos + i0;
-        void *args[] = {&x, &off, &first, &n_heads, &head_dim, &base, &neox};
-        PV_TRY(launch(k, stream, "rope", kernel, (unsigned int)a->n_heads, (unsigned int)rows_in_launch(a->n_tokens, i0),
-                   wg, args));
+        karg args[] = {KARG(x), KARG(off), KARG(first), KARG(n_heads), KARG(head_dim), KARG(base), KARG(neox)};
+        PV_TRY(launch(k, stream, "rope", kernel, (unsigned int)a->n_heads,
+                      (unsigned int)rows_in_launch(a->n_tokens, i0), wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -561,8 +552,8 @@ static pv_status elementwise(pv_cuda_kernels *k, cudaStream_t stream, const char
         long long n = total - e0 < per_launch ? total - e0 : per_launch;
         const float *xe = x + e0, *ye = y + e0;
         float *oute = out + e0;
-        void *args[] = {&xe, &zero, &ye, &zero, &oute, &zero, &n};
-        PV_TRY(launch(k, stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args));
+        karg args[] = {KARG(xe), KARG(zero), KARG(ye), KARG(zero), KARG(oute), KARG(zero), KARG(n)};
+        PV_TRY(launch(k, stream, name + 3, kernel, groups_of(n, per_group), 1, wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -590,8 +581,9 @@ pv_status pv_cuda_launch_softmax(pv_cuda_kernels *k, cudaStream_t stream, const 
     float scale = a->scale;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
-        void *args[] = {&x, &off, &out, &off, &cols, &scale};
-        PV_TRY(launch(k, stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(x), KARG(off), KARG(out), KARG(off), KARG(cols), KARG(scale)};
+        PV_TRY(
+            launch(k, stream, "softmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -607,8 +599,9 @@ pv_status pv_cuda_launch_argmax(pv_cuda_kernels *k, cudaStream_t stream, const p
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
         long long off = r0 * a->cols;
         int32_t *rows_out = out + r0;
-        void *args[] = {&x, &off, &cols, &rows_out};
-        PV_TRY(launch(k, stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(x), KARG(off), KARG(cols), KARG(rows_out)};
+        PV_TRY(
+            launch(k, stream, "argmax", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args, N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -626,8 +619,10 @@ pv_status pv_cuda_launch_sample_top_p(pv_cuda_kernels *k, cudaStream_t stream, c
         long long off = r0 * a->cols;
         const float *rows_u = u + r0;
         int32_t *rows_out = out + r0;
-        void *args[] = {&logits, &off, &cols, &temperature, &top_p, &rows_u, &rows_out};
-        PV_TRY(launch(k, stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(logits), KARG(off),    KARG(cols),    KARG(temperature),
+                       KARG(top_p),  KARG(rows_u), KARG(rows_out)};
+        PV_TRY(launch(k, stream, "sample_top_p", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args,
+                      N_ARGS(args)));
     }
     return PV_OK;
 }
@@ -652,9 +647,11 @@ pv_status pv_cuda_launch_sample_batch(pv_cuda_kernels *k, cudaStream_t stream, c
          * its own biased rows from the scratch's start, after the last. */
         const int32_t *rows_start = bias->start ? bias->start + r0 : NULL;
         int32_t *rows_out = out + r0;
-        void *args[] = {&logits,      &off,        &cols,       &rows_t, &rows_p,   &rows_u, &biased_rows,
-                        &rows_start,  &bias_token, &bias_value, &biased, &rows_out, &out_off};
-        PV_TRY(launch(k, stream, "sample_batch", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args));
+        karg args[] = {KARG(logits), KARG(off),         KARG(cols),       KARG(rows_t),     KARG(rows_p),
+                       KARG(rows_u), KARG(biased_rows), KARG(rows_start), KARG(bias_token), KARG(bias_value),
+                       KARG(biased), KARG(rows_out),    KARG(out_off)};
+        PV_TRY(launch(k, stream, "sample_batch", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args,
+                      N_ARGS(args)));
     }
     return PV_OK;
 }
