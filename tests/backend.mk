@@ -89,6 +89,15 @@ tests_test_cpu_quantize_x_SOURCES = tests/test-cpu-quantize-x.c
 tests_test_cpu_quantize_x_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_cpu_quantize_x_LDADD = $(PV_LINK)
 
+# kernels/qmatmul.cl's 16-bit GEMM operands on an OpenCL device, built from
+# the embedded kernel text (no OpenCL launcher uses them: CUDA does).
+check_PROGRAMS += tests/test-kernel-round16
+TESTS += tests/test-kernel-round16
+tests_test_kernel_round16_SOURCES = tests/test-kernel-round16.c
+nodist_tests_test_kernel_round16_SOURCES = kernels/kernel-sources.c
+tests_test_kernel_round16_CPPFLAGS = $(PV_TEST_INCLUDES) $(OPENCL_CFLAGS)
+tests_test_kernel_round16_LDADD = $(PV_LINK) $(OPENCL_LIBS)
+
 if HAVE_CUDA
 # Every CUDA kernel family compiled by NVRTC with the parameter sets of
 # backends/kernel-params.h for the --with-cuda-arch architectures, planted
