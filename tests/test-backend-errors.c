@@ -138,6 +138,16 @@ static void attention_cases(const char *name, pv_backend *be)
     f.slot_table[1] = -1; /* a hole inside the context */
     expect(name, "attention slot -1 inside the context", pv_attention(be, &f.args), PV_ERR_INVALID_ARG,
            NAMES("slot_table", "-1"), &f.out);
+    /* Two tokens of sequence 0 (a prefill): the second reaches chunk 1,
+     * which the first did not need, and finds a hole there. */
+    f.token_seq[1] = 0;
+    f.token_pos[0] = 5;
+    f.token_pos[1] = 38;
+    expect(name, "attention: a later token of a sequence reaching a hole its first did not", pv_attention(be, &f.args),
+           PV_ERR_INVALID_ARG, NAMES("slot_table[0][1] = -1", "token 1 at position 38"), &f.out);
+    f.token_seq[1] = 1;
+    f.token_pos[0] = 39;
+    f.token_pos[1] = 35;
     f.slot_table[1] = 0;
 
     f.token_seq[1] = 2;
