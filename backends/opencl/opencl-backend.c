@@ -224,6 +224,33 @@ static pv_status opencl_device_info(int index, pv_device_info *info)
 
 /* ---- life cycle -------------------------------------------------------------- */
 
+/* Releases the deferred buffers whose events have completed; with `wait`,
+ * all of them, waiting. An event that cannot be asked counts as complete
+ * (the queues are then broken, and nothing will run). */
+static void release_deferred(pv_opencl *cl, int wait)
+{
+    int kept = 0;
+    for (int i = 0; i < cl->n_deferred; i++) {
+        pv_opencl_deferred *d = &cl->deferred[i];
+        int done = 1;
+        if (wait)
+            clWaitForEvents(d->n_events, d->events);
+        for (int e = 0; e < d->n_events && done && !wait; e++) {
+            cl_int status = CL_COMPLETE;
+            clGetEventInfo(d->events[e], CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, NULL);
+            done = status <= CL_COMPLETE; /* complete, or failed */
+        }
+        if (!done) {
+            cl->deferred[kept++] = *d;
+            continue;
+        }
+        for (int e = 0; e < d->n_events; e++)
+            clReleaseEvent(d->events[e]);
+        clReleaseMemObject(d->mem);
+    }
+    cl->n_deferred = kept;
+}
+
 static void opencl_free(pv_backend *be)
 {
     pv_opencl *cl = pv_opencl_of(be);
@@ -233,6 +260,8 @@ static void opencl_free(pv_backend *be)
     for (int q = 0; q < 3; q++)
         if (*all[q])
             clFinish(*all[q]);
+    release_deferred(cl, 1);
+    free(cl->deferred);
     pv_opencl_programs_free(cl);
     pv_opencl_index_buffers_free(cl);
     for (int q = 0; q < 3; q++)
@@ -400,8 +429,13 @@ static pv_status opencl_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t 
         return pv_error(PV_ERR_OUT_OF_MEMORY, "opencl buffer_alloc: bytes = %" PRIu64
                         " exceeds the device's largest allocation %" PRIu64,
                         bytes, (uint64_t)max_alloc);
+    release_deferred(cl, 0);
     cl_mem_flags flags = CL_MEM_READ_WRITE | (kind == PV_MEM_HOST ? CL_MEM_ALLOC_HOST_PTR : 0);
     cl_mem mem = clCreateBuffer(cl->context, flags, (size_t)bytes, NULL, &err);
+    if ((err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES) && cl->n_deferred) {
+        release_deferred(cl, 1); /* the memory of buffers freed while in use */
+        mem = clCreateBuffer(cl->context, flags, (size_t)bytes, NULL, &err);
+    }
     if (err != CL_SUCCESS)
         return pv_opencl_fail("buffer_alloc", "clCreateBuffer", err);
     void *host_ptr = NULL;
@@ -432,33 +466,53 @@ static pv_status wait_all(pv_opencl *cl, const char *what)
     return PV_OK;
 }
 
+/* Defers the release of mem behind markers of both queues and, for a host
+ * buffer, its unmap (copies to and from a host buffer name only its
+ * host_ptr, which the runtime cannot tie to the object, so the unmap goes
+ * on the release queue behind the markers: it waits for them without
+ * either queue waiting for the other). */
+static cl_int defer_release(pv_opencl *cl, cl_mem mem, void *host_ptr)
+{
+    if (cl->n_deferred == cl->cap_deferred) {
+        int cap = cl->cap_deferred ? 2 * cl->cap_deferred : 16;
+        pv_opencl_deferred *grown = realloc(cl->deferred, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return CL_OUT_OF_HOST_MEMORY;
+        cl->deferred = grown;
+        cl->cap_deferred = cap;
+    }
+    pv_opencl_deferred d = {mem, {NULL, NULL, NULL}, 0};
+    cl_int err = CL_SUCCESS;
+    for (int q = 0; q < 2 && err == CL_SUCCESS; q++)
+        if ((err = clEnqueueMarkerWithWaitList(cl->queues[q], 0, NULL, &d.events[q])) == CL_SUCCESS) {
+            d.n_events++;
+            err = clFlush(cl->queues[q]);
+        }
+    if (err == CL_SUCCESS && host_ptr &&
+        (err = clEnqueueUnmapMemObject(cl->release_queue, mem, host_ptr, 2, d.events, &d.events[2])) == CL_SUCCESS) {
+        d.n_events++;
+        err = clFlush(cl->release_queue);
+    }
+    if (err != CL_SUCCESS) { /* the caller waits for every queue and releases */
+        for (int e = 0; e < d.n_events; e++)
+            clReleaseEvent(d.events[e]);
+        return err;
+    }
+    cl->deferred[cl->n_deferred++] = d;
+    return CL_SUCCESS;
+}
+
 static void opencl_buffer_free(pv_backend *be, pv_buffer *buf)
 {
     pv_opencl *cl = pv_opencl_of(be);
     cl_mem mem = pv_opencl_mem(buf);
     if (!mem)
         return;
-    /* The release itself waits, inside the runtime, for commands using the
-     * object. Copies to and from a host buffer name only its host_ptr,
-     * which the runtime cannot tie to the object: the unmap goes on the
-     * release queue behind markers of both queues, so it waits for them
-     * without either queue waiting for the other. */
-    if (buf->host_ptr) {
-        cl_event marks[2] = {NULL, NULL};
-        cl_int err = CL_SUCCESS;
-        for (int q = 0; q < 2 && err == CL_SUCCESS; q++)
-            err = clEnqueueMarkerWithWaitList(cl->queues[q], 0, NULL, &marks[q]);
-        if (err == CL_SUCCESS)
-            err = clEnqueueUnmapMemObject(cl->release_queue, mem, buf->host_ptr, 2, marks, NULL);
-        if (err == CL_SUCCESS)
-            err = clFlush(cl->release_queue);
-        if (err != CL_SUCCESS)
-            wait_all(cl, "buffer_free"); /* leave nothing in flight on the memory */
-        for (int q = 0; q < 2; q++)
-            if (marks[q])
-                clReleaseEvent(marks[q]);
+    release_deferred(cl, 0);
+    if (defer_release(cl, mem, buf->host_ptr) != CL_SUCCESS) {
+        wait_all(cl, "buffer_free"); /* leave nothing in flight on the memory */
+        clReleaseMemObject(mem);
     }
-    clReleaseMemObject(mem);
     buf->handle = NULL;
     buf->host_ptr = NULL;
 }
@@ -605,7 +659,10 @@ static void opencl_event_free(pv_backend *be, pv_event *ev)
 
 static pv_status opencl_finish(pv_backend *be)
 {
-    return wait_all(pv_opencl_of(be), "finish");
+    pv_opencl *cl = pv_opencl_of(be);
+    pv_status st = wait_all(cl, "finish");
+    release_deferred(cl, 0); /* complete now, unless a queue failed */
+    return st;
 }
 
 /* ---- timing markers --------------------------------------------------------------

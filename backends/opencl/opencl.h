@@ -43,6 +43,14 @@
  * bias: 6). */
 #define PV_OPENCL_INDEX_BUFFERS 6
 
+/* A freed buffer whose release waits for the commands enqueued before the
+ * free: markers of both queues (and, for a host buffer, its unmap). */
+typedef struct pv_opencl_deferred {
+    cl_mem mem;
+    cl_event events[3];
+    int n_events;
+} pv_opencl_deferred;
+
 /* One built program: a family under one set of -D defines, with its
  * kernels created once. A cl_kernel holds its arguments until enqueued, so
  * a backend serves one thread at a time. */
@@ -63,6 +71,12 @@ typedef struct pv_opencl {
     /* Unmaps freed host buffers after both queues are done with them, so a
      * free holds neither queue behind the other (backend.h's contract). */
     cl_command_queue release_queue;
+    /* Freed buffers not yet released: released once their events complete
+     * (checked at each alloc and free, all at finish and teardown), since
+     * a driver's release may wait for the whole device (NVIDIA's, as
+     * cudaFree does), which would hold the caller behind every queue. */
+    pv_opencl_deferred *deferred;
+    int n_deferred, cap_deferred;
     pv_opencl_program *programs;
     int n_programs, cap_programs;
     /* Device copies of host index arrays, one buffer per argument position
