@@ -179,12 +179,16 @@ static float round16(float v, int bf16)
 
 /* qmatmul's larger batches in each PV_GEMM mode (backends/kernel-params.h)
  * the backend runs, selected as pensieve-tune does. The 16-bit modes must
- * equal, to the f32 limit, the product of x and the dequantised W each
- * rounded to the mode's type as specified (round to nearest even): a tile
- * or activation rounded otherwise (truncated, or to the other type) is
- * off by some 1e-3. TF32 rounds inside cuBLAS, its 10-bit significand
- * gives some 1e-3 of the largest output against the f32 product. A mode
- * the backend does not run is refused by name. */
+ * equal the product of x and the dequantised W each rounded to the mode's
+ * type as specified (round to nearest even), to ROUNDED_ERROR_LIMIT: the
+ * products of 16-bit values are exact in f32, but tensor cores add a
+ * block's products with a few bits less than f32's rounding (up to some
+ * 1e-5 of the largest output here), while a tile or activation not rounded,
+ * or rounded otherwise, is off by 2-3e-4 (shown on PoCL with the device
+ * limit lifted). TF32 rounds inside cuBLAS: its 10-bit significand gives
+ * some 1e-3 against the f32 product. A mode the backend does not run is
+ * refused by name. */
+#define ROUNDED_ERROR_LIMIT 5e-5
 #define TF32_ERROR_LIMIT 4e-3
 
 static void check_gemm_modes(pv_backend *be, const char *name, uint64_t *rng)
@@ -222,7 +226,7 @@ static void check_gemm_modes(pv_backend *be, const char *name, uint64_t *rng)
                     want[i * n_out + o] = sum;
                 }
             const double err = st == PV_OK ? normalized_error_f64(got, want, y_n) : INFINITY;
-            const double limit = narrow ? ERROR_LIMIT : TF32_ERROR_LIMIT;
+            const double limit = narrow ? ROUNDED_ERROR_LIMIT : TF32_ERROR_LIMIT;
             const int guards = st == PV_OK && guards_intact(&ty);
             ok(st == PV_OK && err <= limit && guards,
                "%s: qmatmul %s T %lld with PV_GEMM %s: error %.3g against the %s product (limit %.3g)%s%s", name,
