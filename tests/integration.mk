@@ -19,3 +19,7 @@ TESTS += tests/test-generate
 tests_test_generate_SOURCES = tests/test-generate.c
 tests_test_generate_CPPFLAGS = $(PV_TEST_INCLUDES)
 tests_test_generate_LDADD = $(PV_LINK)
+
+# scripts/gpu-report on a fixture: each GPU target's figure and verdict.
+TESTS += tests/test-gpu-report.sh
+EXTRA_DIST += tests/test-gpu-report.sh tests/gpu-report/summary.json tests/gpu-report/results.json

@@ -1,0 +1,38 @@
+#!/bin/sh
+# scripts/gpu-report on a fixture (tests/gpu-report: figures of the H100
+# runs and of PoCL dry runs, trimmed; the llama-bench records and the
+# PV_GEMM table are made up for the test): each target's figure, ratio and
+# verdict computed from the JSON as docs/PERFORMANCE.md quotes them.
+set -u
+here=$(dirname "$0")
+. "$here/tap.sh"
+if ! command -v python3 >/dev/null 2>&1; then
+    echo "1..0 # SKIP no python3"
+    exit 0
+fi
+out=$(mktemp /tmp/pv-test-gpu-report-XXXXXX)
+trap 'rm -f "$out"' EXIT
+python3 "$here/../scripts/gpu-report" "$here/gpu-report" >"$out" 2>&1
+check $? "gpu-report reads the fixture's summary.json and results.json"
+has() { # has TEXT MESSAGE: the report holds the line TEXT
+    grep -qxF -- "$1" "$out"
+    check $? "$2: '$1'"
+}
+has "- 1K-8K: 9%-10% of the copy: not met" "attention: the share of the device copy over contexts 1K-8K"
+has "- paged over contiguous: 0.989-1.015x: met" "attention: paged against contiguous, both ends"
+has "- transfers at 72%-82% of the plain copy: not met" "swap: the transfers against one plain copy"
+has "- layer-pipelined swap-in of 4 layers: copy 0.728 ms, compute 77.585 ms, both 78.340 ms: 1.01x the longer: met" \
+    "swap: the pipelined turn against the longer of copy and compute"
+has "- bench-model-smol-cuda: host/device 0.35 at batch 1: not met" "model: host time over device time"
+has "- smol: prefill 2.00x, single-stream decode 0.50x llama.cpp's: not met" \
+    "peer: both ratios against llama-bench on the same file"
+has "| Q4_0 | 14336x4096 | 512 | 30065 | 240519 | f16 | 8.00x |" "PV_GEMM: GFLOP/s per mode, the fastest and its gain"
+has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
+grep -q "^| test-backend-async | rc=1 | 4.19 | 26 ok, 1 not ok, 1 skipped | not ok 16 - opencl" "$out"
+check $? "steps: a failing test's counts and first failure"
+grep -qxF -- "- pensieve-bench-cpu: pensieve 1.00x stateless at the target: undecided (a mode met the target at every rate tried: higher rates needed)" "$out"
+check $? "serving: a ratio of two lower bounds is not a verdict"
+python3 "$here/../scripts/gpu-report" /nonexistent-dir >/dev/null 2>&1
+[ $? -eq 2 ]
+check $? "a directory without the files: status 2"
+tap_done
