@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 13 /* 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 14 /* 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -796,10 +796,15 @@ int pv_attention_head_dim_supported(int32_t head_dim);
 
 /* ---- kernel tuning -----------------------------------------------------------
  * The OpenCL and CUDA backends run the portable kernels (kernels/), built
- * with parameters that change their speed and never their results: the
- * work-group size PV_WG, the elements per work-item PV_ITEM_ELEMS, and
- * attention's split-K count PV_SPLITS (0: a rule that grows it with the
- * context). A set of them, written "PV_WG=16 PV_SPLITS=4", applies to the
+ * with parameters that change their speed: the work-group size PV_WG, the
+ * elements per work-item PV_ITEM_ELEMS and attention's split-K count
+ * PV_SPLITS (0: a rule that grows it with the context), which leave the
+ * results as they are (up to f32 summation order), and qmatmul's PV_GEMM,
+ * the precision of the matrix products of batches over 16 tokens: 0 f32,
+ * 1 f16, 2 bf16, 3 TF32 (the last three on tensor cores, their inputs
+ * rounded: errors of some 1e-3 of the largest output; a backend runs the
+ * modes its device has, CUDA all four from compute capability 8.0, OpenCL
+ * f32 only). A set of them, written "PV_WG=16 PV_SPLITS=4", applies to the
  * calls of one shape bucket:
  *   attention.hd<64|128|256>.g<1|2|4|8>.<decode|prefill>.<short|long>
  *     head_dim up to 64, 128 or 256; query heads per KV head rounded up to
@@ -818,13 +823,15 @@ int pv_backend_kernels_tunable(const pv_backend *be);
 /* The bucket name of an attention call. */
 pv_status pv_attention_bucket(const pv_attention_args *a, char *buf, size_t size);
 /* *count (if non-NULL) = the candidate sets of bucket (those within be's
- * work-group limit; be may be NULL: all of them); with buf, candidate
- * `index` (0 .. count - 1) as text. */
+ * work-group limit and GEMM modes; be may be NULL: all of them); with buf,
+ * candidate `index` (0 .. count - 1) as text. */
 pv_status pv_kernel_candidate(const pv_backend *be, const char *bucket, int index, char *buf, size_t size,
                               int *count);
 /* Calls of bucket use these parameters from now on (the ones not named
  * keep their current values); NULL or "" returns the bucket to the
- * defaults. A value outside the candidates is PV_ERR_INVALID_ARG. */
+ * defaults. A value outside the candidates is PV_ERR_INVALID_ARG; a PV_WG
+ * above the device's limit or a PV_GEMM mode it does not run,
+ * PV_ERR_UNSUPPORTED. */
 pv_status pv_backend_kernel_set(pv_backend *be, const char *bucket, const char *params);
 /* The set calls of bucket use now, every tuned parameter named. */
 pv_status pv_backend_kernel_get(const pv_backend *be, const char *bucket, char *buf, size_t size);

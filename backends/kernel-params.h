@@ -14,7 +14,10 @@
  *     size, PV_ITEM_ELEMS sets the number of groups) must take it from the
  *     same parameter set the program was built with.
  *   - launch: tuned the same way, but read by the launcher only (split
- *     count); never a -D define, so its values share one program.
+ *     count, GEMM precision); never a -D define, so its values share one
+ *     program. PV_GEMM is the one tuned choice that changes results (its
+ *     16-bit and TF32 modes round the products' inputs): pensieve-tune
+ *     allows those modes a wider error.
  *   - variant: fixed by the op's arguments (storage dtype, weight type,
  *     head-dim class, query heads per group); the launcher sets it per call
  *     and each value is a program of its own.
