@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 14 /* 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 15 /* 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -308,8 +308,10 @@ typedef struct pv_embed_gather_args {
  * (Q8_0, Q4_0, Q4_1) a backend may multiply by x rounded per block of 32 to
  * pv_device_info.activation_bits bits, for integer products: 16 on the CPU
  * (steps of max |x| / 32512; backends/cpu/cpu-qmatmul.h), about 1e-5
- * relative error. (llama.cpp rounds to 8 bits, which on SmolLM2 changes 5%
- * of the teacher-forced top-1 tokens against f32.) */
+ * relative error; OpenCL and CUDA the same way at T <= 16 when their
+ * kernel tuning says PV_ACT16=1 (kernel tuning, below). (llama.cpp rounds
+ * to 8 bits, which on SmolLM2 changes 5% of the teacher-forced top-1
+ * tokens against f32.) */
 typedef struct pv_qmatmul_args {
     pv_wtype w_type;
     int64_t n_tokens, n_in, n_out;
@@ -804,8 +806,11 @@ int pv_attention_head_dim_supported(int32_t head_dim);
  * 1 f16, 2 bf16, 3 TF32 (the last three on tensor cores, their inputs
  * rounded: errors of some 1e-3 of the largest output; a backend runs the
  * modes its device has, CUDA all four from compute capability 8.0, OpenCL
- * f32 only). A set of them, written "PV_WG=16 PV_SPLITS=4", applies to the
- * calls of one shape bucket:
+ * f32 only), and qmatmul's PV_ACT16: 1 has the decode-sized products
+ * (T <= 16) of the block types take x rounded to 16 bits per block as the
+ * CPU backend does (pv_qmatmul_args), for integer dot products (some 1e-5
+ * of the largest output), 0 f32 x. A set of them, written "PV_WG=16
+ * PV_SPLITS=4", applies to the calls of one shape bucket:
  *   attention.hd<64|128|256>.g<1|2|4|8>.<decode|prefill>.<short|long>
  *     head_dim up to 64, 128 or 256; query heads per KV head rounded up to
  *     a power of two (g8: 8 or more); decode: at most 8 query tokens;

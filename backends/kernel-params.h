@@ -14,10 +14,11 @@
  *     size, PV_ITEM_ELEMS sets the number of groups) must take it from the
  *     same parameter set the program was built with.
  *   - launch: tuned the same way, but read by the launcher only (split
- *     count, GEMM precision); never a -D define, so its values share one
- *     program. PV_GEMM is the one tuned choice that changes results (its
- *     16-bit and TF32 modes round the products' inputs): pensieve-tune
- *     allows those modes a wider error.
+ *     count, GEMM precision, activation rounding); never a -D define, so
+ *     its values share one program. PV_GEMM and PV_ACT16 are the tuned
+ *     choices that change results (they round the products' inputs):
+ *     pensieve-tune allows PV_GEMM's rounded modes a wider error, while
+ *     PV_ACT16's some 1e-5 fits the usual limit.
  *   - variant: fixed by the op's arguments (storage dtype, weight type,
  *     head-dim class, query heads per group); the launcher sets it per call
  *     and each value is a program of its own.
@@ -88,6 +89,14 @@ typedef enum pv_kparam {
      * up to its pv_kernel_tuning.max_gemm (kernel-tuning.h); pensieve-tune
      * measures them and keeps the fastest. */
     PV_KPARAM_GEMM,
+    /* PV_ACT16, launch: 1 has qmatmul's decode-sized products (T <= 16) of
+     * the block types (Q8_0, Q4_0, Q4_1) multiply x rounded to 16 bits per
+     * block of 32, as the CPU backend's integer kernels do (backend.h,
+     * pv_qmatmul_args), with integer dot products (dp4a on CUDA): a
+     * rounding kernel and then fewer instructions per weight. 0 multiplies
+     * f32 x. Changes results by some 1e-5 of the largest output; other
+     * weight types and larger batches are the same in both. */
+    PV_KPARAM_ACT16,
     PV_KPARAM_COUNT
 } pv_kparam;
 
@@ -140,7 +149,7 @@ static inline const char *pv_kparam_define(pv_kparam p)
 {
     static const char *const names[PV_KPARAM_COUNT] = {
         "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE", "PV_SPLITS",
-        "PV_GEMM",
+        "PV_GEMM", "PV_ACT16",
     };
     return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
 }
@@ -162,9 +171,10 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
             {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
             {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
         }},
-        [PV_KERNEL_QMATMUL] = {"qmatmul", 3, {
+        [PV_KERNEL_QMATMUL] = {"qmatmul", 4, {
             {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
             {PV_KPARAM_GEMM, PV_KPARAM_LAUNCH, PV_GEMM_F32, 4, {PV_GEMM_F32, PV_GEMM_F16, PV_GEMM_BF16, PV_GEMM_TF32}},
+            {PV_KPARAM_ACT16, PV_KPARAM_LAUNCH, 0, 2, {0, 1}},
             /* F32, F16, Q4_0, Q4_1, Q8_0, BF16; the kernel has no default */
             {PV_KPARAM_WTYPE, PV_KPARAM_VARIANT, 0, 6, {0, 1, 2, 3, 8, 30}},
         }},

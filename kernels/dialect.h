@@ -84,7 +84,19 @@ typedef half pv_half; /* storage only: loads and stores go through vload_half/vs
 #define PV_COS(x) cos(x)
 #define PV_SIN(x) sin(x)
 #define PV_FMAX(x, y) fmax((x), (y))
+#define PV_FMIN(x, y) fmin((x), (y))
+#define PV_FABS(x) fabs(x)
+#define PV_FMA(a, b, c) fma((a), (b), (c))
+#define PV_RINT(x) rint(x) /* to nearest, ties to even */
 #define PV_INF INFINITY
+
+/* c + the dot product of a's four signed bytes with b's (CUDA's dp4a). */
+PV_FUNC int pv_dp4a(pv_u32 a, pv_u32 b, int c)
+{
+    const int4 p = convert_int4(as_char4(a)) * convert_int4(as_char4(b));
+    return c + (p.x + p.y) + (p.z + p.w);
+}
+#define PV_DP4A(a, b, c) pv_dp4a((a), (b), (c))
 
 /* Precise enough for RoPE angles at positions in the thousands: double
  * where the device has it. */
@@ -144,7 +156,13 @@ PV_FUNC pv_half pv_float_to_half(float f) /* round to nearest even */
 #define PV_COS(x) cosf(x)
 #define PV_SIN(x) sinf(x)
 #define PV_FMAX(x, y) fmaxf((x), (y))
+#define PV_FMIN(x, y) fminf((x), (y))
+#define PV_FABS(x) fabsf(x)
+#define PV_FMA(a, b, c) fmaf((a), (b), (c))
+#define PV_RINT(x) rintf(x) /* to nearest, ties to even */
 #define PV_INF __uint_as_float(0x7f800000u)
+/* One instruction from compute capability 6.1. */
+#define PV_DP4A(a, b, c) __dp4a((int)(a), (int)(b), (c))
 
 typedef double pv_precise;
 

@@ -203,15 +203,12 @@ PV_FUNC void pv_x4(const PV_GLOBAL float *p, int x4, float *v)
 #endif
 }
 
-/* acc[r][t] += this work-item's share of row row0 + r's product with token
- * t, for r < rows and t < max_t and n_tokens. Rows past n_out read the last
- * row (their sums are never stored). */
-PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
-                            const PV_GLOBAL float *x, pv_long x_off, int x4, pv_long row0, int n_tokens, int n_in,
-                            int n_out, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+/* w_rows[r] = the start of row row0 + r of W (rows past n_out: the last
+ * row, whose sums are never stored), acc = 0. */
+PV_FUNC void pv_qmv_begin(const PV_GLOBAL pv_u16 *w, pv_long w_off, pv_long row0, int n_in, int n_out,
+                          const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS], float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
 {
     const pv_long row_words = (pv_long)(n_in / PV_W_UNIT) * PV_W_UNIT_WORDS;
-    const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
     #pragma unroll
     for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
         const pv_long row = row0 + r < n_out ? row0 + r : n_out - 1;
@@ -220,6 +217,16 @@ PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_
         for (int t = 0; t < PV_QMAX_T; t++)
             acc[r][t] = 0.0f;
     }
+}
+
+/* acc[r][t] += this work-item's share of row row0 + r's product with token
+ * t, for r < rows and t < max_t and n_tokens. */
+PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                            const PV_GLOBAL float *x, pv_long x_off, int x4, pv_long row0, int n_tokens, int n_in,
+                            int n_out, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
+    pv_qmv_begin(w, w_off, row0, n_in, n_out, w_rows, acc);
     const int n_octets = PV_OCTETS(n_in);
     for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
         float wq[PV_QMV_MAX_ROWS][8], wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
@@ -338,13 +345,12 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
 #endif
 }
 
-PV_FUNC void pv_qmv(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
-                    const PV_GLOBAL float *x, pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,
-                    int n_tokens, int n_in, int n_out)
+/* Reduces acc over the group and stores row row0 + r's sum for token t at
+ * y[t][row0 + r]. */
+PV_FUNC void pv_qmv_store(const int max_t, const int rows, PV_LOCAL float *red,
+                          float acc[PV_QMV_MAX_ROWS][PV_QMAX_T], PV_GLOBAL float *y, pv_long y_off, pv_long row0,
+                          int n_tokens, int n_out)
 {
-    const pv_long row0 = PV_GROUP_ID(0) * rows;
-    float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];
-    pv_qmv_partial(max_t, rows, w, w_off, x, x_off, x4, row0, n_tokens, n_in, n_out, acc);
     pv_qmv_reduce(max_t, rows, red, acc);
     if (PV_LOCAL_ID() == 0) {
         #pragma unroll
@@ -357,20 +363,13 @@ PV_FUNC void pv_qmv(const int max_t, const int rows, PV_LOCAL float *red, const 
     }
 }
 
-/* y = silu(x Wg^T) * (x Wu^T), silu(g) = g / (1 + exp(-g)): the SwiGLU
- * product in one pass for decode-sized batches, each product summed as
- * pv_qmv sums it, the gate's totals kept in registers while the up
- * product's are reduced. Wg and Wu [n_out][n_in] in PV_WTYPE from words
- * wg_off and wu_off; the groups and local memory of pv_qmv. */
-PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *wg,
-                           pv_long wg_off, const PV_GLOBAL pv_u16 *wu, pv_long wu_off, const PV_GLOBAL float *x,
-                           pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in,
-                           int n_out)
+/* y = silu(gate) * up, silu(g) = g / (1 + exp(-g)), from the two products'
+ * per-work-item sums: the gate's totals stay in registers while the up
+ * product's are reduced. */
+PV_FUNC void pv_qmv_store_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
+                                 float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], float up[PV_QMV_MAX_ROWS][PV_QMAX_T],
+                                 PV_GLOBAL float *y, pv_long y_off, pv_long row0, int n_tokens, int n_out)
 {
-    const pv_long row0 = PV_GROUP_ID(0) * rows;
-    float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];
-    pv_qmv_partial(max_t, rows, wg, wg_off, x, x_off, x4, row0, n_tokens, n_in, n_out, gate);
-    pv_qmv_partial(max_t, rows, wu, wu_off, x, x_off, x4, row0, n_tokens, n_in, n_out, up);
     pv_qmv_reduce(max_t, rows, red, gate);
     PV_BARRIER();
     pv_qmv_reduce(max_t, rows, red, up);
@@ -384,6 +383,31 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
                         gate[r][t] / (1.0f + PV_EXP(-gate[r][t])) * up[r][t];
         }
     }
+}
+
+PV_FUNC void pv_qmv(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                    const PV_GLOBAL float *x, pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,
+                    int n_tokens, int n_in, int n_out)
+{
+    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];
+    pv_qmv_partial(max_t, rows, w, w_off, x, x_off, x4, row0, n_tokens, n_in, n_out, acc);
+    pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);
+}
+
+/* The SwiGLU product in one pass for decode-sized batches, each product
+ * summed as pv_qmv sums it. Wg and Wu [n_out][n_in] in PV_WTYPE from words
+ * wg_off and wu_off; the groups and local memory of pv_qmv. */
+PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red, const PV_GLOBAL pv_u16 *wg,
+                           pv_long wg_off, const PV_GLOBAL pv_u16 *wu, pv_long wu_off, const PV_GLOBAL float *x,
+                           pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in,
+                           int n_out)
+{
+    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];
+    pv_qmv_partial(max_t, rows, wg, wg_off, x, x_off, x4, row0, n_tokens, n_in, n_out, gate);
+    pv_qmv_partial(max_t, rows, wu, wu_off, x, x_off, x4, row0, n_tokens, n_in, n_out, up);
+    pv_qmv_store_swiglu(max_t, rows, red, gate, up, y, y_off, row0, n_tokens, n_out);
 }
 
 /* One kernel per token class: the host picks the smallest max_t >= T and
@@ -413,6 +437,185 @@ PV_QMV_KERNELS(1, 2)
 PV_QMV_KERNELS(4, 4)
 PV_QMV_KERNELS(16, 2) /* PV_QMAX_T */
 #undef PV_QMV_KERNELS
+
+/* ---- Decode-sized products of 16-bit activations (PV_ACT16) --------------
+ * The block types' products as the CPU backend's integer kernels compute
+ * them (backends/cpu/cpu-qmatmul.h): x rounded per block of 32 to two
+ * signed bytes, x ~= d (256 hi + lo), steps of max |x| / 32512, so that an
+ * octet of weights meets its activations in four 4-byte integer dot
+ * products (dp4a on CUDA) instead of eight conversions and multiply-adds
+ * in float: decoding a Q4 byte is a mask and a shift. pv_qmatmul_round16
+ * rounds x once per call into scratch, then pv_qmatmul_fused16_<class> or
+ * pv_qmatmul_swiglu16_<class> run with pv_qmv's groups and local memory.
+ * xq [T][n_in / 4] pairs of words from word xq_off (even): pair j holds the
+ *    hi bytes of elements 4j .. 4j + 3, then their lo bytes;
+ * xs [T][n_in / 32] pairs (d, S) from float xs_off (even): S the sum of the
+ *    block's 256 hi + lo, an integer below 2^21 in magnitude, exact as a
+ *    float; d is NaN for a block holding a NaN, so that it reaches y. */
+#if PV_W_UNIT == 32
+
+/* groups {ceil(n_blocks / PV_WG)}: a work-item a block of x [T][n_in],
+ * n_blocks = T * n_in / 32. */
+PV_KERNEL pv_qmatmul_round16(const PV_GLOBAL float *x, pv_long x_off, pv_long n_blocks, PV_GLOBAL pv_u32 *xq,
+                             pv_long xq_off, PV_GLOBAL float *xs, pv_long xs_off)
+{
+    const pv_long b = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
+    if (b >= n_blocks)
+        return;
+    const PV_GLOBAL float *xb = x + x_off + 32 * b;
+    float amax = 0.0f;
+    int nan = 0;
+    for (int j = 0; j < 32; j++) {
+        amax = PV_FABS(xb[j]) > amax ? PV_FABS(xb[j]) : amax;
+        nan |= !(xb[j] == xb[j]);
+    }
+    /* below 256 FLT_MIN, 256 / d1 would overflow: such a block counts as zero */
+    const float d1 = amax / 127.0f >= 256.0f * 1.17549435e-38f ? amax / 127.0f : 0.0f;
+    const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
+    int sum = 0;
+    PV_GLOBAL pv_u32 *out = xq + xq_off + 16 * b;
+    for (int w = 0; w < 8; w++) {
+        pv_u32 hi_word = 0, lo_word = 0;
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float v = xb[4 * w + k];
+            /* |v| inv rounds to at most 127 and the remainder to at most 128
+             * steps of d1 / 256; the clamps define a non-finite v's bytes */
+            const float hf = PV_FMIN(PV_FMAX(PV_RINT(v * inv), -127.0f), 127.0f);
+            const float lf = PV_FMIN(PV_FMAX(PV_RINT(PV_FMA(-d1, hf, v) * (inv * 256.0f)), -127.0f), 127.0f);
+            const int h = (int)hf, l = (int)lf;
+            hi_word |= ((pv_u32)h & 0xffu) << (8 * k);
+            lo_word |= ((pv_u32)l & 0xffu) << (8 * k);
+            sum += 256 * h + l;
+        }
+        out[2 * w] = hi_word;
+        out[2 * w + 1] = lo_word;
+    }
+    xs[xs_off + 2 * b] = nan ? PV_AS_FLOAT(0x7fc00000u) : d1 / 256.0f;
+    xs[xs_off + 2 * b + 1] = (float)sum;
+}
+
+/* *hi, *lo = pair `pair` of xq (8-byte aligned). */
+PV_FUNC void pv_x16_pair(const PV_GLOBAL pv_u32 *xq, pv_long pair, pv_u32 *hi, pv_u32 *lo)
+{
+#if defined(__CUDACC__)
+    const uint2 v = ((const uint2 *)xq)[pair];
+#else
+    const uint2 v = vload2((size_t)pair, xq);
+#endif
+    *hi = v.x;
+    *lo = v.y;
+}
+
+/* 256 (q . hi) + (q . lo) over 8 weights' signed bytes qa, qb and their
+ * activations' pairs (ha, la), (hb, lb): below 2^25 in magnitude. */
+PV_FUNC int pv_dot16(pv_u32 qa, pv_u32 qb, pv_u32 ha, pv_u32 la, pv_u32 hb, pv_u32 lb)
+{
+    const int hi = PV_DP4A(qb, hb, PV_DP4A(qa, ha, 0));
+    return PV_DP4A(qb, lb, PV_DP4A(qa, la, 256 * hi));
+}
+
+/* pv_qmv_partial's sums from the rounded activations: each work-item an
+ * octet of a block at a time, as there. */
+PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
+                              const PV_GLOBAL pv_u32 *xq, pv_long xq_off, const PV_GLOBAL float *xs,
+                              pv_long xs_off, pv_long row0, int n_tokens, int n_in, int n_out,
+                              float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
+    pv_qmv_begin(w, w_off, row0, n_in, n_out, w_rows, acc);
+    const int n_octets = n_in / 8, n_blocks = n_in / 32;
+    for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
+        const int u = o >> 2, quarter = o & 3;
+        pv_u32 qa[PV_QMV_MAX_ROWS], qb[PV_QMV_MAX_ROWS];
+        float wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
+        #pragma unroll
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+            if (r < rows) {
+                const PV_GLOBAL pv_u16 *b = w_rows[r] + (pv_long)u * PV_W_UNIT_WORDS;
+                wd[r] = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
+#if PV_WTYPE == 8 /* bytes 8 quarter .. + 7: elements 8 quarter .. + 7 */
+                const PV_GLOBAL pv_u16 *q = b + 1 + 4 * quarter;
+                wm[r] = 0.0f;
+                qa[r] = (pv_u32)q[0] | ((pv_u32)q[1] << 16);
+                qb[r] = (pv_u32)q[2] | ((pv_u32)q[3] << 16);
+#else /* bytes 4 quarter .. + 3: low nibbles elements 4 quarter .., high + 16 */
+#if PV_WTYPE == 2
+                const PV_GLOBAL pv_u16 *qs = b + 1;
+                wm[r] = 0.0f;
+#else
+                const PV_GLOBAL pv_u16 *qs = b + 2;
+                wm[r] = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
+#endif
+                const pv_u32 bits = (pv_u32)qs[2 * quarter] | ((pv_u32)qs[2 * quarter + 1] << 16);
+                qa[r] = bits & 0x0f0f0f0fu;
+                qb[r] = (bits >> 4) & 0x0f0f0f0fu;
+#endif
+            }
+        }
+#if PV_WTYPE == 8
+        const int pa = 8 * u + 2 * quarter, pb = pa + 1;
+#else
+        const int pa = 8 * u + quarter, pb = pa + 4;
+#endif
+        #pragma unroll
+        for (int t = 0; t < PV_QMAX_T; t++) {
+            if (t < max_t && t < n_tokens) {
+                const PV_GLOBAL pv_u32 *xt = xq + xq_off + (pv_long)t * (n_in / 2);
+                pv_u32 ha, la, hb, lb;
+                pv_x16_pair(xt, pa, &ha, &la);
+                pv_x16_pair(xt, pb, &hb, &lb);
+                const pv_long at = xs_off + 2 * ((pv_long)t * n_blocks + u);
+                const float xd = xs[at], x_sum = xs[at + 1];
+                #pragma unroll
+                for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+                    if (r < rows) {
+                        const float dot = (float)pv_dot16(qa[r], qb[r], ha, la, hb, lb);
+#if PV_WTYPE == 8
+                        acc[r][t] += wd[r] * (xd * dot);
+#elif PV_WTYPE == 2 /* nibble - 8: a quarter's share of 8 S, exact */
+                        acc[r][t] += wd[r] * (xd * (dot - 2.0f * x_sum));
+#else /* and the minimum times a quarter of the block's sum */
+                        acc[r][t] += wd[r] * (xd * dot) + wm[r] * (xd * (0.25f * x_sum));
+#endif
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define PV_QMV16_KERNELS(max_t, rows)                                                                       \
+    PV_KERNEL pv_qmatmul_fused16_##max_t(const PV_GLOBAL pv_u16 *w, pv_long w_off, const PV_GLOBAL pv_u32 *xq, \
+                                         pv_long xq_off, const PV_GLOBAL float *xs, pv_long xs_off,           \
+                                         PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in, int n_out)  \
+    {                                                                                                        \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                 \
+        const pv_long row0 = PV_GROUP_ID(0) * rows;                                                          \
+        float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];                                                               \
+        pv_qmv16_partial(max_t, rows, w, w_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, acc);   \
+        pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);                                \
+    }                                                                                                        \
+    PV_KERNEL pv_qmatmul_swiglu16_##max_t(const PV_GLOBAL pv_u16 *wg, pv_long wg_off,                         \
+                                          const PV_GLOBAL pv_u16 *wu, pv_long wu_off,                         \
+                                          const PV_GLOBAL pv_u32 *xq, pv_long xq_off,                         \
+                                          const PV_GLOBAL float *xs, pv_long xs_off, PV_GLOBAL float *y,      \
+                                          pv_long y_off, int n_tokens, int n_in, int n_out)                   \
+    {                                                                                                        \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                 \
+        const pv_long row0 = PV_GROUP_ID(0) * rows;                                                          \
+        float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];                              \
+        pv_qmv16_partial(max_t, rows, wg, wg_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, gate); \
+        pv_qmv16_partial(max_t, rows, wu, wu_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, up);   \
+        pv_qmv_store_swiglu(max_t, rows, red, gate, up, y, y_off, row0, n_tokens, n_out);                    \
+    }
+/* the token classes and rows of PV_QMV_KERNELS */
+PV_QMV16_KERNELS(1, 2)
+PV_QMV16_KERNELS(4, 4)
+PV_QMV16_KERNELS(16, 2)
+#undef PV_QMV16_KERNELS
+
+#endif /* PV_W_UNIT == 32 */
 
 /* out[r][e] = W[row0 + r][e] as f32 for the larger batches, whose product
  * the backend's BLAS GEMM then takes from this scratch tile.

@@ -6,7 +6,8 @@
  * products run one by one; then the shapes GGUF forbids, refused with a
  * message; the SwiGLU product of two such matrices (pv_qmatmul_swiglu)
  * against its double value and against the unfused ops; the larger
- * batches in every tensor-core GEMM mode a backend runs. Usage:
+ * batches in every tensor-core GEMM mode a backend runs; the block types'
+ * decode-sized products again with x rounded to 16 bits (PV_ACT16). Usage:
  * test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
@@ -34,6 +35,30 @@ static const int64_t batches[] = {1, 2, 7, 16, 64, 300};
  * match, to the same limit, the product with x rounded that way (a backend
  * reporting other bits has no reference here and fails). */
 #define ERROR_LIMIT 1e-5
+
+/* Set while check_act16 runs the checks below under PV_ACT16=1
+ * (backends/kernel-params.h): decode-sized products (T <= 16) of the block
+ * types then take x rounded as the CPU's integer kernels round it, and x
+ * gets one large element per block (spike_blocks), which makes that
+ * rounding cost some 5e-5 of the largest output: a kernel ignoring the
+ * mode, or rounding otherwise, misses the rounded product's limit. */
+static int act16_pass;
+
+/* x[i] for i a multiple of 32: +-1000, so a block's other elements sit a
+ * few steps of its 16-bit rounding (max |x| / 32512) from their values. */
+static void spike_blocks(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i += 32)
+        x[i] = (i / 32) % 2 ? -1000.0f : 1000.0f;
+}
+
+/* Whether a product of type t over T tokens takes x rounded to 16 bits. */
+static int rounds_x(const pv_backend *be, pv_wtype t, int64_t T)
+{
+    uint32_t block = 1;
+    pv_wtype_block(t, &block, NULL);
+    return block == 32 && (be->info.activation_bits == 16 || (act16_pass && T <= 16));
+}
 
 /* Leading blocks before W in its buffer, so w_off is tested non-zero. */
 #define PAD_BLOCKS 3
@@ -106,11 +131,11 @@ static void check_qmatmul(pv_backend *be, const char *name, pv_wtype t, int64_t 
         const int64_t T = batches[bi];
         float *x = xmalloc((size_t)(T * n_in) * sizeof *x);
         rng_fill(rng, x, (size_t)(T * n_in), -1.0f, 1.0f);
+        if (act16_pass)
+            spike_blocks(x, (size_t)(T * n_in));
         float *xq = xmalloc((size_t)(T * n_in) * sizeof *xq);
         memcpy(xq, x, (size_t)(T * n_in) * sizeof *xq);
-        uint32_t block = 1;
-        pv_wtype_block(t, &block, NULL);
-        const int rounds = block == 32 && be->info.activation_bits == 16;
+        const int rounds = rounds_x(be, t, T);
         if (rounds)
             llama_ref_round16(x, xq, (size_t)(T * n_in));
         double *want = xmalloc((size_t)(T * n_out) * sizeof *want);
@@ -374,15 +399,15 @@ static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n
         free_weights(&wu);
         return;
     }
-    uint32_t block = 1;
-    pv_wtype_block(t, &block, NULL);
-    const int rounds = block == 32 && be->info.activation_bits == 16;
     static const int64_t swiglu_batches[] = {1, 3, 16, 17, 300};
     for (size_t bi = 0; bi < sizeof swiglu_batches / sizeof swiglu_batches[0]; bi++) {
         const int64_t T = swiglu_batches[bi];
+        const int rounds = rounds_x(be, t, T);
         const size_t x_n = (size_t)(T * n_in), y_n = (size_t)(T * n_out);
         float *x = xmalloc(x_n * sizeof *x), *xq = xmalloc(x_n * sizeof *xq);
         rng_fill(rng, x, x_n, -1.0f, 1.0f);
+        if (act16_pass)
+            spike_blocks(x, x_n);
         memcpy(xq, x, x_n * sizeof *xq);
         if (rounds)
             llama_ref_round16(x, xq, x_n);
@@ -458,6 +483,67 @@ static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n
     }
     free_weights(&wg);
     free_weights(&wu);
+}
+
+/* Under PV_ACT16, a NaN in one token's x reaches every output of that
+ * token (the rounding keeps it in the block's scale) and no other token's. */
+static void check_act16_nan(pv_backend *be, const char *name, pv_wtype t, uint64_t *rng)
+{
+    const int64_t T = 2, n_in = 576, n_out = 67;
+    weights w = {0};
+    float x[2 * 576], got[2 * 67];
+    rng_fill(rng, x, (size_t)(T * n_in), -1.0f, 1.0f);
+    x[100] = NAN;
+    tensor tx = {0}, ty = {0};
+    const int made = make_weights(be, t, n_out, n_in, rng, &w);
+    const pv_status st = made ? run_qmatmul(be, t, &w, T, n_in, n_out, x, &tx, &ty, got) : PV_ERR_INVALID_ARG;
+    int nan_first = 1, finite_second = 1;
+    for (int64_t o = 0; o < n_out; o++) {
+        nan_first &= isnan(got[o]) != 0;
+        finite_second &= isfinite(got[n_out + o]) != 0;
+    }
+    ok(st == PV_OK && nan_first && finite_second,
+       "%s: qmatmul %s with PV_ACT16: a NaN in token 0's x makes its every output NaN (%s), token 1's stay finite "
+       "(%s)%s",
+       name, pv_wtype_name(t), nan_first ? "yes" : "no", finite_second ? "yes" : "no",
+       st == PV_OK ? "" : pv_last_error());
+    tensor_free(&tx);
+    tensor_free(&ty);
+    free_weights(&w);
+}
+
+/* The checks of the block types (and F16, which the mode leaves alone)
+ * again under PV_ACT16=1, set as pensieve-tune sets it; a backend without
+ * tunable kernels refuses the set. */
+static void check_act16(pv_backend *be, const char *name, uint64_t *rng)
+{
+    const pv_status st = pv_backend_kernel_set(be, "qmatmul", "PV_ACT16=1");
+    if (st != PV_OK) {
+        ok(st == PV_ERR_UNSUPPORTED && !pv_backend_kernels_tunable(be),
+           "%s: PV_ACT16 is refused only by a backend without tunable kernels (%s)", name, pv_last_error());
+        return;
+    }
+    act16_pass = 1;
+    static const pv_wtype act16_types[] = {PV_W_Q8_0, PV_W_Q4_0, PV_W_Q4_1, PV_W_F16};
+    for (size_t ti = 0; ti < sizeof act16_types / sizeof act16_types[0]; ti++) {
+        const pv_wtype t = act16_types[ti];
+        const int blocks = t != PV_W_F16;
+        check_qmatmul(be, name, t, 67, blocks ? 160 : 37, rng);
+        if (!blocks)
+            continue;
+        check_qmatmul(be, name, t, 5, 64, rng);
+        check_qmatmul(be, name, t, 192, 576, rng);
+        check_swiglu(be, name, t, 37, 160, rng);
+        check_act16_nan(be, name, t, rng);
+    }
+    /* one rounding of x for the group's block types, bit for bit as each
+     * rounds it alone */
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
+                rng);
+    check_group(be, name, (const pv_wtype[]){PV_W_F16, PV_W_Q4_1}, (const int64_t[]){24, 40}, 2, rng);
+    act16_pass = 0;
+    if (pv_backend_kernel_set(be, "qmatmul", "PV_ACT16=0") != PV_OK)
+        ok(0, "%s: back to PV_ACT16 0: %s", name, pv_last_error());
 }
 
 static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
@@ -601,6 +687,7 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
         }
     }
     check_gemm_modes(be, name, &rng);
+    check_act16(be, name, &rng);
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);

@@ -150,7 +150,7 @@ static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int ar
 
 /* The kernels the launchers (backends/cuda/cuda_launch.c) look up in a
  * program of this set, NULL-terminated. */
-#define MAX_KERNEL_NAMES 12
+#define MAX_KERNEL_NAMES 20
 
 static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KERNEL_NAMES],
                              char storage[MAX_KERNEL_NAMES][40])
@@ -162,6 +162,10 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
                                           "pv_qmatmul_widen",    "pv_qmatmul_widen16",  "pv_qmatmul_narrow16",
                                           "pv_embed_gather",     NULL};
+    /* the block types' PV_ACT16 kernels */
+    static const char *const qmatmul16[] = {"pv_qmatmul_round16",    "pv_qmatmul_fused16_1",  "pv_qmatmul_fused16_4",
+                                            "pv_qmatmul_fused16_16", "pv_qmatmul_swiglu16_1", "pv_qmatmul_swiglu16_4",
+                                            "pv_qmatmul_swiglu16_16", NULL};
     static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",         "pv_swiglu",
                                             "pv_add",     "pv_softmax",     "pv_argmax",       "pv_sample_top_p",
                                             "pv_sample_batch", NULL};
@@ -183,6 +187,10 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
      * in every gather program. */
     if (p->family == PV_KERNEL_GATHER && n < MAX_KERNEL_NAMES - 1)
         names[n++] = "pv_slot_transfer";
+    const int wtype = p->value[PV_KPARAM_WTYPE];
+    if (p->family == PV_KERNEL_QMATMUL && (wtype == PV_W_Q8_0 || wtype == PV_W_Q4_0 || wtype == PV_W_Q4_1))
+        for (int i = 0; qmatmul16[i] && n < MAX_KERNEL_NAMES - 1; i++)
+            names[n++] = qmatmul16[i];
     names[n] = NULL;
 }
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/gpu-report on a fixture (tests/gpu-report: figures of the H100
 # runs and of PoCL dry runs, trimmed; the llama-bench records and the
-# PV_GEMM table are made up for the test): each target's figure, ratio and
+# PV_GEMM and PV_ACT16 tables are made up for the test): each target's figure, ratio and
 # verdict computed from the JSON as docs/PERFORMANCE.md quotes them.
 set -u
 here=$(dirname "$0")
@@ -27,6 +27,9 @@ has "- bench-model-smol-cuda: host/device 0.35 at batch 1: not met" "model: host
 has "- smol: prefill 2.00x, single-stream decode 0.50x llama.cpp's: not met" \
     "peer: both ratios against llama-bench on the same file"
 has "| Q4_0 | 14336x4096 | 512 | 30065 | 240519 | f16 | 8.00x |" "PV_GEMM: GFLOP/s per mode, the fastest and its gain"
+has "| Q4_0 | 14336x4096 | 1 | 25.8 | 16.0 | 43% | 69% | 1.61x |" "PV_ACT16: both modes' times, shares of the copy and the gain"
+has "- Q4_0 at batch 1, the faster mode: 61%-69% of the copy: met" "PV_ACT16: the Q4 target from the faster mode"
+has "- Q8_0 at batch 1, the faster mode: 67%-67% of the copy: met" "PV_ACT16: a type where f32 x is the faster"
 has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
 grep -q "^| test-backend-async | rc=1 | 4.19 | 26 ok, 1 not ok, 1 skipped | not ok 16 - opencl" "$out"
 check $? "steps: a failing test's counts and first failure"

@@ -426,6 +426,54 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
     paired_free(&p);
 }
 
+/* On a backend with tunable kernels, the model with qmatmul's PV_ACT16 on
+ * (decode-sized products of the block types from x rounded to 16 bits)
+ * against the same model without: the prefill (45 tokens, past the fused
+ * kernels' 16) bit for bit the same, every decode step's logits within
+ * tol (the references' limit for rounded activations) but not all the
+ * same bits (the mode took effect), the same greedy tokens, and per decode
+ * step no more rounding launches than products and groups of products
+ * (Q, K and V share one: 4 a layer and the output's). */
+static void test_act16(const char *label, const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt,
+                       double tol)
+{
+    paired p;
+    pv_status st = paired_init(&p, g, backend, kv, 1, 1, 1, 1);
+    if (st == PV_ERR_NO_DEVICE || (st == PV_OK && !pv_backend_kernels_tunable(p.a.be))) {
+        tap_skip("%s: PV_ACT16 on %s: %s", label, backend, st == PV_OK ? "no tunable kernels" : pv_last_error());
+        paired_free(&p);
+        return;
+    }
+    if (st == PV_OK)
+        st = pv_backend_kernel_set(p.a.be, "qmatmul", "PV_ACT16=1");
+    if (st == PV_OK)
+        st = paired_run(&p, prompt);
+    char what[160];
+    snprintf(what, sizeof what, "%s on %s, %s KV: PV_ACT16 1 against 0", label, backend, pv_dtype_name(kv));
+    if (ok(st == PV_OK, "%s run (%s)", what, st == PV_OK ? "ok" : pv_last_error())) {
+        const uint32_t vocab = p.a.n_vocab;
+        const size_t prefill = (size_t)LEN_A * vocab;
+        double worst = 0;
+        for (int r = LEN_A; r < LEN_A + GREEDY_STEPS; r++) {
+            double e = rel_err(p.logits_a + (size_t)r * vocab, p.logits_b + (size_t)r * vocab, vocab);
+            worst = e <= worst ? worst : e;
+        }
+        ok(memcmp(p.logits_a, p.logits_b, prefill * sizeof(float)) == 0,
+           "%s: the %d prefill rows' logits are the same bits", what, LEN_A);
+        ok(worst > 0 && worst <= tol, "%s: %d decode steps' logits differ, by at most %.2e (limit %.2g)", what,
+           GREEDY_STEPS, worst, tol);
+        ok(memcmp(p.tokens_a, p.tokens_b, sizeof p.tokens_a) == 0,
+           "%s: the same %d greedy tokens (%d %d %d ... against %d %d %d ...)", what, GREEDY_STEPS, p.tokens_a[0],
+           p.tokens_a[1], p.tokens_a[2], p.tokens_b[0], p.tokens_b[1], p.tokens_b[2]);
+        const uint64_t most = 4ull * p.a.n_layers + 1;
+        ok(p.launches_a > p.launches_b && p.launches_a - p.launches_b <= most,
+           "%s: a decode step launches %llu, %llu more than without (at most %llu roundings)", what,
+           (unsigned long long)p.launches_a, (unsigned long long)(p.launches_a - p.launches_b),
+           (unsigned long long)most);
+    }
+    paired_free(&p);
+}
+
 /* ---- graphs ------------------------------------------------------------------ */
 
 /* On a backend with graphs, the model with graphs (pv_llama_options.graphs
@@ -737,6 +785,7 @@ static void run_model(const char *label, const pv_gguf *g, int with_f16, double 
             test_fusion(label, g, *name, PV_F32, tok_a, FUSION_TOL);
             if (with_f16)
                 test_fusion(label, g, *name, PV_F16, tok_a, FUSION_TOL);
+            test_act16(label, g, *name, PV_F32, tok_a, rounded_tol);
         }
         /* The CPU's portable kernels (exact f32), which CPUs without AVX2 run. */
         if (setenv("PV_CPU_KERNELS", "portable", 1) == 0) {

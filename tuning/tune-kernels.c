@@ -5,6 +5,7 @@
  * becomes the bucket's set. */
 #include "tuning/tune.h"
 
+#include <pensieve/gguf.h>
 #include <pensieve/half.h>
 
 #include <math.h>
@@ -101,6 +102,32 @@ static pv_status random_buffer(workload_buffers *b, pv_dtype dtype, uint64_t n, 
         st = pv_buffer_write(*out, 0, host, n * size);
     }
     free(host);
+    return st;
+}
+
+/* n_out x n_in weights of type t (pv_weights_write's layout for b's
+ * backend) from random values in [-1, 1). */
+static pv_status random_weights(workload_buffers *b, pv_wtype t, uint64_t n_out, uint64_t n_in, uint64_t *state,
+                                pv_buffer **out)
+{
+    uint32_t block_elems = 1, block_bytes = 4;
+    pv_wtype_block(t, &block_elems, &block_bytes);
+    const uint64_t n = n_out * n_in, bytes = n / block_elems * block_bytes;
+    float *values = malloc((size_t)n * sizeof *values);
+    void *coded = malloc((size_t)bytes);
+    pv_status st = values && coded ? PV_OK
+                                   : pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu weights",
+                                              (unsigned long long)n);
+    if (st == PV_OK) {
+        fill_random(values, PV_F32, n, state);
+        st = pv_ggml_quantize((uint32_t)t, values, n, coded, bytes);
+    }
+    if (st == PV_OK && (st = pv_buffer_init(out, b->be, PV_MEM_DEVICE, bytes)) == PV_OK) {
+        b->buf[b->n++] = *out;
+        st = pv_weights_write(*out, 0, t, (int64_t)n_out, (int64_t)n_in, coded);
+    }
+    free(values);
+    free(coded);
     return st;
 }
 
@@ -216,9 +243,12 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
         return st;
     }
     case TUNE_QMATMUL: {
-        /* a layer's up projection (4x wider), f16 weights: one token, and a chunk */
+        /* a layer's up projection (4x wider) in Q4_0, the block types'
+         * decode (PV_ACT16) and prefill (PV_GEMM) paths: one token, and a
+         * prefill batch; F16 for rows that are not whole blocks */
         const uint64_t n_out = 4 * embd;
-        st = random_buffer(b, PV_F16, n_out * embd, &state, &in[0]);
+        const pv_wtype wt = embd % 32 == 0 ? PV_W_Q4_0 : PV_W_F16;
+        st = random_weights(b, wt, n_out, embd, &state, &in[0]);
         if (st == PV_OK)
             st = random_buffer(b, PV_F32, (uint64_t)T * embd, &state, &in[1]);
         if (st == PV_OK)
@@ -226,7 +256,7 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
         if (st == PV_OK)
             st = output_buffer(b, (uint64_t)T * n_out * sizeof(float), &in[3]);
         for (int k = 0; k < 2; k++)
-            ops->qmatmul[k] = (pv_qmatmul_args){.w_type = PV_W_F16, .n_tokens = k ? T : 1, .n_in = (int64_t)embd,
+            ops->qmatmul[k] = (pv_qmatmul_args){.w_type = wt, .n_tokens = k ? T : 1, .n_in = (int64_t)embd,
                                                 .n_out = (int64_t)n_out, .w = in[0], .x = in[1], .y = in[2 + k]};
         return st;
     }
@@ -500,7 +530,7 @@ pv_status tune_kernels(const tune_setup *s, pv_backend *ref, unsigned families, 
                             .seed = 17u + (unsigned)n};
             snprintf(w->what, sizeof w->what,
                      f == TUNE_GATHER    ? "slot_gather, a quarter of a 64 MiB pool"
-                     : f == TUNE_QMATMUL ? "qmatmul f16 at 1 and %d tokens"
+                     : f == TUNE_QMATMUL ? "qmatmul Q4_0 at 1 and %d tokens"
                                          : "rmsnorm, swiglu, add of %d tokens",
                      w->n_tokens);
         }

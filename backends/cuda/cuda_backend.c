@@ -1091,6 +1091,40 @@ static int gemm_mode(const pv_backend *be)
     return pv_kernel_tuned(be->tuning, &b).value[PV_KPARAM_GEMM];
 }
 
+/* Whether qmatmul's decode-sized products of type t take x rounded to 16
+ * bits (PV_ACT16, kernel-params.h): the block types only. */
+static int act16(const pv_backend *be, pv_wtype t)
+{
+    const pv_kernel_bucket b = {.family = PV_KERNEL_QMATMUL};
+    return (t == PV_W_Q8_0 || t == PV_W_Q4_0 || t == PV_W_Q4_1) &&
+           pv_kernel_tuned(be->tuning, &b).value[PV_KPARAM_ACT16];
+}
+
+/* x [T][n_in] rounded into the PV_ACT16 scratch for the fused kernels. */
+static pv_status round_x16(pv_backend *be, pv_wtype t, const float *x, int64_t n_tokens, int64_t n_in,
+                           pv_cuda_xq16 *xq)
+{
+    cuda_impl *cu = impl_of(be);
+    void *mem = NULL;
+    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL_XQ, pv_cuda_xq16_bytes(n_tokens, n_in), &mem));
+    xq->q = mem;
+    xq->s = (float *)((char *)mem + (size_t)n_tokens * (size_t)n_in * 2);
+    return pv_cuda_launch_qmatmul_round16(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], t, x, n_tokens, n_in, xq);
+}
+
+/* *used = xq with x rounded into it where PV_ACT16 applies to type t,
+ * else NULL (the kernels take x itself). */
+static pv_status round_x16_if(pv_backend *be, pv_wtype t, const float *x, int64_t n_tokens, int64_t n_in,
+                              pv_cuda_xq16 *xq, const pv_cuda_xq16 **used)
+{
+    *used = NULL;
+    if (!act16(be, t))
+        return PV_OK;
+    PV_TRY(round_x16(be, t, x, n_tokens, n_in, xq));
+    *used = xq;
+    return PV_OK;
+}
+
 static int gemm_narrows(int mode)
 {
     return mode == PV_GEMM_F16 || mode == PV_GEMM_BF16;
@@ -1127,9 +1161,13 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const void *w = weight_ptr(a->w, a->w_type, a->w_off);
-    if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
-        return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, (const float *)dev_ptr(a->x, a->x_off, 4),
-                                            (float *)dev_ptr(a->y, a->y_off, 4));
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
+        const float *x = dev_ptr(a->x, a->x_off, 4);
+        pv_cuda_xq16 xq;
+        const pv_cuda_xq16 *rounded;
+        PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
+        return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, x, rounded, (float *)dev_ptr(a->y, a->y_off, 4));
+    }
     const int mode = gemm_mode(be), narrow = gemm_narrows(mode), bf16 = mode == PV_GEMM_BF16;
     const void *x = dev_ptr(a->x, a->x_off, 4);
     if (narrow) {
@@ -1157,6 +1195,33 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return PV_OK;
 }
 
+/* Products of one x (Q, K and V): one by one, except that at decode sizes
+ * under PV_ACT16 x is rounded once for all the block-type products. */
+static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    const pv_qmatmul_args *first = &products[0];
+    int shared = -1; /* a block-type product's index: x rounded once, in its program */
+    for (int i = 0; i < n && shared < 0 && first->n_tokens <= QMATMUL_FUSED_MAX_T; i++)
+        if (act16(be, products[i].w_type))
+            shared = i;
+    pv_cuda_xq16 xq;
+    const float *x = dev_ptr(first->x, first->x_off, 4);
+    if (shared >= 0)
+        PV_TRY(round_x16(be, products[shared].w_type, x, first->n_tokens, first->n_in, &xq));
+    for (int i = 0; i < n; i++) {
+        const pv_qmatmul_args *a = &products[i];
+        if (shared >= 0 && act16(be, a->w_type))
+            PV_TRY(pv_cuda_launch_qmatmul_fused(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                                weight_ptr(a->w, a->w_type, a->w_off), x, &xq,
+                                                (float *)dev_ptr(a->y, a->y_off, 4)));
+        else
+            PV_TRY(cuda_qmatmul(be, a));
+    }
+    return PV_OK;
+}
+
 /* Decode-sized batches: one pass over both matrices. Larger ones: the two
  * products as cuda_qmatmul runs them (gate into y, up into a->up), then
  * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32
@@ -1167,10 +1232,14 @@ static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_arg
     PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     float *y = dev_ptr(a->y, a->y_off, 4);
-    if (a->n_tokens <= QMATMUL_FUSED_MAX_T)
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
+        const float *x = dev_ptr(a->x, a->x_off, 4);
+        pv_cuda_xq16 xq;
+        const pv_cuda_xq16 *rounded;
+        PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
         return pv_cuda_launch_qmatmul_swiglu_fused(&cu->kernels, s, a, weight_ptr(a->w_gate, a->w_type, a->w_gate_off),
-                                                   weight_ptr(a->w_up, a->w_type, a->w_up_off),
-                                                   (const float *)dev_ptr(a->x, a->x_off, 4), y);
+                                                   weight_ptr(a->w_up, a->w_type, a->w_up_off), x, rounded, y);
+    }
     pv_qmatmul_args product = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in, .n_out = a->n_out,
                                .w = a->w_gate, .w_off = a->w_gate_off, .x = a->x, .x_off = a->x_off, .y = a->y,
                                .y_off = a->y_off};
@@ -1244,6 +1313,7 @@ static const pv_backend_ops cuda_backend_ops = {
     .argmax = cuda_argmax,
     .sample_top_p = cuda_sample_top_p,
     .qmatmul = cuda_qmatmul,
+    .qmatmul_group = cuda_qmatmul_group,
     .add_rmsnorm = cuda_add_rmsnorm,
     .rope_kv_write = cuda_rope_kv_write,
     .qmatmul_swiglu = cuda_qmatmul_swiglu,

@@ -66,14 +66,16 @@ typedef struct staging_ring {
     graph_slot *const *graph;
 } staging_ring;
 
-/* The scratch buffers: widened weight tiles of qmatmul and its
- * activations rounded to 16 bits (PV_GEMM f16, bf16), split-K partials of
- * attention, the biased rows of sample_batch. */
+/* The scratch buffers: widened weight tiles of qmatmul, its activations
+ * rounded to 16-bit floats (PV_GEMM f16, bf16) and to 16-bit integers
+ * (PV_ACT16), split-K partials of attention, the biased rows of
+ * sample_batch. */
 #define SCRATCH_QMATMUL 0
 #define SCRATCH_ATTENTION 1
 #define SCRATCH_BIAS 2
 #define SCRATCH_QMATMUL_X 3
-#define SCRATCH_COUNT 4
+#define SCRATCH_QMATMUL_XQ 4
+#define SCRATCH_COUNT 5
 
 /* A freed pinned host buffer, released once both streams pass `after`. */
 typedef struct host_release {

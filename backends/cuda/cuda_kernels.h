@@ -30,8 +30,8 @@
 pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Kernels looked up in one program at most (the qmatmul family's eight). */
-#define PV_CUDA_PROGRAM_KERNELS 12
+/* Kernels looked up in one program at most (the qmatmul family's 17). */
+#define PV_CUDA_PROGRAM_KERNELS 20
 
 /* One loaded program: a family under one parameter set. */
 typedef struct pv_cuda_program {
@@ -98,9 +98,28 @@ pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, 
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
                                       const void *table, const int32_t *ids, const int32_t *ids_dev, float *out);
 
-/* T <= 16: y = x W^T in one pass over W. */
+/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl):
+ * q [T][n_in / 4] pairs of 32-bit words (hi bytes, lo bytes), s [T][n_in
+ * / 32] pairs of floats (scale, sum); both 8-byte aligned. */
+typedef struct pv_cuda_xq16 {
+    void *q;
+    float *s;
+} pv_cuda_xq16;
+
+/* Bytes of a pv_cuda_xq16 of T tokens of n_in (a multiple of 32), q then s. */
+static inline size_t pv_cuda_xq16_bytes(int64_t n_tokens, int64_t n_in)
+{
+    return (size_t)n_tokens * (size_t)n_in * 2 + (size_t)n_tokens * (size_t)(n_in / 32) * 2 * sizeof(float);
+}
+
+/* xq = x [T][n_in] rounded, for the block types' fused kernels. */
+pv_status pv_cuda_launch_qmatmul_round16(pv_cuda_kernels *k, cudaStream_t stream, pv_wtype t, const float *x,
+                                         int64_t n_tokens, int64_t n_in, const pv_cuda_xq16 *xq);
+
+/* T <= 16: y = x W^T in one pass over W, from x, or from xq (not NULL)
+ * where the caller rounded x into it. */
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
-                                       const void *w, const float *x, float *y);
+                                       const void *w, const float *x, const pv_cuda_xq16 *xq, float *y);
 
 /* tile[n_rows][n_in] = rows row0.. of W in the GEMM's input type of
  * gemm_mode (pv_gemm_mode: f16 or bf16, else f32); n_rows <= 65535. */
@@ -111,10 +130,11 @@ pv_status pv_cuda_launch_qmatmul_widen(pv_cuda_kernels *k, cudaStream_t stream, 
 pv_status pv_cuda_launch_qmatmul_narrow16(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
                                           const float *x, int bf16, void *out);
 
-/* T <= 16: y = silu(x Wg^T) * (x Wu^T) in one pass over both matrices. */
+/* T <= 16: y = silu(x Wg^T) * (x Wu^T) in one pass over both matrices,
+ * from x or xq as pv_cuda_launch_qmatmul_fused. */
 pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t stream,
                                               const pv_qmatmul_swiglu_args *a, const void *w_gate,
-                                              const void *w_up, const float *x, float *y);
+                                              const void *w_up, const float *x, const pv_cuda_xq16 *xq, float *y);
 
 /* q rotated in place; k rotated into the pool beside v. */
 pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_rope_kv_write_args *a,

@@ -396,22 +396,25 @@ pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, c
 
 /* The fused kernel "<base>_<class>" for T's token class, of weight type
  * t, over W (w_up NULL) or the gate and up matrices of a SwiGLU: a block
- * a pv_qmv_rows run of rows. */
+ * a pv_qmv_rows run of rows. x is f32, or with xq the rounded activations
+ * of pv_cuda_launch_qmatmul_round16 (the "<base>16_<class>" kernels). */
 static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const char *base, pv_wtype t, const void *w,
-                              const void *w_up, const float *x, float *y, int64_t n_tokens, int64_t n_in,
-                              int64_t n_out)
+                              const void *w_up, const float *x, const pv_cuda_xq16 *xq, float *y, int64_t n_tokens,
+                              int64_t n_in, int64_t n_out)
 {
     const pv_kernel_params p = weight_params(k, t);
     const int token_class = pv_qmv_token_class(n_tokens);
     char name[40];
-    snprintf(name, sizeof name, "%s_%d", base, token_class);
+    snprintf(name, sizeof name, "%s%s_%d", base, xq ? "16" : "", token_class);
     cudaKernel_t kernel;
     PV_TRY(kernel_get(k, &p, name, &kernel));
     const int wg = p.value[PV_KPARAM_WG];
     long long zero = 0;
     int tokens = (int)n_tokens, in = (int)n_in, out = (int)n_out;
     int x4 = (uintptr_t)x % 16 == 0 && n_in % 4 == 0;
-    karg args[12];
+    const void *q = xq ? xq->q : NULL;
+    const float *s = xq ? xq->s : NULL;
+    karg args[13];
     int n = 0;
     args[n++] = (karg)KARG(w);
     args[n++] = (karg)KARG(zero);
@@ -419,24 +422,48 @@ static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const cha
         args[n++] = (karg)KARG(w_up);
         args[n++] = (karg)KARG(zero);
     }
-    const karg rest[] = {KARG(x), KARG(zero), KARG(x4), KARG(y), KARG(zero), KARG(tokens), KARG(in), KARG(out)};
+    if (xq) {
+        const karg act[] = {KARG(q), KARG(zero), KARG(s), KARG(zero)};
+        for (int i = 0; i < N_ARGS(act); i++)
+            args[n++] = act[i];
+    } else {
+        const karg act[] = {KARG(x), KARG(zero), KARG(x4)};
+        for (int i = 0; i < N_ARGS(act); i++)
+            args[n++] = act[i];
+    }
+    const karg rest[] = {KARG(y), KARG(zero), KARG(tokens), KARG(in), KARG(out)};
     for (int i = 0; i < N_ARGS(rest); i++)
         args[n++] = rest[i];
     return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(token_class)), 1, wg, args, n);
 }
 
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
-                                       const void *w, const float *x, float *y)
+                                       const void *w, const float *x, const pv_cuda_xq16 *xq, float *y)
 {
-    return launch_fused(k, stream, "pv_qmatmul_fused", a->w_type, w, NULL, x, y, a->n_tokens, a->n_in, a->n_out);
+    return launch_fused(k, stream, "pv_qmatmul_fused", a->w_type, w, NULL, x, xq, y, a->n_tokens, a->n_in, a->n_out);
 }
 
 pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t stream,
                                               const pv_qmatmul_swiglu_args *a, const void *w_gate,
-                                              const void *w_up, const float *x, float *y)
+                                              const void *w_up, const float *x, const pv_cuda_xq16 *xq, float *y)
 {
-    return launch_fused(k, stream, "pv_qmatmul_swiglu", a->w_type, w_gate, w_up, x, y, a->n_tokens, a->n_in,
+    return launch_fused(k, stream, "pv_qmatmul_swiglu", a->w_type, w_gate, w_up, x, xq, y, a->n_tokens, a->n_in,
                         a->n_out);
+}
+
+/* groups {ceil(n_blocks / PV_WG)}: a thread a block of 32 of x */
+pv_status pv_cuda_launch_qmatmul_round16(pv_cuda_kernels *k, cudaStream_t stream, pv_wtype t, const float *x,
+                                         int64_t n_tokens, int64_t n_in, const pv_cuda_xq16 *xq)
+{
+    const pv_kernel_params p = weight_params(k, t);
+    cudaKernel_t kernel;
+    PV_TRY(kernel_get(k, &p, "pv_qmatmul_round16", &kernel));
+    const int wg = p.value[PV_KPARAM_WG];
+    long long zero = 0, n_blocks = n_tokens * n_in / 32;
+    void *q = xq->q;
+    float *s = xq->s;
+    karg args[] = {KARG(x), KARG(zero), KARG(n_blocks), KARG(q), KARG(zero), KARG(s), KARG(zero)};
+    return launch(k, stream, "qmatmul_round16", kernel, groups_of(n_blocks, wg), 1, wg, args, N_ARGS(args));
 }
 
 /* groups {ceil(n_in / PV_WG), n_rows}, n_rows <= 65535 (the caller's tiles) */

@@ -802,6 +802,7 @@ static const pv_backend_ops opencl_backend_ops = {
     .argmax = pv_opencl_argmax,
     .sample_top_p = pv_opencl_sample_top_p,
     .qmatmul = pv_opencl_qmatmul,
+    .qmatmul_group = pv_opencl_qmatmul_group,
     .add_rmsnorm = pv_opencl_add_rmsnorm,
     .rope_kv_write = pv_opencl_rope_kv_write,
     .qmatmul_swiglu = pv_opencl_qmatmul_swiglu,

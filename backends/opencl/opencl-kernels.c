@@ -677,16 +677,55 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
                   (uint64_t)a->n_ids);
 }
 
+/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl) in
+ * the scratch buffer q: its word pairs from word 0, the (scale, sum) pairs
+ * from float s_off. */
+typedef struct xq16 {
+    cl_mem q;
+    int64_t s_off;
+} xq16;
+
+/* Whether decode-sized products of type t take x rounded (PV_ACT16). */
+static int act16(const pv_backend *be, pv_wtype t)
+{
+    return (t == PV_W_Q8_0 || t == PV_W_Q4_0 || t == PV_W_Q4_1) &&
+           family_params(be, PV_KERNEL_QMATMUL).value[PV_KPARAM_ACT16];
+}
+
+/* *xq = x [T][n_in] rounded, by the kernel of type t's program. */
+static pv_status round_x16(pv_backend *be, pv_wtype t, const pv_buffer *x, uint64_t x_off, int64_t n_tokens,
+                           int64_t n_in, xq16 *xq)
+{
+    const uint64_t q_bytes = (uint64_t)n_tokens * (uint64_t)n_in * 2, n_blocks = (uint64_t)n_tokens * n_in / 32;
+    pv_status st = scratch_reserve(pv_opencl_of(be), "qmatmul", PV_OPENCL_SCRATCH_QMATMUL_XQ,
+                                   (size_t)(q_bytes + n_blocks * 2 * sizeof(float)), &xq->q);
+    if (st != PV_OK)
+        return st;
+    xq->s_off = (int64_t)(q_bytes / sizeof(float));
+    kernel_args ka;
+    if ((st = kernel_begin_weights(be, t, "pv_qmatmul_round16", &ka)) != PV_OK)
+        return st;
+    arg_mem(&ka, pv_opencl_mem(x));
+    arg_long(&ka, (int64_t)x_off);
+    arg_long(&ka, (int64_t)n_blocks);
+    arg_mem(&ka, xq->q);
+    arg_long(&ka, 0);
+    arg_mem(&ka, xq->q);
+    arg_long(&ka, xq->s_off);
+    return launch(be, "qmatmul round16", &ka, ceil_div(n_blocks, (uint64_t)ka.work_group), 1);
+}
+
 /* The fused kernels (T <= PV_OPENCL_QMATMUL_FUSED_MAX_T), "<base>_<class>"
  * for T's token class, over n_w matrices of weight type t (the product, or
- * the gate and up of a SwiGLU): a work-group a pv_qmv_rows run of rows. */
+ * the gate and up of a SwiGLU): a work-group a pv_qmv_rows run of rows.
+ * With xq, "<base>16_<class>" from x rounded there instead of x. */
 static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, int n_w, const pv_buffer *const *w,
-                                const uint64_t *w_off, const pv_buffer *x, uint64_t x_off, const pv_buffer *y,
-                                uint64_t y_off, int64_t n_tokens, int64_t n_in, int64_t n_out)
+                                const uint64_t *w_off, const pv_buffer *x, uint64_t x_off, const xq16 *xq,
+                                const pv_buffer *y, uint64_t y_off, int64_t n_tokens, int64_t n_in, int64_t n_out)
 {
     const int token_class = pv_qmv_token_class(n_tokens);
     char name[40];
-    snprintf(name, sizeof name, "%s_%d", base, token_class);
+    snprintf(name, sizeof name, "%s%s_%d", base, xq ? "16" : "", token_class);
     kernel_args ka;
     pv_status st = kernel_begin_weights(be, t, name, &ka);
     if (st != PV_OK)
@@ -695,15 +734,39 @@ static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, in
         arg_mem(&ka, pv_opencl_mem(w[i]));
         arg_long(&ka, weight_words(t, w_off[i]));
     }
-    arg_mem(&ka, pv_opencl_mem(x));
-    arg_long(&ka, (int64_t)x_off);
-    arg_int(&ka, 0); /* x4: CUDA's 16-byte loads; vload4 needs no more than 4 */
+    if (xq) {
+        arg_mem(&ka, xq->q);
+        arg_long(&ka, 0);
+        arg_mem(&ka, xq->q);
+        arg_long(&ka, xq->s_off);
+    } else {
+        arg_mem(&ka, pv_opencl_mem(x));
+        arg_long(&ka, (int64_t)x_off);
+        arg_int(&ka, 0); /* x4: CUDA's 16-byte loads; vload4 needs no more than 4 */
+    }
     arg_mem(&ka, pv_opencl_mem(y));
     arg_long(&ka, (int64_t)y_off);
     arg_int(&ka, (int32_t)n_tokens);
     arg_int(&ka, (int32_t)n_in);
     arg_int(&ka, (int32_t)n_out);
     return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)pv_qmv_rows(token_class)), 1);
+}
+
+/* fused_products with x rounded first where PV_ACT16 says so. */
+static pv_status fused_products_of_x(pv_backend *be, const char *base, pv_wtype t, int n_w,
+                                     const pv_buffer *const *w, const uint64_t *w_off, const pv_buffer *x,
+                                     uint64_t x_off, const pv_buffer *y, uint64_t y_off, int64_t n_tokens,
+                                     int64_t n_in, int64_t n_out)
+{
+    xq16 xq;
+    const int rounded = act16(be, t);
+    if (rounded) {
+        pv_status st = round_x16(be, t, x, x_off, n_tokens, n_in, &xq);
+        if (st != PV_OK)
+            return st;
+    }
+    return fused_products(be, base, t, n_w, w, w_off, x, x_off, rounded ? &xq : NULL, y, y_off, n_tokens, n_in,
+                          n_out);
 }
 
 /* y[:, r0 : r0 + n_rows] = x W_tile^T, W_tile [n_rows][n_in] f32 from b_off of b. */
@@ -728,8 +791,8 @@ pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (a->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T)
-        return fused_products(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, a->y,
-                              a->y_off, a->n_tokens, a->n_in, a->n_out);
+        return fused_products_of_x(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, a->y,
+                                   a->y_off, a->n_tokens, a->n_in, a->n_out);
     if (a->w_type == PV_W_F32) /* GEMM reads f32 weights in place */
         return qmatmul_sgemm(be, a, 0, a->n_out, pv_opencl_mem(a->w), (size_t)a->w_off);
 
@@ -852,8 +915,31 @@ pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args 
     }
     const pv_buffer *const w[2] = {a->w_gate, a->w_up};
     const uint64_t w_off[2] = {a->w_gate_off, a->w_up_off};
-    return fused_products(be, "pv_qmatmul_swiglu", a->w_type, 2, w, w_off, a->x, a->x_off, a->y, a->y_off,
-                          a->n_tokens, a->n_in, a->n_out);
+    return fused_products_of_x(be, "pv_qmatmul_swiglu", a->w_type, 2, w, w_off, a->x, a->x_off, a->y, a->y_off,
+                               a->n_tokens, a->n_in, a->n_out);
+}
+
+/* Products of one x (Q, K and V): one by one, except that at decode sizes
+ * under PV_ACT16 x is rounded once for all the block-type products. */
+pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    const pv_qmatmul_args *first = &products[0];
+    int shared = -1; /* a block-type product's index: x rounded once, in its program */
+    for (int i = 0; i < n && shared < 0 && first->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T; i++)
+        if (act16(be, products[i].w_type))
+            shared = i;
+    xq16 xq;
+    pv_status st = shared >= 0 ? round_x16(be, products[shared].w_type, first->x, first->x_off, first->n_tokens,
+                                           first->n_in, &xq)
+                               : PV_OK;
+    for (int i = 0; i < n && st == PV_OK; i++) {
+        const pv_qmatmul_args *a = &products[i];
+        st = shared >= 0 && act16(be, a->w_type)
+                 ? fused_products(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, &xq,
+                                  a->y, a->y_off, a->n_tokens, a->n_in, a->n_out)
+                 : pv_opencl_qmatmul(be, a);
+    }
+    return st;
 }
 
 pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)

@@ -29,15 +29,17 @@
  * kernels/attention.cl's PV_TEST_BREAK_WG). */
 #define PV_OPENCL_TEST_DEFINES_MAX 128
 
-/* The scratch buffers: widened weight tiles of qmatmul, split-K partials
- * of attention, the biased rows of sample_batch, and the tokens of a
+/* The scratch buffers: widened weight tiles of qmatmul and its
+ * activations rounded to 16-bit integers (PV_ACT16), split-K partials of
+ * attention, the biased rows of sample_batch, and the tokens of a
  * host-out sample_batch, argmax or sample_top_p (read back blocking before
  * the call returns, so the next call may write them again). */
 #define PV_OPENCL_SCRATCH_QMATMUL 0
 #define PV_OPENCL_SCRATCH_ATTENTION 1
 #define PV_OPENCL_SCRATCH_BIAS 2
 #define PV_OPENCL_SCRATCH_RESULTS 3
-#define PV_OPENCL_SCRATCH_COUNT 4
+#define PV_OPENCL_SCRATCH_QMATMUL_XQ 4
+#define PV_OPENCL_SCRATCH_COUNT 5
 
 /* The most host index arrays one op passes (sample_batch with a logit
  * bias: 6). */
@@ -149,6 +151,7 @@ pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a);
 pv_status pv_opencl_argmax(pv_backend *be, const pv_argmax_args *a);
 pv_status pv_opencl_sample_top_p(pv_backend *be, const pv_sample_args *a);
 pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a);
+pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n);
 pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
 pv_status pv_opencl_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
 pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
