@@ -357,6 +357,8 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
     if (!e)
         return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: cannot allocate the engine");
     e->be = be;
+    e->graph_runs0 = pv_backend_graph_runs(be);
+    e->graph_replays0 = pv_backend_graph_replays(be);
     e->model = model;
     e->tok = tok;
     if (cfg)
@@ -398,8 +400,10 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
     }
     if ((st = pv_cache_init(&e->cache, &e->cache_cfg, engine_clock, e)) != PV_OK)
         goto fail;
+    /* One slot past the cache's: where the model's rows padding a decode
+     * step to its graph bucket write (pv_llama_batch.pad_slot). */
     if ((st = pv_buffer_init(&e->device_pool, be, PV_MEM_DEVICE,
-                             (uint64_t)e->n_device_slots * e->slot_bytes)) != PV_OK)
+                             (uint64_t)(e->n_device_slots + 1) * e->slot_bytes)) != PV_OK)
         goto fail;
     if (e->n_host_slots > 0 &&
         (st = pv_buffer_init(&e->host_pool, be, PV_MEM_HOST,
@@ -820,6 +824,8 @@ pv_status pv_engine_stats_get(const pv_engine *e, pv_engine_stats *stats)
     stats->dropped_chunks = cs.dropped_chunks;
     stats->shared_chunks = cs.shared_chunks;
     stats->shared_saved_bytes = cs.shared_saved_bytes[PV_TIER_DEVICE] + cs.shared_saved_bytes[PV_TIER_HOST];
+    stats->graph_runs = pv_backend_graph_runs(e->be) - e->graph_runs0;
+    stats->graph_replays = pv_backend_graph_replays(e->be) - e->graph_replays0;
     stats->sessions = (uint32_t)e->n_sessions;
     stats->running = (uint32_t)e->n_running;
     stats->waiting = (uint32_t)e->n_waiting;

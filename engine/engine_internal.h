@@ -93,6 +93,7 @@ typedef struct pv_swap_out {
 
 struct pv_engine {
     pv_backend *be;
+    uint64_t graph_runs0, graph_replays0; /* the backend's counts when the engine opened */
     pv_llama *model;
     const pv_tokenizer *tok;
     pv_engine_config cfg;

@@ -830,10 +830,11 @@ static pv_status run_batch(pv_engine *e, size_t n_tok, size_t n_seqs, size_t n_l
     pv_llama_batch b = {
         .n_tokens = (int32_t)n_tok, .tokens = e->b_tokens, .token_seq = e->b_seq, .token_pos = e->b_pos,
         .n_seqs = (int32_t)n_seqs, .max_chunks = max_chunks, .slot_tables = e->b_tables,
-        .kv_pool = e->device_pool, .n_slots = e->n_device_slots,
+        .kv_pool = e->device_pool, .n_slots = e->n_device_slots + 1,
         .n_logits = (int32_t)n_logits, .logit_rows = e->b_logit_rows,
         .before_layer = wait_layer, .before_layer_ctx = &gate,
         .prev_tokens = e->sampled_dev, .n_prev_tokens = e->sampled_dev ? e->cfg.max_running : 0,
+        .pad_decode = 1, .pad_slot = e->n_device_slots,
     };
     double t1 = pv_engine_now(e);
     st = pv_llama_forward(e->model, &b);

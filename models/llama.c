@@ -56,6 +56,11 @@ struct pv_llama {
     pv_buffer *sel;                  /* rows that want logits [max_logit_rows][dim] */
     pv_buffer *logits;               /* [max_logit_rows][vocab] */
     char graph_failure[256];         /* why the last recording did not run, or "" */
+    /* a decode step padded to its bucket: host arrays grown as needed */
+    int32_t *pad_rows;               /* tokens, seqs, positions, logit rows: 4 x [bucket] */
+    int32_t *pad_tables;             /* [n_layers][bucket][max_chunks] */
+    size_t pad_rows_cap, pad_tables_cap;
+    uint64_t padded_rows;            /* rows added, in all */
 };
 
 void pv_llama_options_default(pv_llama_options *o)
@@ -68,6 +73,7 @@ void pv_llama_options_default(pv_llama_options *o)
     o->max_weight_buffer_bytes = (uint64_t)256 << 20;
     o->fuse = 1;
     o->graphs = 1;
+    o->graph_buckets = 1;
 }
 
 const char *pv_llama_graph_failure(const pv_llama *m)
@@ -435,6 +441,8 @@ void pv_llama_free(pv_llama *m)
                          m->att, m->proj, m->gate, m->up, m->sel, m->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         pv_buffer_free(bufs[i]);
+    free(m->pad_rows);
+    free(m->pad_tables);
     free(m);
 }
 
@@ -637,6 +645,91 @@ static pv_status check_batch(const pv_llama *m, const pv_llama_batch *b)
                         "pv_llama_forward: kv_pool has %" PRIu64 " bytes, fewer than %" PRId64
                         " slots x %" PRIu64 " bytes",
                         b->kv_pool->bytes, b->n_slots, pv_llama_slot_bytes(m));
+    if (b->pad_decode && (b->pad_slot < 0 || b->pad_slot >= b->n_slots))
+        return pv_error(PV_ERR_INVALID_ARG, "pv_llama_forward: pad_slot = %" PRId64 " out of range [0, %" PRId64 ")",
+                        b->pad_slot, b->n_slots);
+    return PV_OK;
+}
+
+int32_t pv_llama_decode_bucket(int32_t n)
+{
+    if (n > PV_LLAMA_GRAPH_MAX_TOKENS)
+        return n;
+    if (n <= 8) {
+        int32_t b = 1;
+        while (b < n)
+            b *= 2;
+        return b;
+    }
+    return (n + 7) / 8 * 8;
+}
+
+uint64_t pv_llama_padded_rows(const pv_llama *m)
+{
+    return m ? m->padded_rows : 0;
+}
+
+/* Grows *buf to hold n int32s. */
+static pv_status reserve_ints(int32_t **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return PV_OK;
+    int32_t *grown = realloc(*buf, n * sizeof *grown);
+    if (!grown)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_llama_forward: %zu padded batch entries", n);
+    *buf = grown;
+    *cap = n;
+    return PV_OK;
+}
+
+/* *run = b, or where b is a decode step the options pad (graph_buckets:
+ * 1 when it runs as a graph, 2 always), *padded: b's rows and tables with
+ * rows of token 0 at position 0 after them up to its bucket, each its own
+ * sequence whose one chunk is b->pad_slot, each wanting logits. The
+ * caller's rows keep their places, so their values and logits rows are
+ * theirs; the pad rows' are never read. */
+static pv_status pad_decode(pv_llama *m, const pv_llama_batch *b, int graph, pv_llama_batch *padded,
+                            const pv_llama_batch **run)
+{
+    *run = b;
+    const int32_t n = b->n_tokens, bucket = pv_llama_decode_bucket(n);
+    const int wanted = m->opt.graph_buckets == 2 || (m->opt.graph_buckets == 1 && graph);
+    if (!wanted || !b->pad_decode || bucket == n || bucket > PV_LLAMA_GRAPH_MAX_TOKENS ||
+        bucket > m->opt.max_batch_tokens || bucket > m->opt.max_logit_rows || b->n_seqs != n ||
+        b->n_logits != n || b->max_chunks < 1)
+        return PV_OK;
+    for (int32_t i = 0; i < n; i++)
+        if (b->token_seq[i] != i || b->logit_rows[i] != i)
+            return PV_OK;
+    const size_t width = (size_t)b->max_chunks, layers = m->hp.n_layers;
+    PV_TRY(reserve_ints(&m->pad_rows, &m->pad_rows_cap, 4 * (size_t)bucket));
+    PV_TRY(reserve_ints(&m->pad_tables, &m->pad_tables_cap, layers * (size_t)bucket * width));
+    int32_t *tokens = m->pad_rows, *seqs = tokens + bucket, *pos = seqs + bucket, *rows = pos + bucket;
+    for (int32_t i = 0; i < bucket; i++) {
+        tokens[i] = i < n ? b->tokens[i] : 0;
+        seqs[i] = i;
+        pos[i] = i < n ? b->token_pos[i] : 0;
+        rows[i] = i;
+    }
+    for (size_t l = 0; l < layers; l++) {
+        int32_t *t = m->pad_tables + l * (size_t)bucket * width;
+        memcpy(t, b->slot_tables + l * (size_t)n * width, (size_t)n * width * sizeof *t);
+        for (size_t r = (size_t)n; r < (size_t)bucket; r++) {
+            t[r * width] = (int32_t)b->pad_slot;
+            for (size_t c = 1; c < width; c++)
+                t[r * width + c] = -1;
+        }
+    }
+    *padded = *b;
+    padded->n_tokens = padded->n_seqs = padded->n_logits = bucket;
+    padded->tokens = tokens;
+    padded->token_seq = seqs;
+    padded->token_pos = pos;
+    padded->logit_rows = rows;
+    padded->slot_tables = m->pad_tables;
+    padded->logits = NULL;
+    m->padded_rows += (uint64_t)(bucket - n);
+    *run = padded;
     return PV_OK;
 }
 
@@ -707,11 +800,16 @@ pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b)
     if (st != PV_OK)
         return st;
     int ran = 0;
-    if (m->opt.graphs && b->n_tokens <= PV_LLAMA_GRAPH_MAX_TOKENS && pv_backend_graphs(m->be) &&
-        (st = forward_graph(m, b, &ran)) != PV_OK)
+    const int graph = m->opt.graphs && pv_backend_graphs(m->be);
+    pv_llama_batch padded;
+    const pv_llama_batch *run = b;
+    if ((st = pad_decode(m, b, graph, &padded, &run)) != PV_OK)
         return st;
-    if (!ran && (st = forward_ops(m, b)) != PV_OK)
+    if (graph && run->n_tokens <= PV_LLAMA_GRAPH_MAX_TOKENS && (st = forward_graph(m, run, &ran)) != PV_OK)
         return st;
+    if (!ran && (st = forward_ops(m, run)) != PV_OK)
+        return st;
+    /* the caller's rows only: a padded step's first n_logits rows */
     if (b->n_logits > 0 && b->logits)
         return pv_buffer_read(m->logits, 0, b->logits,
                               (uint64_t)b->n_logits * m->hp.n_vocab * sizeof(float));

@@ -248,6 +248,10 @@ static void snapshot(out_buf *b, const pv_metrics_snapshot *snap)
     scalar(b, "pensieve_engine_chained_iterations_total", "counter",
            "Forward passes run as chained decode steps, enqueued before the host read their tokens.",
            e->chained_iterations);
+    scalar(b, "pensieve_engine_graph_runs_total", "counter",
+           "Forward passes run as one recorded device graph (decode steps on CUDA).", e->graph_runs);
+    scalar(b, "pensieve_engine_graph_replays_total", "counter",
+           "Of those, replays of an earlier recording, nothing recorded anew.", e->graph_replays);
     scalar(b, "pensieve_engine_discarded_tokens_total", "counter",
            "Decode rows of chained steps thrown away (the turn had ended a step before).", e->discarded_tokens);
     uint64_t reused[2] = {e->reused_device_tokens, e->reused_host_tokens};

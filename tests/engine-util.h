@@ -31,11 +31,13 @@ typedef struct eu_model {
 } eu_model;
 
 /* The synthetic model (n_layers layers, context n_ctx, logits for up to
- * max_logit_rows rows a pass) on backend be (NULL: open backend `name`),
- * which m owns from now on, also on failure. PV_ERR_NO_DEVICE /
- * PV_ERR_NOT_FOUND when the backend is absent. */
-static inline pv_status eu_model_init_rows(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
-                                           uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens, int32_t max_logit_rows)
+ * max_logit_rows rows a pass, pv_llama_options.graph_buckets as given) on
+ * backend be (NULL: open backend `name`), which m owns from now on, also
+ * on failure. PV_ERR_NO_DEVICE / PV_ERR_NOT_FOUND when the backend is
+ * absent. */
+static inline pv_status eu_model_init_buckets(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
+                                              uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens,
+                                              int32_t max_logit_rows, int graph_buckets)
 {
     memset(m, 0, sizeof *m);
     m->be = be;
@@ -59,11 +61,19 @@ static inline pv_status eu_model_init_rows(eu_model *m, pv_backend *be, const ch
     o.chunk_tokens = chunk_tokens;
     o.max_batch_tokens = 128;
     o.max_logit_rows = max_logit_rows;
+    o.graph_buckets = graph_buckets;
     if ((st = pv_tokenizer_init(&m->tok, &g)) == PV_OK && (m->be || (st = pv_backend_init(&m->be, name, 0)) == PV_OK))
         st = pv_llama_init(&m->model, m->be, &g, &o);
     pv_gguf_free(&g);
     free(image);
     return st;
+}
+
+/* eu_model_init_buckets with the default buckets. */
+static inline pv_status eu_model_init_rows(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,
+                                           uint32_t n_ctx, pv_dtype kv, int32_t chunk_tokens, int32_t max_logit_rows)
+{
+    return eu_model_init_buckets(m, be, name, n_layers, n_ctx, kv, chunk_tokens, max_logit_rows, 1);
 }
 
 static inline pv_status eu_model_init_on(eu_model *m, pv_backend *be, const char *name, uint32_t n_layers,

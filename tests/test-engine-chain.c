@@ -252,6 +252,49 @@ static void check_graph_replays(const char *backend)
        backend, out.n, runs, replays, 100 * REPLAY_AT_LEAST, st == PV_OK ? "" : ": ", st == PV_OK ? "" : pv_last_error());
 }
 
+/* Decode steps padded to their batch-size buckets, as a GPU's graphs pad
+ * them (pv_llama_options.graph_buckets 2 pads every one, here where no
+ * graphs are): rows of token 0 in the engine's spare slot after the real
+ * ones (batches of 3, 5 and 6 sessions become 4 and 8), whose values must
+ * not reach any turn. The same turns as the unpadded model's with
+ * decode_steps 1, roomy with decode_steps 1 and with 40 device slots and
+ * chains of 5; rows were padded in both. */
+static void check_buckets(const char *backend, const turn_plan *plan)
+{
+    static turn_out want[TURNS], got[TURNS];
+    run_stats rs;
+    const struct {
+        int32_t steps;
+        uint64_t device_slots;
+        const char *name;
+    } runs[] = {{1, 4096, "roomy, decode_steps 1"}, {5, 40, "40 device slots, decode_steps 5"}};
+    eu_model padded;
+    pv_status st = eu_model_init_buckets(&padded, NULL, backend, LAYERS, N_CTX, PV_F32, CHUNK, 16, 2);
+    if (!ok(st == PV_OK, "%s: the model with every decode step padded opens (%s)", backend,
+            st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&padded);
+        return;
+    }
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char label[160];
+        snprintf(label, sizeof label, "%s, decode steps padded to buckets, %s", backend, runs[r].name);
+        st = run_workload(plan, 1, PV_MODE_PENSIEVE, runs[r].device_slots, want, &rs);
+        const eu_model unpadded = M;
+        M = padded;
+        const uint64_t rows0 = pv_llama_padded_rows(M.model);
+        if (st == PV_OK)
+            st = run_workload(plan, runs[r].steps, PV_MODE_PENSIEVE, runs[r].device_slots, got, &rs);
+        const uint64_t rows = pv_llama_padded_rows(M.model) - rows0;
+        M = unpadded;
+        if (!ok(st == PV_OK, "%s: runs (%s)", label, st == PV_OK ? "ok" : pv_last_error()))
+            break;
+        compare(label, want, got);
+        ok(rows > 0 && rs.check_failures == 0, "%s: %" PRIu64 " rows padded; pv_engine_check after every step (%d failed%s%s)",
+           label, rows, rs.check_failures, rs.check_failures ? "; first: " : "", rs.first_failure);
+    }
+    eu_model_free(&padded);
+}
+
 static void test_backend(const char *backend)
 {
     if (!eu_model_ready(&M, backend, LAYERS, N_CTX, PV_F32, CHUNK))
@@ -316,6 +359,7 @@ static void test_backend(const char *backend)
         if (setups[s].device_slots == 4096 && setups[s].mode == PV_MODE_PENSIEVE)
             compare("roomy pensieve against the first run", want, ref);
     }
+    check_buckets(backend, plan);
     check_graph_replays(backend);
     eu_model_free(&M);
 }

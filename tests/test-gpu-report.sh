@@ -31,6 +31,8 @@ has "| Q4_0 | 14336x4096 | 1 | 25.8 | 16.0 | 43% | 69% | 1.61x |" "PV_ACT16: bot
 has "- Q4_0 at batch 1, the faster mode: 61%-69% of the copy: met" "PV_ACT16: the Q4 target from the faster mode"
 has "- Q8_0 at batch 1, the faster mode: 67%-67% of the copy: met" "PV_ACT16: a type where f32 x is the faster"
 has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
+has "- pensieve-serve's forward passes: 2000, 75% as graphs, 80% of them replayed" \
+    "serving: the server's graph runs and replays from /metrics"
 grep -q "^| test-backend-async | rc=1 | 4.19 | 26 ok, 1 not ok, 1 skipped | not ok 16 - opencl" "$out"
 check $? "steps: a failing test's counts and first failure"
 grep -qxF -- "- pensieve-bench-cpu: pensieve 1.00x stateless at the target: undecided (a mode met the target at every rate tried: higher rates needed)" "$out"

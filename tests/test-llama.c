@@ -534,6 +534,36 @@ static void test_graph_front_end(void)
     pv_backend_free(be);
 }
 
+/* Batch-size buckets (pv_llama_options.graph_buckets; the padding itself
+ * is checked through the engine in test-engine-chain): the bucket of each
+ * batch size, and a spare slot outside the pool refused. */
+static void test_buckets_front_end(const pv_gguf *g)
+{
+    static const int32_t sizes[][2] = {{1, 1}, {2, 2}, {3, 4}, {5, 8}, {8, 8}, {9, 16}, {17, 24}, {64, 64}, {65, 65}};
+    int right = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        right += pv_llama_decode_bucket(sizes[i][0]) == sizes[i][1];
+    ok(right == (int)(sizeof sizes / sizeof sizes[0]),
+       "buckets: 1, 2, 4, 8, then multiples of 8 to %d, past it the size itself (%d of %zu right)",
+       PV_LLAMA_GRAPH_MAX_TOKENS, right, sizeof sizes / sizeof sizes[0]);
+    fixture f;
+    pv_status st = fixture_init(&f, "cpu", g, PV_F32, 0, 1, 1);
+    if (ok(st == PV_OK, "buckets: cpu model (%s)", st == PV_OK ? "ok" : pv_last_error())) {
+        int32_t tok[3] = {1, 2, 3}, seq[3] = {0, 1, 2}, pos[3] = {0, 0, 0}, rows[3] = {0, 1, 2};
+        const int64_t bad[2] = {-1, f.n_slots};
+        for (int i = 0; i < 2; i++) {
+            pv_llama_batch b = {.n_tokens = 3, .tokens = tok, .token_seq = seq, .token_pos = pos, .n_seqs = 3,
+                                .max_chunks = 1, .slot_tables = f.tables, .kv_pool = f.pool, .n_slots = f.n_slots,
+                                .n_logits = 3, .logit_rows = rows, .pad_decode = 1, .pad_slot = bad[i]};
+            st = pv_llama_forward(f.model, &b);
+            ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), "pad_slot"),
+               "buckets: a spare slot of %lld in a pool of %lld is refused (%s)", (long long)bad[i],
+               (long long)f.n_slots, pv_last_error());
+        }
+    }
+    fixture_free(&f);
+}
+
 /* ---- files wrong on purpose ------------------------------------------------ */
 
 /* What to change when copying a model file. */
@@ -824,6 +854,7 @@ int main(void)
             test_graphs(&g, *name, PV_F16, tokens);
         }
         test_graph_front_end();
+        test_buckets_front_end(&g);
     }
     test_wrong_files(&g);
     pv_gguf_free(&g);

@@ -390,6 +390,8 @@ static void snapshot(void)
     snap.engine.reused_host_tokens = 1008;
     snap.engine.suspensions = 1009;
     snap.engine.sessions_timed_out = 1010;
+    snap.engine.graph_runs = 1011;
+    snap.engine.graph_replays = 1012;
     snap.engine.forward_s = 1.5;
     snap.engine.schedule_s = 0.25;
     snap.engine.sessions = 11;
@@ -462,6 +464,8 @@ static void snapshot(void)
            has_line(text, "pensieve_engine_reused_tokens_total{tier=\"host\"} 1008") &&
            has_line(text, "pensieve_engine_suspensions_total 1009") &&
            has_line(text, "pensieve_engine_sessions_timed_out_total 1010") &&
+           has_line(text, "pensieve_engine_graph_runs_total 1011") &&
+           has_line(text, "pensieve_engine_graph_replays_total 1012") &&
            has_line(text, "pensieve_engine_forward_seconds_total 1.5") &&
            has_line(text, "pensieve_engine_schedule_seconds_total 0.25"),
        "the engine's counters");

@@ -279,6 +279,8 @@ typedef struct pv_engine_stats {
     uint64_t swap_in_chunks, swap_out_chunks, dropped_chunks; /* (chunk, layer) records */
     uint64_t suspensions;
     uint64_t sessions_timed_out;
+    uint64_t graph_runs;          /* forward passes the backend ran as one recorded graph */
+    uint64_t graph_replays;       /* of which replayed an earlier recording without recording */
     double forward_s;             /* time inside the model's forward pass and sampling, and
                                    * waiting for the device to finish them */
     double schedule_s;            /* time in the engine around it: scheduling, cache

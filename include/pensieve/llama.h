@@ -42,11 +42,21 @@ typedef struct pv_llama_options {
      * (pv_backend_graph_begin): one launch for the host, the same values;
      * 0: launched op by op, to compare. */
     int graphs;
+    /* Batch-size buckets for graphs, where a batch offers a spare slot
+     * (pv_llama_batch.pad_slot): 1 (default) pads a decode step that runs
+     * as a graph to its bucket (pv_llama_decode_bucket), so that steps of
+     * nearby batch sizes replay one recording; 2 pads every decode step,
+     * graph or not (tests, on backends without graphs); 0 never pads. */
+    int graph_buckets;
 } pv_llama_options;
 
 /* The largest forward pass recorded as a graph: decode steps; a prefill's
  * few large launches gain nothing from it. */
 #define PV_LLAMA_GRAPH_MAX_TOKENS 64
+
+/* The batch size a decode step of n sequences is padded to: 1, 2, 4, 8,
+ * then the next multiple of 8 (n itself past PV_LLAMA_GRAPH_MAX_TOKENS). */
+int32_t pv_llama_decode_bucket(int32_t n);
 
 void pv_llama_options_default(pv_llama_options *o);
 
@@ -110,9 +120,21 @@ typedef struct pv_llama_batch {
      * 0 <= j < n_prev_tokens (pv_embed_gather_args.ids_dev). */
     const pv_buffer *prev_tokens;
     int32_t n_prev_tokens;
+    /* A pool slot (< n_slots) that no sequence's table holds, where the
+     * rows that pad a decode step to its bucket (pv_llama_options.
+     * graph_buckets) write and read their K/V; used only with pad_decode
+     * set, so a zeroed batch pads nothing. A decode step is one token per
+     * sequence, token i of sequence i, each wanting its logits in order;
+     * pad rows are token 0 at position 0 of sequences past n_seqs, and
+     * their logits rows follow the real ones'. */
+    int32_t pad_decode;
+    int64_t pad_slot;
 } pv_llama_batch;
 
 pv_status pv_llama_forward(pv_llama *m, const pv_llama_batch *b);
+
+/* Rows the model added to decode steps to reach their buckets, in all. */
+uint64_t pv_llama_padded_rows(const pv_llama *m);
 
 /* The device buffer holding the logits of the last forward call,
  * [n_logits][n_vocab] f32, for sampling on the device (argmax, top-p). */
