@@ -261,6 +261,20 @@ static inline pv_kernel_params pv_kernel_params_built(const pv_kernel_params *p)
  * of n_tokens (<= 16), the kernel "pv_qmatmul_fused_<class>" or
  * "pv_qmatmul_swiglu_<class>", and the rows of W each of its work-groups
  * takes (as the kernels are instantiated there). */
+/* Whether kernels/qmatmul.cl built for weight type wtype (a ggml id, as
+ * PV_WTYPE) holds the PV_ACT16 kernels: the block types Q4_0, Q4_1, Q8_0. */
+static inline int pv_qmatmul_has_act16(int wtype)
+{
+    return wtype == 2 || wtype == 3 || wtype == 8;
+}
+
+/* Whether qmatmul's decode-sized products of weight type wtype take x
+ * rounded to 16 bits under the set p (PV_ACT16). */
+static inline int pv_qmatmul_act16(const pv_kernel_params *p, int wtype)
+{
+    return pv_qmatmul_has_act16(wtype) && p->value[PV_KPARAM_ACT16];
+}
+
 static inline int pv_qmv_token_class(int64_t n_tokens)
 {
     return n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;

@@ -189,8 +189,7 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
      * in every gather program. */
     if (p->family == PV_KERNEL_GATHER && n < MAX_KERNEL_NAMES - 1)
         names[n++] = "pv_slot_transfer";
-    const int wtype = p->value[PV_KPARAM_WTYPE];
-    if (p->family == PV_KERNEL_QMATMUL && (wtype == PV_W_Q8_0 || wtype == PV_W_Q4_0 || wtype == PV_W_Q4_1))
+    if (p->family == PV_KERNEL_QMATMUL && pv_qmatmul_has_act16(p->value[PV_KPARAM_WTYPE]))
         for (int i = 0; qmatmul16[i] && n < MAX_KERNEL_NAMES - 1; i++)
             names[n++] = qmatmul16[i];
     names[n] = NULL;

@@ -1092,12 +1092,12 @@ static int gemm_mode(const pv_backend *be)
 }
 
 /* Whether qmatmul's decode-sized products of type t take x rounded to 16
- * bits (PV_ACT16, kernel-params.h): the block types only. */
+ * bits (PV_ACT16, kernel-params.h). */
 static int act16(const pv_backend *be, pv_wtype t)
 {
     const pv_kernel_bucket b = {.family = PV_KERNEL_QMATMUL};
-    return (t == PV_W_Q8_0 || t == PV_W_Q4_0 || t == PV_W_Q4_1) &&
-           pv_kernel_tuned(be->tuning, &b).value[PV_KPARAM_ACT16];
+    const pv_kernel_params p = pv_kernel_tuned(be->tuning, &b);
+    return pv_qmatmul_act16(&p, (int)t);
 }
 
 /* x [T][n_in] rounded into the PV_ACT16 scratch for the fused kernels. */

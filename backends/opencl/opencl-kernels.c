@@ -688,8 +688,8 @@ typedef struct xq16 {
 /* Whether decode-sized products of type t take x rounded (PV_ACT16). */
 static int act16(const pv_backend *be, pv_wtype t)
 {
-    return (t == PV_W_Q8_0 || t == PV_W_Q4_0 || t == PV_W_Q4_1) &&
-           family_params(be, PV_KERNEL_QMATMUL).value[PV_KPARAM_ACT16];
+    const pv_kernel_params p = family_params(be, PV_KERNEL_QMATMUL);
+    return pv_qmatmul_act16(&p, (int)t);
 }
 
 /* *xq = x [T][n_in] rounded, by the kernel of type t's program. */
