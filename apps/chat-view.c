@@ -251,10 +251,10 @@ int chat_print_cache(chat *ch, const char *only)
     pv_status st = pv_cache_stats_get(cache, &cs);
     if (st != PV_OK)
         return chat_error("/cache", st);
-    printf("device %s of %s used (shadows %s), host %s of %s\n",
+    printf("device %s of %s used (shadows %s), host %s of %s (%s allocated)\n",
            fmt_size(cs.used_bytes[PV_TIER_DEVICE]).s, fmt_size(cs.capacity_bytes[PV_TIER_DEVICE]).s,
            fmt_size(cs.shadow_bytes).s, fmt_size(cs.used_bytes[PV_TIER_HOST]).s,
-           fmt_size(cs.capacity_bytes[PV_TIER_HOST]).s);
+           fmt_size(cs.capacity_bytes[PV_TIER_HOST]).s, fmt_size(cs.host_backed_bytes).s);
     if (cs.shared_chunks)
         printf("shared prefixes: %llu chunks held once for %llu session links, %s saved\n",
                (unsigned long long)cs.shared_chunks, (unsigned long long)cs.shared_links,

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 15 /* 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 16 /* 16: pv_device_info.max_alloc_bytes; 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -106,6 +106,9 @@ typedef struct pv_device_info {
     char name[128];
     char vendor[128];
     uint64_t global_mem_bytes;
+    uint64_t max_alloc_bytes; /* the largest one buffer may be (OpenCL's
+                               * CL_DEVICE_MAX_MEM_ALLOC_SIZE); global_mem_bytes
+                               * where the backend sets no smaller limit */
     uint32_t compute_units;
     int has_f16; /* f16 arithmetic (GEMM) is available */
     /* qmatmul of the block types rounds x to this many bits per block of 32

@@ -405,10 +405,6 @@ pv_status pv_engine_init(pv_engine **out, pv_backend *be, pv_llama *model, const
     if ((st = pv_buffer_init(&e->device_pool, be, PV_MEM_DEVICE,
                              (uint64_t)(e->n_device_slots + 1) * e->slot_bytes)) != PV_OK)
         goto fail;
-    if (e->n_host_slots > 0 &&
-        (st = pv_buffer_init(&e->host_pool, be, PV_MEM_HOST,
-                             (uint64_t)e->n_host_slots * e->slot_bytes)) != PV_OK)
-        goto fail;
     if ((st = pv_engine_swap_init(e)) != PV_OK || (st = alloc_batch(e)) != PV_OK)
         goto fail;
     e->n_buckets = 64;
@@ -456,7 +452,6 @@ void pv_engine_free(pv_engine *e)
     pv_engine_swap_free(e);
     pv_cache_plan_free(&e->scratch);
     pv_buffer_free(e->device_pool);
-    pv_buffer_free(e->host_pool);
     pv_cache_free(e->cache);
     free(e->b_tokens);
     free(e->b_seq);

@@ -104,11 +104,19 @@ struct pv_engine {
     int64_t slot_elems;
     pv_dtype kv_dtype;
     pv_buffer *device_pool;  /* DEVICE tier: n_device_slots slots */
-    pv_buffer *host_pool;    /* HOST tier (pinned), NULL in gpu-only mode */
-    int64_t n_device_slots, n_host_slots;
+    int64_t n_device_slots, n_host_slots; /* n_host_slots 0: no HOST tier */
+    /* The HOST tier (pinned): host_segs[i] holds slots [i * host_seg_slots,
+     * (i + 1) * host_seg_slots), allocated when the cache first needs one
+     * of them (pv_cache_host_growth); n_host_segs allocated so far. */
+    pv_buffer **host_segs;
+    int64_t host_seg_slots;
+    size_t n_host_segs, max_host_segs;
+    size_t *host_seg_fill;   /* [max_host_segs + 1], a transfer's entries per segment */
+    int host_grow_refused;   /* a segment's allocation failed: no more are tried */
     /* Slot lists of the transfer being issued (engine_swap.c): its
      * destination and source slots, entry for entry. */
     pv_ivec xfer_dst, xfer_src;
+    pv_ivec seg_dst, seg_src;  /* the same, grouped by HOST segment */
     pv_swap_out out;
     pv_cache_plan scratch;   /* eviction plans, reused */
 
@@ -157,8 +165,12 @@ double pv_engine_now(pv_engine *e);
 pv_status pv_engine_expire_idle(pv_engine *e);
 
 /* engine_swap.c: carries out the cache's plans with the backend. */
+/* After the cache: the HOST tier's segments (none allocated yet). */
 pv_status pv_engine_swap_init(pv_engine *e);
 void pv_engine_swap_free(pv_engine *e);
+/* The segment holding HOST slot `slot` (allocated: the cache hands out
+ * backed slots only) and the slot's byte offset in it. */
+pv_buffer *pv_engine_host_slot(const pv_engine *e, uint32_t slot, uint64_t *offset);
 /* Moves already applied by the cache (evictions): copies DEVICE -> HOST
  * bytes before the device slots are reused; drops and notes need nothing. */
 pv_status pv_engine_run_plan(pv_engine *e, const pv_cache_plan *plan);

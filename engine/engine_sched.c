@@ -286,7 +286,7 @@ pv_status pv_engine_admit(pv_engine *e, pv_request *r, int *admitted)
             *slot_ref(r, l, c) = (int32_t)slot;
         }
     /* Host chunks: layer-pipelined swap-in, after room for them. */
-    if (e->host_pool) {
+    if (e->n_host_slots > 0) {
         pv_cache_plan_clear(&e->scratch);
         if ((st = pv_cache_plan_swap_in(e->cache, id, &e->scratch)) != PV_OK ||
             (st = pv_engine_swap_in_issue(e, r, &e->scratch)) != PV_OK)

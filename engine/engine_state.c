@@ -108,8 +108,9 @@ static void copy_record(void *ctx, uint32_t c, uint32_t l, pv_tier tier, uint32_
     x->img->records[x->i++] = (pv_state_record){c, l};
     if (x->st != PV_OK)
         return;
+    uint64_t off;
     if (tier == PV_TIER_HOST)
-        memcpy(dst, (const uint8_t *)e->host_pool->host_ptr + (uint64_t)slot * e->slot_bytes, e->slot_bytes);
+        memcpy(dst, (const uint8_t *)pv_engine_host_slot(e, slot, &off)->host_ptr + off, e->slot_bytes);
     else
         x->st = pv_buffer_read(e->device_pool, (uint64_t)slot * e->slot_bytes, dst, e->slot_bytes);
 }
@@ -254,8 +255,9 @@ static pv_status import_record(pv_engine *e, const char *id, pv_tier tier, uint3
     }
     if (st != PV_OK)
         return st;
+    uint64_t off;
     if (tier == PV_TIER_HOST)
-        memcpy((uint8_t *)e->host_pool->host_ptr + (uint64_t)slot * e->slot_bytes, bytes, e->slot_bytes);
+        memcpy((uint8_t *)pv_engine_host_slot(e, slot, &off)->host_ptr + off, bytes, e->slot_bytes);
     else if ((st = pv_buffer_write(e->device_pool, (uint64_t)slot * e->slot_bytes, bytes, e->slot_bytes)) != PV_OK)
         return st;
     *kept = 1;
@@ -273,7 +275,7 @@ static pv_status import_kv(pv_engine *e, pv_esession *s, const pv_session_image 
     if ((st = pv_cache_append_tokens(e->cache, id, img->history, img->n_history)) != PV_OK ||
         (st = pv_cache_session_set_active(e->cache, id, last_active)) != PV_OK)
         return st;
-    const pv_tier tier = e->host_pool ? PV_TIER_HOST : PV_TIER_DEVICE;
+    const pv_tier tier = e->n_host_slots > 0 ? PV_TIER_HOST : PV_TIER_DEVICE;
     for (size_t i = 0; i < img->n_records; i++) {
         int kept;
         if ((st = import_record(e, id, tier, img->records[i].chunk, img->records[i].layer,

@@ -22,15 +22,54 @@
 #include "engine/engine_internal.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The cache's HOST growth hook: the next segment, allocated now. */
+static uint32_t grow_host(void *ctx, uint32_t n_backed)
+{
+    pv_engine *e = ctx;
+    if (e->host_grow_refused || e->n_host_segs == e->max_host_segs)
+        return n_backed;
+    int64_t first = (int64_t)e->n_host_segs * e->host_seg_slots;
+    int64_t n = e->n_host_slots - first < e->host_seg_slots ? e->n_host_slots - first : e->host_seg_slots;
+    if (pv_buffer_init(&e->host_segs[e->n_host_segs], e->be, PV_MEM_HOST, (uint64_t)n * e->slot_bytes) != PV_OK) {
+        /* Trying again at every eviction would cost a failed allocation
+         * each; HOST stays the size it reached. */
+        e->host_grow_refused = 1;
+        e->stats.host_segments_refused++;
+        fprintf(stderr, "pensieve: host tier: segment %zu (%" PRIu64 " bytes) not allocated: %s; the host tier "
+                "stays at %" PRId64 " of its %" PRId64 " slots\n", e->n_host_segs, (uint64_t)n * e->slot_bytes,
+                pv_last_error(), first, e->n_host_slots);
+        return n_backed;
+    }
+    e->n_host_segs++;
+    e->stats.host_segments++;
+    return (uint32_t)(first + n);
+}
 
 pv_status pv_engine_swap_init(pv_engine *e)
 {
     pv_cache_plan_init(&e->out.plan);
-    if (e->host_pool && e->cfg.swap_out_chunks > (uint64_t)e->n_device_slots)
+    if (e->n_host_slots == 0)
+        return PV_OK;
+    if (e->cfg.swap_out_chunks > (uint64_t)e->n_device_slots)
         e->cfg.swap_out_chunks = (uint32_t)e->n_device_slots;
-    return PV_OK;
+    uint64_t seg_bytes = e->cfg.host_segment_bytes ? e->cfg.host_segment_bytes : PV_ENGINE_HOST_SEGMENT_BYTES;
+    if (e->be->info.max_alloc_bytes && seg_bytes > e->be->info.max_alloc_bytes)
+        seg_bytes = e->be->info.max_alloc_bytes;
+    e->host_seg_slots = (int64_t)(seg_bytes / e->slot_bytes);
+    if (e->host_seg_slots < 1)
+        e->host_seg_slots = 1;
+    if (e->host_seg_slots > e->n_host_slots)
+        e->host_seg_slots = e->n_host_slots;
+    e->max_host_segs = (size_t)((e->n_host_slots + e->host_seg_slots - 1) / e->host_seg_slots);
+    e->host_segs = calloc(e->max_host_segs, sizeof *e->host_segs);
+    e->host_seg_fill = calloc(e->max_host_segs + 1, sizeof *e->host_seg_fill);
+    if (!e->host_segs || !e->host_seg_fill)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_engine_init: host tier of %zu segments", e->max_host_segs);
+    return pv_cache_host_growth(e->cache, 0, grow_host, e);
 }
 
 void pv_engine_swap_free(pv_engine *e)
@@ -41,6 +80,18 @@ void pv_engine_swap_free(pv_engine *e)
     pv_cache_plan_free(&e->out.plan);
     pv_ivec_free(&e->xfer_dst);
     pv_ivec_free(&e->xfer_src);
+    pv_ivec_free(&e->seg_dst);
+    pv_ivec_free(&e->seg_src);
+    for (size_t i = 0; i < e->n_host_segs; i++)
+        pv_buffer_free(e->host_segs[i]);
+    free(e->host_segs);
+    free(e->host_seg_fill);
+}
+
+pv_buffer *pv_engine_host_slot(const pv_engine *e, uint32_t slot, uint64_t *offset)
+{
+    *offset = (uint64_t)(slot % e->host_seg_slots) * e->slot_bytes;
+    return e->host_segs[slot / e->host_seg_slots];
 }
 
 /* Room for n entries in the transfer lists, emptied. */
@@ -51,18 +102,50 @@ static pv_status xfer_reserve(pv_engine *e, size_t n)
     return st == PV_OK ? pv_ivec_reserve(&e->xfer_src, n) : st;
 }
 
-/* One transfer of the n slots listed from entry `first` of the transfer
- * lists, from pool `from` to the other pool, after `wait`. */
+/* The n (> 0) slots listed from entry `first` of the transfer lists, from
+ * pool `from` to the other pool, after `wait`: one transfer for each HOST
+ * segment they touch, in segment order; the copy queue runs them in order,
+ * so *done, the last one's event, completes when all have landed. */
 static pv_status transfer(pv_engine *e, pv_tier from, size_t first, size_t n, pv_event *wait, pv_event **done)
 {
     const int out = from == PV_TIER_DEVICE;
-    pv_slot_transfer_args t = {
-        .dtype = e->kv_dtype, .slot_elems = e->slot_elems,
-        .dst = out ? e->host_pool : e->device_pool, .dst_n_slots = out ? e->n_host_slots : e->n_device_slots,
-        .src = out ? e->device_pool : e->host_pool, .src_n_slots = out ? e->n_device_slots : e->n_host_slots,
-        .dst_slots = e->xfer_dst.v + first, .src_slots = e->xfer_src.v + first, .n = (int32_t)n,
-    };
-    return pv_slot_transfer(e->be, &t, wait, done);
+    const int32_t *host = (out ? e->xfer_dst.v : e->xfer_src.v) + first;
+    const int32_t *dev = (out ? e->xfer_src.v : e->xfer_dst.v) + first;
+    /* A counting sort by segment; within one, the lists' order. */
+    size_t *fill = e->host_seg_fill;
+    memset(fill, 0, (e->max_host_segs + 1) * sizeof *fill);
+    for (size_t i = 0; i < n; i++)
+        fill[host[i] / e->host_seg_slots + 1]++;
+    for (size_t g = 0; g < e->max_host_segs; g++)
+        fill[g + 1] += fill[g];
+    e->seg_dst.n = e->seg_src.n = 0;
+    pv_status st = pv_ivec_reserve(&e->seg_dst, n);
+    if (st != PV_OK || (st = pv_ivec_reserve(&e->seg_src, n)) != PV_OK)
+        return st;
+    int32_t *seg_host = out ? e->seg_dst.v : e->seg_src.v, *seg_dev = out ? e->seg_src.v : e->seg_dst.v;
+    for (size_t i = 0; i < n; i++) {
+        size_t at = fill[host[i] / e->host_seg_slots]++;
+        seg_host[at] = (int32_t)(host[i] % e->host_seg_slots);
+        seg_dev[at] = dev[i];
+    }
+    /* fill[g] now ends segment g's run. */
+    size_t begin = 0;
+    for (size_t g = 0; g < e->max_host_segs && st == PV_OK; g++) {
+        size_t end = fill[g];
+        if (end == begin)
+            continue;
+        pv_buffer *seg = e->host_segs[g];
+        int64_t seg_slots = (int64_t)(seg->bytes / e->slot_bytes);
+        pv_slot_transfer_args t = {
+            .dtype = e->kv_dtype, .slot_elems = e->slot_elems,
+            .dst = out ? seg : e->device_pool, .dst_n_slots = out ? seg_slots : e->n_device_slots,
+            .src = out ? e->device_pool : seg, .src_n_slots = out ? e->n_device_slots : seg_slots,
+            .dst_slots = e->seg_dst.v + begin, .src_slots = e->seg_src.v + begin, .n = (int32_t)(end - begin),
+        };
+        st = pv_slot_transfer(e->be, &t, wait, end == n ? done : NULL);
+        begin = end;
+    }
+    return st;
 }
 
 /* The listed DEVICE -> HOST moves in one transfer, after the compute work
@@ -133,7 +216,7 @@ pv_status pv_engine_run_plan(pv_engine *e, const pv_cache_plan *plan)
         if (m->two_phase)
             return pv_error(PV_ERR_STATE, "engine: eviction plan move %zu is two-phase", i);
         if (m->from == PV_TIER_DEVICE && m->to == PV_TIER_HOST) {
-            if (!e->host_pool)
+            if (e->n_host_slots == 0)
                 return pv_error(PV_ERR_STATE, "engine: a move to HOST in gpu-only mode");
             return copy_out_now(e, plan->moves + i, plan->n_moves - i);
         }
@@ -175,7 +258,7 @@ pv_status pv_engine_swap_out_reap(pv_engine *e)
 
 pv_status pv_engine_swap_out_issue(pv_engine *e)
 {
-    if (e->cfg.mode != PV_MODE_PENSIEVE || !e->host_pool)
+    if (e->cfg.mode != PV_MODE_PENSIEVE || e->n_host_slots == 0)
         return PV_OK;
     /* A batch still in flight is left to land: the next iteration looks
      * again, so the host never waits here for swap traffic. */
@@ -295,12 +378,13 @@ pv_status pv_engine_swap_in_finish(pv_engine *e, pv_request *r)
 
 pv_status pv_engine_copy_slot(pv_engine *e, pv_tier from, uint32_t from_slot, uint32_t to_slot)
 {
-    const pv_buffer *src = from == PV_TIER_HOST ? e->host_pool : e->device_pool;
     if (from == PV_TIER_DEVICE && from_slot == to_slot)
         return PV_OK;
+    uint64_t src_off = (uint64_t)from_slot * e->slot_bytes;
+    const pv_buffer *src = from == PV_TIER_HOST ? pv_engine_host_slot(e, from_slot, &src_off) : e->device_pool;
     pv_event *done = NULL;
     pv_status st = pv_copy_async(PV_QUEUE_COMPUTE, e->device_pool, (uint64_t)to_slot * e->slot_bytes,
-                                 src, (uint64_t)from_slot * e->slot_bytes, e->slot_bytes, NULL, &done);
+                                 src, src_off, e->slot_bytes, NULL, &done);
     if (st == PV_OK)
         st = pv_event_wait(done);
     pv_event_free(done);

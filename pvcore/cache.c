@@ -38,6 +38,7 @@ double pv_cache_now(pv_cache *cache)
 static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name, int shadows)
 {
     pool->n_slots = n_slots;
+    pool->n_backed = n_slots;
     pool->n_free = n_slots;
     /* An empty pool (no host tier) still gets valid, unused arrays. */
     size_t n = n_slots ? n_slots : 1;
@@ -63,6 +64,44 @@ static void pool_free(pv_pool *pool)
     pool->free_stack = NULL;
     pool->owner = NULL;
     pool->shadow_of = NULL;
+}
+
+int pv_pool_room(pv_cache *cache, pv_tier t, uint64_t need)
+{
+    pv_pool *pool = &cache->pool[t];
+    while (pool->n_free < need && t == PV_TIER_HOST && cache->grow_host && pool->n_backed < pool->n_slots) {
+        uint32_t after = cache->grow_host(cache->grow_ctx, pool->n_backed);
+        if (after <= pool->n_backed)
+            break;
+        if (after > pool->n_slots)
+            after = pool->n_slots;
+        /* The lowest new slot on top, as at init. */
+        for (uint32_t slot = after; slot-- > pool->n_backed;)
+            pool->free_stack[pool->n_free++] = slot;
+        pool->n_backed = after;
+        cache->stats.host_backed_bytes = (uint64_t)after * cache->cfg.slot_bytes;
+    }
+    return pool->n_free >= need;
+}
+
+pv_status pv_cache_host_growth(pv_cache *cache, uint32_t n_backed, pv_cache_grow_fn grow, void *ctx)
+{
+    if (!cache || !grow)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_host_growth: cache and grow must not be NULL");
+    pv_pool *pool = &cache->pool[PV_TIER_HOST];
+    if (pool->n_free != pool->n_backed)
+        return pv_error(PV_ERR_STATE, "pv_cache_host_growth: %u HOST slots are in use already",
+                        pool->n_backed - pool->n_free);
+    if (n_backed > pool->n_slots)
+        return pv_error(PV_ERR_INVALID_ARG, "pv_cache_host_growth: %u backed slots, beyond the %u of the budget",
+                        n_backed, pool->n_slots);
+    pool->n_backed = pool->n_free = n_backed;
+    for (uint32_t i = 0; i < n_backed; i++)
+        pool->free_stack[i] = n_backed - 1 - i;
+    cache->grow_host = grow;
+    cache->grow_ctx = ctx;
+    cache->stats.host_backed_bytes = (uint64_t)n_backed * cache->cfg.slot_bytes;
+    return PV_OK;
 }
 
 uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chunk, uint32_t layer,
@@ -207,6 +246,7 @@ pv_status pv_cache_init(pv_cache **out, const pv_cache_config *cfg, pv_clock_fn 
         goto fail;
     cache->stats.capacity_bytes[PV_TIER_DEVICE] = (uint64_t)n_device * cfg->slot_bytes;
     cache->stats.capacity_bytes[PV_TIER_HOST] = (uint64_t)n_host * cfg->slot_bytes;
+    cache->stats.host_backed_bytes = cache->stats.capacity_bytes[PV_TIER_HOST];
     *out = cache;
     return PV_OK;
 fail:
@@ -858,11 +898,11 @@ static pv_status store_on(pv_cache *cache, pv_session *s, uint32_t chunk, uint32
      * a shadow on DEVICE. */
     int frees_own = old_rec->tier == tier || (tier == PV_TIER_DEVICE && old_rec->shadowed);
     int shadow_room = tier == PV_TIER_DEVICE && cache->evictable[PV_SET_SHADOW] > 0;
-    if (pool->n_free == 0 && !frees_own && !shadow_room)
+    if (!frees_own && !shadow_room && !pv_pool_room(cache, tier, 1))
         return pv_error(PV_ERR_OUT_OF_MEMORY,
                         "pv_cache_store_chunk: no free %s slot (%u slots in use, no shadow to "
                         "reclaim); evict first",
-                        pv_tier_name(tier), pool->n_slots);
+                        pv_tier_name(tier), pool->n_backed);
     pv_tier old = (pv_tier)old_rec->tier;
     /* A refused store allocates nothing. */
     if ((st = pv_index_ensure(cache, s, chunk)) != PV_OK)

@@ -20,13 +20,19 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
     for (int t = 0; t < PV_SLOT_TIERS; t++) {
         const pv_pool *pool = &cache->pool[t];
         const char *tn = pv_tier_name((pv_tier)t);
-        if (pool->n_free > pool->n_slots)
-            FAIL("free list", "%s pool has %u free of %u slots", tn, pool->n_free, pool->n_slots);
+        if (pool->n_backed > pool->n_slots || pool->n_free > pool->n_backed)
+            FAIL("free list", "%s pool has %u free of %u backed of %u slots", tn, pool->n_free, pool->n_backed,
+                 pool->n_slots);
+        if (t == PV_TIER_HOST && cache->stats.host_backed_bytes != (uint64_t)pool->n_backed * cache->cfg.slot_bytes)
+            FAIL("byte counters", "host backed bytes counter %llu != %u backed slots of %llu bytes",
+                 (unsigned long long)cache->stats.host_backed_bytes, pool->n_backed,
+                 (unsigned long long)cache->cfg.slot_bytes);
         memset(seen, 0, seen_size);
         for (uint32_t i = 0; i < pool->n_free; i++) {
             uint32_t slot = pool->free_stack[i];
-            if (slot >= pool->n_slots)
-                FAIL("free list", "%s free list entry %u is slot %u, beyond %u slots", tn, i, slot, pool->n_slots);
+            if (slot >= pool->n_backed)
+                FAIL("free list", "%s free list entry %u is slot %u, beyond %u backed slots", tn, i, slot,
+                     pool->n_backed);
             if (seen[slot])
                 FAIL("free list", "%s slot %u is twice on the free list", tn, slot);
             seen[slot] = 1;
@@ -37,6 +43,10 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
         uint64_t held = 0;
         for (uint32_t slot = 0; slot < pool->n_slots; slot++) {
             const pv_slot_owner *o = &pool->owner[slot];
+            if (slot >= pool->n_backed && o->state != PV_SLOT_FREE)
+                FAIL("free list", "%s slot %u is in use but beyond the %u backed slots", tn, slot, pool->n_backed);
+            if (o->state == PV_SLOT_FREE && slot >= pool->n_backed)
+                continue;
             if (o->state == PV_SLOT_FREE) {
                 if (!seen[slot])
                     FAIL("free list", "%s slot %u is free but not on the free list (leaked)", tn, slot);
@@ -73,8 +83,9 @@ static pv_status check_pools(const pv_cache *cache, uint8_t *seen, size_t seen_s
                      pool->shadow_of[slot]);
             held += cache->cfg.slot_bytes;
         }
-        if (in_use + pool->n_free != pool->n_slots)
-            FAIL("free list", "%s pool: %u in use + %u free != %u slots", tn, in_use, pool->n_free, pool->n_slots);
+        if (in_use + pool->n_free != pool->n_backed)
+            FAIL("free list", "%s pool: %u in use + %u free != %u backed slots", tn, in_use, pool->n_free,
+                 pool->n_backed);
         if (held != cache->stats.used_bytes[t])
             FAIL("byte counters", "%s used bytes counter %llu != %llu, the sum of slots in use", tn,
                  (unsigned long long)cache->stats.used_bytes[t], (unsigned long long)held);

@@ -375,7 +375,7 @@ static void evict_one(pv_cache *cache, int t, double now, pv_cache_plan *plan)
     }
     /* Same rule on both tiers: the victim goes to HOST unless HOST is full
      * of chunks worth more than it, in which case it is dropped (seed 001). */
-    if (cache->pool[PV_TIER_HOST].n_free > 0 || drop_colder_host_chunk(cache, h, now, plan))
+    if (pv_pool_room(cache, PV_TIER_HOST, 1) || drop_colder_host_chunk(cache, h, now, plan))
         move_down(cache, h, PV_TIER_DEVICE, PV_TIER_HOST, plan);
     else
         move_down(cache, h, PV_TIER_DEVICE, PV_TIER_DROPPED, plan);
@@ -404,7 +404,7 @@ pv_status pv_cache_evict_to_free(pv_cache *cache, pv_tier tier, uint64_t bytes, 
                         "pv_cache_evict_to_free: %llu bytes exceed the %s pool (%u slots of %llu bytes)",
                         (unsigned long long)bytes, pv_tier_name(tier), pool->n_slots,
                         (unsigned long long)slot_bytes);
-    if (need <= pool->n_free)
+    if (pv_pool_room(cache, tier, need))
         return PV_OK;
     uint64_t shortfall = need - pool->n_free;
     uint64_t reclaimable = cache->evictable[tier] +
@@ -449,7 +449,7 @@ pv_status pv_cache_plan_swap_out(pv_cache *cache, uint32_t max_chunks, pv_cache_
     double now = pv_cache_now(cache);
     for (uint64_t k = 0; k < want && cache->evictable[PV_TIER_DEVICE] > 0; k++) {
         uint32_t h = (uint32_t)tree_top(cache, PV_TIER_DEVICE, now);
-        if (cache->pool[PV_TIER_HOST].n_free == 0 && !drop_colder_host_chunk(cache, h, now, plan))
+        if (!pv_pool_room(cache, PV_TIER_HOST, 1) && !drop_colder_host_chunk(cache, h, now, plan))
             break; /* HOST holds only warmer chunks: not worth a background copy */
         pv_session *s = &cache->sessions[h];
         uint32_t c = s->front_chunk[PV_TIER_DEVICE], l = s->front_layer[PV_TIER_DEVICE];

@@ -43,6 +43,9 @@ typedef struct pv_slot_owner {
 
 typedef struct pv_pool {
     uint32_t n_slots;
+    uint32_t n_backed;      /* slots [0, n_backed) have memory behind them (all
+                             * of them unless pv_cache_host_growth was called):
+                             * only those are ever on the free list */
     uint32_t n_free;
     uint32_t *free_stack;   /* free slots; the top is handed out next */
     pv_slot_owner *owner;   /* [n_slots] */
@@ -148,6 +151,8 @@ struct pv_cache {
     uint32_t n_holders;         /* live holders (not in n_sessions) */
     uint64_t holder_serial;     /* makes holder ids unique */
     uint64_t filling;           /* holder records with the filling mark */
+    pv_cache_grow_fn grow_host; /* NULL: HOST is all backed from init */
+    void *grow_ctx;
 };
 
 /* The record of (chunk, layer); NULL where no chunk of its page was ever
@@ -221,6 +226,9 @@ void pv_frontier_compute(const pv_cache *cache, const pv_session *s, int t,
  * session's and the cache's byte counters; entering and leaving a tier keep
  * the record counters and the eviction leads (not the tree: callers run
  * pv_session_refresh when done with a session). */
+/* 1 when tier t has `need` free slots, growing HOST's backed part for
+ * them where pv_cache_host_growth allows; 0 otherwise. */
+int pv_pool_room(pv_cache *cache, pv_tier t, uint64_t need);
 uint32_t pv_slot_take(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t chunk, uint32_t layer,
                       uint8_t state);
 void pv_slot_give(pv_cache *cache, pv_session *s, pv_tier tier, uint32_t slot);

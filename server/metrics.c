@@ -252,6 +252,9 @@ static void snapshot(out_buf *b, const pv_metrics_snapshot *snap)
            "Forward passes run as one recorded device graph (decode steps on CUDA).", e->graph_runs);
     scalar(b, "pensieve_engine_graph_replays_total", "counter",
            "Of those, replays of an earlier recording, nothing recorded anew.", e->graph_replays);
+    scalar(b, "pensieve_engine_host_segments_refused_total", "counter",
+           "Host tier segments the host would not allocate (the tier stays full at its size).",
+           e->host_segments_refused);
     scalar(b, "pensieve_engine_discarded_tokens_total", "counter",
            "Decode rows of chained steps thrown away (the turn had ended a step before).", e->discarded_tokens);
     uint64_t reused[2] = {e->reused_device_tokens, e->reused_host_tokens};
@@ -273,6 +276,8 @@ static void snapshot(out_buf *b, const pv_metrics_snapshot *snap)
              c->used_bytes, PV_SLOT_TIERS);
     per_tier(b, "pensieve_cache_capacity_bytes", "gauge", "KV pool budget per tier.",
              c->capacity_bytes, PV_SLOT_TIERS);
+    scalar(b, "pensieve_cache_host_backed_bytes", "gauge",
+           "Host tier memory allocated so far (whole segments, as the tier fills).", c->host_backed_bytes);
     per_tier(b, "pensieve_cache_hits_total", "counter",
              "Chunk lookups found, by the tier they were in.", c->hits, 3);
     scalar(b, "pensieve_cache_misses_total", "counter", "Chunk lookups of chunks never stored.",

@@ -94,6 +94,8 @@ typedef struct dly_state {
     size_t n_ranges, cap_ranges;
     int64_t delayed_copies, attention_calls, scatter_calls;
     double busy_s;
+    int64_t host_buffers_left; /* < 0: no limit (pv_delay_backend_limit_host_buffers) */
+    int64_t host_buffers;      /* allocated since init */
 } dly_state;
 
 static dly_state *state_of(pv_backend *be)
@@ -493,6 +495,31 @@ static pv_status delays_of(const char *fn, const pv_delay_options *o, pv_delay_o
     return PV_OK;
 }
 
+static pv_status dly_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
+{
+    dly_state *d = state_of(be);
+    if (kind == PV_MEM_HOST && d->host_buffers_left == 0)
+        return pv_error(PV_ERR_OUT_OF_MEMORY, "delay buffer_alloc: host buffer of %llu bytes refused (the "
+                        "test's limit)", (unsigned long long)bytes);
+    pv_status st = d->cpu->ops->buffer_alloc(be, kind, bytes, buf);
+    if (st == PV_OK && kind == PV_MEM_HOST) {
+        d->host_buffers++;
+        if (d->host_buffers_left > 0)
+            d->host_buffers_left--;
+    }
+    return st;
+}
+
+int64_t pv_delay_backend_host_buffers(pv_backend *be)
+{
+    return state_of(be)->host_buffers;
+}
+
+void pv_delay_backend_limit_host_buffers(pv_backend *be, int64_t n)
+{
+    state_of(be)->host_buffers_left = n < 0 ? -1 : n;
+}
+
 pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
 {
     if (!out)
@@ -532,6 +559,8 @@ pv_status pv_delay_backend_init(pv_backend **out, const pv_delay_options *o)
     d->ops.qmatmul_swiglu = dly_qmatmul_swiglu;
     d->ops.weights_write = dly_weights_write;
     d->ops.embed_gather = dly_embed_gather;
+    d->ops.buffer_alloc = dly_buffer_alloc;
+    d->host_buffers_left = -1;
     clock_gettime(CLOCK_MONOTONIC, &d->origin);
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work_cv, NULL);

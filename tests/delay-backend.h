@@ -61,6 +61,12 @@ int64_t pv_delay_backend_attention_calls(pv_backend *be);
 /* Drains the copy queue, then takes o's delays (NULL: none) for what is
  * enqueued from here on. */
 pv_status pv_delay_backend_set_delays(pv_backend *be, const pv_delay_options *o);
+/* From now on, n more PV_MEM_HOST buffers are allocated and every later
+ * one is refused with PV_ERR_OUT_OF_MEMORY (as a host out of pinned memory
+ * refuses); n < 0 lifts the limit. */
+void pv_delay_backend_limit_host_buffers(pv_backend *be, int64_t n);
+/* PV_MEM_HOST buffers allocated since init. */
+int64_t pv_delay_backend_host_buffers(pv_backend *be);
 /* Drains the copy queue, then forgets the timeline and zeroes the counters;
  * times restart from here. */
 void pv_delay_backend_reset(pv_backend *be);

@@ -2,9 +2,9 @@
 # suspension and bad input.
 check_PROGRAMS += tests/test-engine
 TESTS += tests/test-engine
-tests_test_engine_SOURCES = tests/test-engine.c tests/engine-util.h
+tests_test_engine_SOURCES = tests/test-engine.c tests/engine-util.h tests/delay-backend.c
 tests_test_engine_CPPFLAGS = $(PV_TEST_INCLUDES)
-tests_test_engine_LDADD = $(PV_LINK)
+tests_test_engine_LDADD = $(PV_LINK) $(PTHREAD_LIBS)
 
 # The layer-pipelined swap-in, on the delay backend.
 check_PROGRAMS += tests/test-engine-pipeline

@@ -9,6 +9,13 @@
  * must fail and how). The model has its own copy of the eviction policy
  * (below): every plan is checked move by move against the victims it picks
  * by brute force, never replayed as given.
+ * A fourth run grows the HOST pool with use (pv_cache_host_growth) by
+ * random steps up to a cap that rises from 8 slots to the budget's over
+ * three quarters of the run, growth refused at the cap (as when the host
+ * has no memory to give): the model sees a HOST tier of the cap's size,
+ * so evictions and stores meet both granted and refused growth, and each
+ * call for growth must come when the backed slots cannot give what is
+ * asked.
  *
  * Usage: test-cache-property [seed [ops]]; or PV_CACHE_SEED / PV_CACHE_OPS.
  * The seed is printed first so a failure reproduces. */
@@ -59,6 +66,16 @@ static pv_cache_move inflight[MAX_INFLIGHT];
 static size_t n_inflight;
 static uint64_t pin_counter;
 static int failures;
+
+/* HOST as the model sees it: HOST_SLOTS, or the growth run's cap now. */
+static uint32_t host_cap = HOST_SLOTS;
+/* The growth run: its cache, the slots the current operation may ask of
+ * HOST at once, and what growth did. */
+static struct {
+    pv_cache *cache;
+    uint32_t need;
+    uint64_t op, calls, refusals, early;
+} growth;
 
 static int name_index(const pv_cache *cache, uint32_t handle)
 {
@@ -183,7 +200,7 @@ static uint32_t shadow_count(pv_tier tier, int with_reserved);
 
 static uint32_t model_free(pv_tier tier)
 {
-    return (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : HOST_SLOTS) - shadow_count(tier, 1);
+    return (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : host_cap) - shadow_count(tier, 1);
 }
 
 /* A live session holding a device shadow (scanning from a random one), or -1;
@@ -631,7 +648,7 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
     }
     case 4: case 5: case 6: case 7: {
         pv_tier tier = pick(3) ? PV_TIER_DEVICE : PV_TIER_HOST;
-        int full = shadow_count(tier, 1) == (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : HOST_SLOTS);
+        int full = shadow_count(tier, 1) == (tier == PV_TIER_DEVICE ? DEVICE_SLOTS : host_cap);
         int frees_own = shadow[s].live && (shadow[s].tier[c][l] == tier ||
                                            (tier == PV_TIER_DEVICE && shadow[s].dev_copy[c][l]));
         /* A full device takes the slot of the shadow the model picks. */
@@ -703,7 +720,9 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
         uint64_t bytes = (uint64_t)pick(cap + 1) * TEST_SLOT_BYTES - (pick(2) ? pick(TEST_SLOT_BYTES) : 0);
         if (bytes > (uint64_t)cap * TEST_SLOT_BYTES)
             bytes = 0;
+        growth.need = tier == PV_TIER_HOST ? (uint32_t)(bytes / TEST_SLOT_BYTES + (bytes % TEST_SLOT_BYTES != 0)) : 1;
         st = pv_cache_evict_to_free(cache, tier, bytes, plan);
+        growth.need = 1;
         plan_begin(cache, plan, op);
         pv_status want = model_evict_to_free(tier, bytes);
         if (st != want || (st != PV_OK && plan->n_moves != 0))
@@ -841,7 +860,27 @@ static void one_op(pv_cache *cache, test_clock *clk, pv_cache_plan *plan, uint64
         fail(op, "pv_cache_check");
 }
 
-static int run(pv_policy policy, uint64_t seed, uint64_t ops)
+/* Grows HOST by 1..7 slots up to host_cap, refusing there; called only
+ * when the backed free slots cannot give what the operation asks. */
+static uint32_t grow_host(void *ctx, uint32_t n_backed)
+{
+    (void)ctx;
+    growth.calls++;
+    pv_cache_stats st;
+    pv_cache_stats_get(growth.cache, &st);
+    uint64_t free_slots = n_backed - st.used_bytes[PV_TIER_HOST] / TEST_SLOT_BYTES;
+    if (free_slots >= growth.need && growth.early++ < 5)
+        tap_diag("op %" PRIu64 ": growth asked with %" PRIu64 " of %u backed slots free for %u wanted",
+                 growth.op, free_slots, n_backed, growth.need);
+    if (n_backed >= host_cap) {
+        growth.refusals++;
+        return n_backed;
+    }
+    uint32_t after = n_backed + 1 + pick(7);
+    return after < host_cap ? after : host_cap;
+}
+
+static int run(pv_policy policy, uint64_t seed, uint64_t ops, int grow)
 {
     test_clock clk = {0};
     pv_cache_config cfg;
@@ -855,7 +894,15 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
     cfg.host_bytes = HOST_SLOTS * TEST_SLOT_BYTES;
     pv_cache *cache = NULL;
     if (pv_cache_init(&cache, &cfg, test_clock_read, &clk) != PV_OK)
-        return 1;
+        return 0;
+    memset(&growth, 0, sizeof growth);
+    growth.cache = cache;
+    growth.need = 1;
+    host_cap = grow ? 8 : HOST_SLOTS;
+    if (grow && pv_cache_host_growth(cache, 0, grow_host, NULL) != PV_OK) {
+        pv_cache_free(cache);
+        return 0;
+    }
     rng_state = seed * 0x9E3779B97F4A7C15ull + (uint64_t)policy + 1;
     memset(shadow, 0, sizeof shadow);
     memset(touched, 0, sizeof touched);
@@ -871,10 +918,25 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
     failures = 0;
     pv_cache_plan plan;
     pv_cache_plan_init(&plan);
+    uint64_t most_backed = 0;
     for (uint64_t op = 0; op < ops && failures == 0; op++) {
+        growth.op = op;
+        if (grow) {
+            uint64_t cap = 8 + op * (HOST_SLOTS - 8) * 4 / (3 * ops);
+            host_cap = cap < HOST_SLOTS ? (uint32_t)cap : HOST_SLOTS;
+        }
         one_op(cache, &clk, &plan, op);
         compare_all(cache, op, op % 64 == 0);
+        pv_cache_stats gs;
+        pv_cache_stats_get(cache, &gs);
+        if (gs.host_backed_bytes > (uint64_t)host_cap * TEST_SLOT_BYTES)
+            fail(op, "HOST backed past the growth cap");
+        if (gs.host_backed_bytes < most_backed)
+            fail(op, "HOST backed slots shrank");
+        most_backed = gs.host_backed_bytes;
     }
+    if (growth.early)
+        fail(ops, "growth asked for while backed slots were free");
     compare_all(cache, ops, 1);
     pv_cache_stats stats;
     pv_cache_stats_get(cache, &stats);
@@ -899,6 +961,12 @@ static int run(pv_policy policy, uint64_t seed, uint64_t ops)
                      dev_copies.replaced && dev_copies.dropped && dev_copies.ended &&
                      dev_copies.truncated && cuts.records && cuts.emptied && cuts.busy_pinned &&
                      cuts.busy_copy && cuts.noop;
+    if (grow) {
+        tap_diag("%s with HOST growth: %" PRIu64 " growth calls, %" PRIu64 " refused; %" PRIu64 " of %u slots "
+                 "backed at the end",
+                 pv_policy_name(policy), growth.calls, growth.refusals, most_backed / TEST_SLOT_BYTES, HOST_SLOTS);
+        every_path = every_path && growth.calls > growth.refusals && growth.refusals > 0;
+    }
     if (!every_path)
         tap_diag("some path never ran");
     /* End every session the shadow can end, then nothing may remain. */
@@ -935,10 +1003,14 @@ int main(int argc, char **argv)
         snprintf(names[s], sizeof names[s], "s%03d", s);
     tap_diag("seed %" PRIu64 ", %" PRIu64 " operations (rerun: test-cache-property %" PRIu64 " %" PRIu64 ")",
              seed, ops, seed, ops);
-    uint64_t per = ops / 3 + 1;
+    uint64_t per = ops / 4 + 1;
     for (int p = PV_POLICY_PENSIEVE; p <= PV_POLICY_LRU; p++)
-        ok(run((pv_policy)p, seed, per),
+        ok(run((pv_policy)p, seed, per, 0),
            "%s: %" PRIu64 " random operations, invariants and shadow model hold after each (seed %" PRIu64 ")",
            pv_policy_name((pv_policy)p), per, seed);
+    ok(run(PV_POLICY_PENSIEVE, seed, per, 1),
+       "pensieve, HOST grown with use, growth refused at a rising cap: %" PRIu64 " random operations, "
+       "invariants and shadow model hold after each (seed %" PRIu64 ")",
+       per, seed);
     return tap_done();
 }

@@ -50,6 +50,8 @@ static pv_engine *make_engine(eu_model *m, pv_engine_mode mode, uint64_t device_
     ec.swap_out_chunks = 16;
     ec.clock = clock;
     ec.clock_ctx = clock_ctx;
+    /* HOST in many segments: saving and restoring find each slot's. */
+    ec.host_segment_bytes = 3 * slot;
     pv_engine *e = NULL;
     if (pv_engine_init(&e, m->be, m->model, &m->tok, &cc, &ec) != PV_OK) {
         tap_diag("engine init: %s", pv_last_error());

@@ -4,7 +4,9 @@
  * and suspend, equal `stateless` mode's (every turn recomputes the whole
  * history) exactly. The engine's and cache's invariants are checked after
  * every iteration, and the statistics must show that each mechanism ran.
- * On cpu and opencl, f32 and f16 KV. Then bad input. */
+ * On cpu and opencl, f32 and f16 KV; the HOST tier allocated in segments
+ * as it fills, and on a host that refuses its memory. Then bad input. */
+#include "delay-backend.h"
 #include "engine-util.h"
 
 #include <inttypes.h>
@@ -21,6 +23,7 @@ typedef struct run_cfg {
     uint64_t device_slots, host_slots;
     int concurrent;
     const char *what;
+    uint64_t host_segment_slots; /* 0: the engine's default */
 } run_cfg;
 
 static int run(eu_model *m, const run_cfg *rc, const eu_turn *turns, eu_result *results,
@@ -36,6 +39,7 @@ static int run(eu_model *m, const run_cfg *rc, const eu_turn *turns, eu_result *
     ec.mode = rc->mode;
     ec.token_budget = 48; /* prompts run in several pieces */
     ec.swap_out_chunks = 16;
+    ec.host_segment_bytes = rc->host_segment_slots * slot;
     pv_engine *e = NULL;
     pv_status st = pv_engine_init(&e, m->be, m->model, &m->tok, &cc, &ec);
     if (!ok(st == PV_OK, "%s: engine init (%s)", rc->what, st == PV_OK ? "ok" : pv_last_error()))
@@ -64,6 +68,21 @@ static int same_tokens(const eu_result *a, const eu_result *b, int n, int *first
     return 1;
 }
 
+/* run() into got, then its tokens against ref's; 1 when the engine ran
+ * (its statistics in es and cs), 0 when it did not open. */
+static int run_equal(eu_model *m, const run_cfg *rc, const eu_turn *turns, const eu_result *ref, eu_result *got,
+                     pv_engine_stats *es, pv_cache_stats *cs)
+{
+    if (run(m, rc, turns, got, es, cs) != 0)
+        return 0;
+    int bad = -1;
+    int same = same_tokens(ref, got, N_TURNS, &bad);
+    ok(same, "%s: every turn's tokens equal stateless mode's", rc->what);
+    if (!same)
+        tap_diag("turn %d: %d vs %d tokens", bad, ref[bad].n, got[bad].n);
+    return 1;
+}
+
 static void equivalence(const char *backend, pv_dtype kv)
 {
     eu_model m;
@@ -86,7 +105,7 @@ static void equivalence(const char *backend, pv_dtype kv)
     char what[128];
 
     snprintf(what, sizeof what, "%s %s stateless", backend, pv_dtype_name(kv));
-    run_cfg base = {PV_MODE_STATELESS, 4096, 64, 1, what};
+    run_cfg base = {PV_MODE_STATELESS, 4096, 64, 1, what, 0};
     if (run(&m, &base, turns, ref, &es, &cs) != 0) {
         eu_model_free(&m);
         return;
@@ -98,14 +117,8 @@ static void equivalence(const char *backend, pv_dtype kv)
      * slots two: most turns find their history partly on host, partly
      * dropped; two sessions in flight at once run out of device slots. */
     snprintf(what, sizeof what, "%s %s pensieve", backend, pv_dtype_name(kv));
-    run_cfg pens = {PV_MODE_PENSIEVE, 48, 64, 2, what};
-    if (run(&m, &pens, turns, got, &es, &cs) == 0) {
-        int bad = -1;
-        int same = same_tokens(ref, got, N_TURNS, &bad);
-        ok(same, "%s: every turn's tokens equal stateless mode's%s", what,
-           same ? "" : " (first difference in a turn)");
-        if (!same)
-            tap_diag("turn %d: %d vs %d tokens", bad, ref[bad].n, got[bad].n);
+    run_cfg pens = {PV_MODE_PENSIEVE, 48, 64, 2, what, 0};
+    if (run_equal(&m, &pens, turns, ref, got, &es, &cs)) {
         ok(es.swap_out_chunks > 0 && es.swap_in_chunks > 0 && es.dropped_chunks > 0,
            "%s: chunks swapped out (%" PRIu64 "), swapped in (%" PRIu64 ") and dropped (%" PRIu64 ")",
            what, es.swap_out_chunks, es.swap_in_chunks, es.dropped_chunks);
@@ -122,18 +135,89 @@ static void equivalence(const char *backend, pv_dtype kv)
            cs.shadow_hits, cs.shadow_reclaimed);
     }
 
+    /* The HOST tier in segments of 5 slots (13, the last of 4), allocated
+     * when first needed: transfers span segments, and a roomy budget costs
+     * only what is used. */
+    const uint64_t slot = pv_llama_slot_bytes(m.model);
+    snprintf(what, sizeof what, "%s %s pensieve, host in 5-slot segments", backend, pv_dtype_name(kv));
+    run_cfg segs = {PV_MODE_PENSIEVE, 48, 64, 2, what, 5};
+    if (run_equal(&m, &segs, turns, ref, got, &es, &cs)) {
+        ok(es.swap_out_chunks > 0 && es.swap_in_chunks > 0 && es.host_segments > 1 &&
+               cs.host_backed_bytes == (es.host_segments == 13 ? 64 : es.host_segments * 5) * slot,
+           "%s: chunks swapped out (%" PRIu64 ") and in (%" PRIu64 ") through %" PRIu64 " segments of %" PRIu64
+           " backed bytes", what, es.swap_out_chunks, es.swap_in_chunks, es.host_segments, cs.host_backed_bytes);
+    }
+    snprintf(what, sizeof what, "%s %s pensieve, roomy host budget", backend, pv_dtype_name(kv));
+    run_cfg roomy = {PV_MODE_PENSIEVE, 48, 8192, 2, what, 16};
+    if (run_equal(&m, &roomy, turns, ref, got, &es, &cs)) {
+        /* The whole conversation set is some 330 slots: no slot is dropped
+         * for room, and memory follows them, not the 8192 of the budget. */
+        ok(es.swap_out_chunks > 0 && cs.host_backed_bytes == es.host_segments * 16 * slot &&
+               cs.host_backed_bytes <= 512 * slot && es.host_segments_refused == 0,
+           "%s: %" PRIu64 " of %" PRIu64 " host bytes allocated, in %" PRIu64 " segments", what,
+           cs.host_backed_bytes, cs.capacity_bytes[PV_TIER_HOST], es.host_segments);
+    }
+
     snprintf(what, sizeof what, "%s %s gpu-only", backend, pv_dtype_name(kv));
-    run_cfg gpu = {PV_MODE_GPU_ONLY, 48, 0, 2, what};
-    if (run(&m, &gpu, turns, got, &es, &cs) == 0) {
-        int bad = -1;
-        int same = same_tokens(ref, got, N_TURNS, &bad);
-        ok(same, "%s: every turn's tokens equal stateless mode's", what);
-        if (!same)
-            tap_diag("turn %d: %d vs %d tokens", bad, ref[bad].n, got[bad].n);
+    run_cfg gpu = {PV_MODE_GPU_ONLY, 48, 0, 2, what, 0};
+    if (run_equal(&m, &gpu, turns, ref, got, &es, &cs)) {
         ok(es.swap_out_chunks == 0 && es.swap_in_chunks == 0 && es.dropped_chunks > 0 &&
                es.recomputed_tokens > 0,
            "%s: no host traffic, %" PRIu64 " chunks dropped and recomputed", what, es.dropped_chunks);
     }
+    eu_model_free(&m);
+}
+
+/* A host that refuses the HOST tier's third segment (the delay backend,
+ * CPU arithmetic, limiting its host buffers): HOST stays at two segments
+ * of 5 slots, counts as full, evictions past it drop, and every turn still
+ * equals stateless serving's. */
+static void host_refused(void)
+{
+    pv_backend *be = NULL;
+    eu_model m = {0};
+    pv_status st = pv_delay_backend_init(&be, NULL);
+    if (st == PV_OK)
+        st = eu_model_init_on(&m, be, "delay", LAYERS, N_CTX, PV_F32, CHUNK);
+    if (!ok(st == PV_OK, "host refusing memory: synthetic model on the delay backend (%s)",
+            st == PV_OK ? "ok" : pv_last_error())) {
+        eu_model_free(&m); /* frees be */
+        return;
+    }
+    static eu_turn turns[N_TURNS];
+    eu_script(turns, N_SESSIONS, ROUNDS, m.tok.n_vocab, 7, 28, 12);
+    static eu_result ref[N_TURNS], got[N_TURNS];
+    pv_engine_stats es;
+    pv_cache_stats cs;
+    run_cfg base = {PV_MODE_STATELESS, 4096, 64, 1, "host refusing memory: stateless", 0};
+    run_cfg pens = {PV_MODE_PENSIEVE, 48, 64, 2, "host refusing memory: pensieve", 5};
+    pv_delay_backend_limit_host_buffers(be, -1);
+    if (run(&m, &base, turns, ref, &es, &cs) == 0) {
+        /* The engine's own host buffers (sampled tokens) come at init,
+         * before any segment: as many as a probe's init takes, then two. */
+        pv_cache_config cc;
+        pv_cache_config_defaults(&cc);
+        cc.device_bytes = 48 * pv_llama_slot_bytes(m.model);
+        cc.host_bytes = 64 * pv_llama_slot_bytes(m.model);
+        pv_engine_config ec;
+        pv_engine_config_defaults(&ec);
+        ec.host_segment_bytes = 5 * pv_llama_slot_bytes(m.model);
+        pv_engine *probe = NULL;
+        int64_t before = pv_delay_backend_host_buffers(be);
+        st = pv_engine_init(&probe, be, m.model, &m.tok, &cc, &ec);
+        int64_t at_init = pv_delay_backend_host_buffers(be) - before;
+        pv_engine_free(probe);
+        pv_delay_backend_limit_host_buffers(be, at_init + 2);
+        if (run_equal(&m, &pens, turns, ref, got, &es, &cs)) {
+            ok(es.host_segments == 2 && es.host_segments_refused == 1 &&
+                   cs.host_backed_bytes == 10 * pv_llama_slot_bytes(m.model) && es.swap_out_chunks > 0 &&
+                   es.dropped_chunks > 0,
+               "host refusing memory: 2 segments, 1 refused, HOST full at 10 slots; %" PRIu64
+               " chunks swapped out, %" PRIu64 " dropped",
+               es.swap_out_chunks, es.dropped_chunks);
+        }
+    }
+    pv_delay_backend_limit_host_buffers(be, -1);
     eu_model_free(&m);
 }
 
@@ -621,6 +705,7 @@ int main(void)
         equivalence(backends[b], PV_F32);
         equivalence(backends[b], PV_F16);
     }
+    host_refused();
     eu_model m;
     pv_status st = eu_model_init(&m, "cpu", LAYERS, N_CTX, PV_F32, CHUNK);
     if (ok(st == PV_OK, "cpu: synthetic model for the directed scripts (%s)", st == PV_OK ? "ok" : pv_last_error())) {

@@ -392,6 +392,7 @@ static void snapshot(void)
     snap.engine.sessions_timed_out = 1010;
     snap.engine.graph_runs = 1011;
     snap.engine.graph_replays = 1012;
+    snap.engine.host_segments_refused = 1013;
     snap.engine.forward_s = 1.5;
     snap.engine.schedule_s = 0.25;
     snap.engine.sessions = 11;
@@ -401,6 +402,7 @@ static void snapshot(void)
     snap.cache.used_bytes[PV_TIER_HOST] = 2002;
     snap.cache.capacity_bytes[PV_TIER_DEVICE] = 1ULL << 30;
     snap.cache.capacity_bytes[PV_TIER_HOST] = 4ULL << 30;
+    snap.cache.host_backed_bytes = 3ULL << 28;
     snap.cache.hits[PV_TIER_DEVICE] = 3001;
     snap.cache.hits[PV_TIER_HOST] = 3002;
     snap.cache.hits[PV_TIER_DROPPED] = 3003;
@@ -428,6 +430,7 @@ static void snapshot(void)
            has_line(text, "pensieve_cache_used_bytes{tier=\"host\"} 2002") &&
            has_line(text, "pensieve_cache_capacity_bytes{tier=\"device\"} 1073741824") &&
            has_line(text, "pensieve_cache_capacity_bytes{tier=\"host\"} 4294967296") &&
+           has_line(text, "pensieve_cache_host_backed_bytes 805306368") &&
            has_line(text, "# TYPE pensieve_cache_used_bytes gauge") &&
            has_line(text, "# TYPE pensieve_cache_capacity_bytes gauge"),
        "tier used and capacity bytes: gauges labelled by tier");
@@ -466,6 +469,7 @@ static void snapshot(void)
            has_line(text, "pensieve_engine_sessions_timed_out_total 1010") &&
            has_line(text, "pensieve_engine_graph_runs_total 1011") &&
            has_line(text, "pensieve_engine_graph_replays_total 1012") &&
+           has_line(text, "pensieve_engine_host_segments_refused_total 1013") &&
            has_line(text, "pensieve_engine_forward_seconds_total 1.5") &&
            has_line(text, "pensieve_engine_schedule_seconds_total 0.25"),
        "the engine's counters");

@@ -71,6 +71,7 @@ static pv_status cpu_device_info(int device, pv_device_info *info)
     long page_size = sysconf(_SC_PAGESIZE);
     if (pages > 0 && page_size > 0)
         info->global_mem_bytes = (uint64_t)pages * (uint64_t)page_size;
+    info->max_alloc_bytes = info->global_mem_bytes;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     info->compute_units = cores > 0 ? (uint32_t)cores : 1;
     info->has_f16 = 0; /* OpenBLAS has no f16 GEMM */

@@ -116,6 +116,7 @@ static pv_status cuda_device_info(int device, pv_device_info *info)
     snprintf(info->name, sizeof info->name, "%.100s (sm_%d%d)", prop.name, prop.major, prop.minor);
     snprintf(info->vendor, sizeof info->vendor, "NVIDIA");
     info->global_mem_bytes = (uint64_t)prop.totalGlobalMem;
+    info->max_alloc_bytes = info->global_mem_bytes;
     info->compute_units = (uint32_t)prop.multiProcessorCount;
     /* Half arithmetic arrived with sm_53. */
     info->has_f16 = prop.major > 5 || (prop.major == 5 && prop.minor >= 3);

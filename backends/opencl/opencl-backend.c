@@ -205,7 +205,7 @@ static pv_status opencl_device_info(int index, pv_device_info *info)
     if (st != PV_OK)
         return st;
     memset(info, 0, sizeof *info);
-    cl_ulong mem = 0;
+    cl_ulong mem = 0, max_alloc = 0;
     cl_uint units = 0;
     cl_int err = clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof info->name - 1, info->name, NULL);
     if (err == CL_SUCCESS)
@@ -214,9 +214,12 @@ static pv_status opencl_device_info(int index, pv_device_info *info)
         err = clGetDeviceInfo(device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
     if (err == CL_SUCCESS)
         err = clGetDeviceInfo(device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof units, &units, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetDeviceInfo(device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
     if (err != CL_SUCCESS)
         return pv_opencl_fail("device info", "clGetDeviceInfo", err);
     info->global_mem_bytes = mem;
+    info->max_alloc_bytes = max_alloc;
     info->compute_units = units;
     info->has_f16 = device_has_extension(device, "cl_khr_fp16");
     return PV_OK;

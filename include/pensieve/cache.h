@@ -109,6 +109,19 @@ pv_status pv_cache_init(pv_cache **cache, const pv_cache_config *cfg,
                         pv_clock_fn clock, void *clock_ctx);
 void pv_cache_free(pv_cache *cache);
 
+/* Memory for the HOST tier as it is used, not all at init: after this call
+ * the cache hands out HOST slots [0, n_backed) only, and when it needs a
+ * HOST slot and none of those is free it calls grow(ctx, n_backed), which
+ * backs more slots with memory and returns their new count (more than
+ * n_backed; above the budget's count is taken as the budget's), or returns
+ * n_backed when it cannot: HOST then counts as full, and an eviction drops
+ * what it would have copied there, as with a full tier. Slots are handed
+ * out lowest first and reused last-freed first, so the backed count follows
+ * the most HOST slots ever in use together. Only before any HOST slot is in
+ * use; n_backed at most the budget's slots. */
+typedef uint32_t (*pv_cache_grow_fn)(void *ctx, uint32_t n_backed);
+pv_status pv_cache_host_growth(pv_cache *cache, uint32_t n_backed, pv_cache_grow_fn grow, void *ctx);
+
 /* ---- sessions ------------------------------------------------------------ */
 
 /* Creates the session if it is new (ids are non-empty strings up to
@@ -379,6 +392,8 @@ typedef struct pv_cache_stats {
     uint64_t used_bytes[PV_SLOT_TIERS]; /* DEVICE includes shadow slots */
     uint64_t shadow_chunks, shadow_bytes; /* shadows held now */
     uint64_t capacity_bytes[PV_SLOT_TIERS];
+    uint64_t host_backed_bytes;    /* of capacity_bytes[HOST]: slots with memory
+                                    * behind them (pv_cache_host_growth) */
     uint64_t records[3];           /* (chunk, layer) records per tier */
     uint32_t sessions;
     uint64_t shared_chunks;        /* chunks shared by sessions (each one copy) */

@@ -60,11 +60,19 @@ typedef struct pv_engine_config {
      * and ends turns one step behind (a turn ended by a stop string or an
      * end token costs one step of work thrown away). The same tokens as 1. */
     int32_t decode_steps;
+    /* The HOST tier's memory comes in segments of this many bytes (rounded
+     * down to whole slots, at least one), each allocated when the cache
+     * first needs a slot of it, so a host budget costs what is used, not
+     * its size, and no buffer exceeds the backend's largest allocation
+     * (OpenCL devices refuse buffers past CL_DEVICE_MAX_MEM_ALLOC_SIZE).
+     * 0: 256 MiB, or the backend's largest allocation where that is less. */
+    uint64_t host_segment_bytes;
     pv_clock_fn clock;        /* seconds, for idle times and eviction; NULL = monotonic */
     void *clock_ctx;
 } pv_engine_config;
 
 #define PV_ENGINE_MAX_DECODE_STEPS 64
+#define PV_ENGINE_HOST_SEGMENT_BYTES (256ULL << 20) /* host_segment_bytes 0 */
 
 /* pensieve mode, budget and running limit from the model, 256 swap-out
  * chunks per batch, no idle timeout, prefix sharing on. */
@@ -281,6 +289,9 @@ typedef struct pv_engine_stats {
     uint64_t sessions_timed_out;
     uint64_t graph_runs;          /* forward passes the backend ran as one recorded graph */
     uint64_t graph_replays;       /* of which replayed an earlier recording without recording */
+    uint64_t host_segments;       /* HOST tier segments allocated (host_segment_bytes) */
+    uint64_t host_segments_refused; /* segment allocations that failed: HOST counts as
+                                   * full from then on, evictions past it drop */
     double forward_s;             /* time inside the model's forward pass and sampling, and
                                    * waiting for the device to finish them */
     double schedule_s;            /* time in the engine around it: scheduling, cache
