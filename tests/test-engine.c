@@ -4,7 +4,7 @@
  * and suspend, equal `stateless` mode's (every turn recomputes the whole
  * history) exactly. The engine's and cache's invariants are checked after
  * every iteration, and the statistics must show that each mechanism ran.
- * On cpu and opencl, f32 and f16 KV; the HOST tier allocated in segments
+ * On cpu, opencl and cuda (skipped where absent), f32 and f16 KV; the HOST tier allocated in segments
  * as it fills, and on a host that refuses its memory. Then bad input. */
 #include "delay-backend.h"
 #include "engine-util.h"
@@ -700,8 +700,8 @@ static void bad_input(void)
 
 int main(void)
 {
-    const char *backends[] = {"cpu", "opencl"};
-    for (size_t b = 0; b < 2; b++) {
+    const char *backends[] = {"cpu", "opencl", "cuda"};
+    for (size_t b = 0; b < sizeof backends / sizeof *backends; b++) {
         equivalence(backends[b], PV_F32);
         equivalence(backends[b], PV_F16);
     }
