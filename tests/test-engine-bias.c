@@ -421,8 +421,6 @@ static void copied_at_submit(const char *be, const turn_spec *base, const bias_l
     pv_cache_config cc;
     pv_cache_config_defaults(&cc);
     cc.device_bytes = 64 * pv_llama_slot_bytes(M.model);
-    /* not the default 4 GiB: the host tier is one buffer, and PoCL's
-     * largest allocation is 1-2 GiB on a 24 GiB machine */
     cc.host_bytes = 64 * pv_llama_slot_bytes(M.model);
     pv_engine *e = NULL;
     if (st == PV_OK)

@@ -158,6 +158,20 @@ static void equivalence(const char *backend, pv_dtype kv)
            cs.host_backed_bytes, cs.capacity_bytes[PV_TIER_HOST], es.host_segments);
     }
 
+    /* The default budgets open on every backend: the 4 GiB host tier was
+     * one buffer, past PoCL's largest allocation (1-2 GiB here); it now
+     * holds nothing until used. */
+    pv_cache_config defaults;
+    pv_cache_config_defaults(&defaults);
+    pv_engine *e = NULL;
+    st = pv_engine_init(&e, m.be, m.model, &m.tok, &defaults, NULL);
+    if (st == PV_OK)
+        pv_cache_stats_get(pv_engine_cache(e), &cs);
+    ok(st == PV_OK && cs.capacity_bytes[PV_TIER_HOST] == defaults.host_bytes && cs.host_backed_bytes == 0,
+       "%s %s: an engine with the default budgets opens, no host memory allocated (%s)", backend, pv_dtype_name(kv),
+       st == PV_OK ? "ok" : pv_last_error());
+    pv_engine_free(e);
+
     snprintf(what, sizeof what, "%s %s gpu-only", backend, pv_dtype_name(kv));
     run_cfg gpu = {PV_MODE_GPU_ONLY, 48, 0, 2, what, 0};
     if (run_equal(&m, &gpu, turns, ref, got, &es, &cs)) {
