@@ -410,6 +410,29 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
     pv_qmv_store_swiglu(max_t, rows, red, gate, up, y, y_off, row0, n_tokens, n_out);
 }
 
+/* Up to three products of one x in one launch (pv_qmatmul_group: Q, K
+ * and V): groups [0, g0) take product 0's rows, [g0, g0 + g1) product 1's,
+ * the rest product 2's (n_out2 0: none), g_i = ceil(n_out_i / rows); each
+ * row is summed as its product's own kernel sums it. A small product (K
+ * and V of a grouped-query model) so shares one launch with a large one
+ * instead of leaving most of the device idle in a launch of its own.
+ * Declares w, w_off, y, y_off, n_out and row0 for this group. */
+#define PV_QMV_PICK3(rows)                                                                                 \
+    const pv_long g_ = PV_GROUP_ID(0), g0_ = (n_out0 + (rows) - 1) / (rows),                             \
+                  g1_ = (n_out1 + (rows) - 1) / (rows);                                                  \
+    const int p_ = g_ < g0_ ? 0 : g_ < g0_ + g1_ ? 1 : 2;                                                \
+    const PV_GLOBAL pv_u16 *w = p_ == 0 ? w0 : p_ == 1 ? w1 : w2;                                        \
+    const pv_long w_off = p_ == 0 ? w0_off : p_ == 1 ? w1_off : w2_off;                                  \
+    PV_GLOBAL float *y = p_ == 0 ? y0 : p_ == 1 ? y1 : y2;                                               \
+    const pv_long y_off = p_ == 0 ? y0_off : p_ == 1 ? y1_off : y2_off;                                  \
+    const int n_out = p_ == 0 ? n_out0 : p_ == 1 ? n_out1 : n_out2;                                      \
+    const pv_long row0 = (g_ - (p_ == 0 ? 0 : p_ == 1 ? g0_ : g0_ + g1_)) * (rows)
+/* The three products' arguments, as the launchers pass them. */
+#define PV_QMV_GROUP_ARGS                                                                                  \
+    const PV_GLOBAL pv_u16 *w0, pv_long w0_off, PV_GLOBAL float *y0, pv_long y0_off, int n_out0,          \
+        const PV_GLOBAL pv_u16 *w1, pv_long w1_off, PV_GLOBAL float *y1, pv_long y1_off, int n_out1,      \
+        const PV_GLOBAL pv_u16 *w2, pv_long w2_off, PV_GLOBAL float *y2, pv_long y2_off, int n_out2
+
 /* One kernel per token class: the host picks the smallest max_t >= T and
  * launches ceil(n_out / rows) groups, rows as pv_qmv_rows says. */
 #define PV_QMV_KERNELS(max_t, rows)                                                                       \
@@ -429,6 +452,15 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
         PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                  \
         pv_qmv_swiglu(max_t, rows, red, wg, wg_off, wu, wu_off, x, x_off, x4, y, y_off, n_tokens, n_in,    \
                       n_out);                                                                              \
+    }                                                                                                      \
+    PV_KERNEL pv_qmatmul_group_##max_t(PV_QMV_GROUP_ARGS, const PV_GLOBAL float *x, pv_long x_off, int x4, \
+                                       int n_tokens, int n_in)                                             \
+    {                                                                                                      \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                  \
+        PV_QMV_PICK3(rows);                                                                                \
+        float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];                                                             \
+        pv_qmv_partial(max_t, rows, w, w_off, x, x_off, x4, row0, n_tokens, n_in, n_out, acc);             \
+        pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);                              \
     }
 /* Rows a group takes in each class (the host's pv_qmv_rows must agree):
  * more rows share each x load, fewer leave registers for the tokens' sums
@@ -608,6 +640,15 @@ PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL p
         pv_qmv16_partial(max_t, rows, wg, wg_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, gate); \
         pv_qmv16_partial(max_t, rows, wu, wu_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, up);   \
         pv_qmv_store_swiglu(max_t, rows, red, gate, up, y, y_off, row0, n_tokens, n_out);                    \
+    }                                                                                                        \
+    PV_KERNEL pv_qmatmul_group16_##max_t(PV_QMV_GROUP_ARGS, const PV_GLOBAL pv_u32 *xq, pv_long xq_off,       \
+                                         const PV_GLOBAL float *xs, pv_long xs_off, int n_tokens, int n_in)   \
+    {                                                                                                        \
+        PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                 \
+        PV_QMV_PICK3(rows);                                                                                  \
+        float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];                                                               \
+        pv_qmv16_partial(max_t, rows, w, w_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, acc);   \
+        pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);                                \
     }
 /* the token classes and rows of PV_QMV_KERNELS */
 PV_QMV16_KERNELS(1, 2)
@@ -616,6 +657,8 @@ PV_QMV16_KERNELS(16, 2)
 #undef PV_QMV16_KERNELS
 
 #endif /* PV_W_UNIT == 32 */
+#undef PV_QMV_PICK3
+#undef PV_QMV_GROUP_ARGS
 
 /* out[r][e] = W[row0 + r][e] as f32 for the larger batches, whose product
  * the backend's BLAS GEMM then takes from this scratch tile.

@@ -329,7 +329,7 @@ static void check_group(pv_backend *be, const char *name, const pv_wtype *ts, co
         made = made && make_weights(be, ts[i], n_outs[i], n_in, rng, &w[i]);
         out_total += n_outs[i];
     }
-    static const int64_t group_batches[] = {1, 7, 300};
+    static const int64_t group_batches[] = {1, 3, 7, 300}; /* the token classes 1, 4, 16, then GEMMs */
     for (size_t bi = 0; made && bi < sizeof group_batches / sizeof group_batches[0]; bi++) {
         const int64_t T = group_batches[bi];
         float *x = xmalloc((size_t)(T * n_in) * sizeof *x);
@@ -541,6 +541,8 @@ static void check_act16(pv_backend *be, const char *name, uint64_t *rng)
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 rng);
     check_group(be, name, (const pv_wtype[]){PV_W_F16, PV_W_Q4_1}, (const int64_t[]){24, 40}, 2, rng);
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0},
+                (const int64_t[]){67, 5, 192, 3}, 4, rng);
     act16_pass = 0;
     if (pv_backend_kernel_set(be, "qmatmul", "PV_ACT16=0") != PV_OK)
         ok(0, "%s: back to PV_ACT16 0: %s", name, pv_last_error());
@@ -692,6 +694,11 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_F16}, (const int64_t[]){24, 40}, 2, &rng);
+    /* One weight type, as a model's Q, K and V: the GPU backends run three
+     * products a launch (four: three, then one), K and V's rows beside Q's */
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0},
+                (const int64_t[]){67, 5, 192, 3}, 4, &rng);
+    check_group(be, name, (const pv_wtype[]){PV_W_F16, PV_W_F16}, (const int64_t[]){24, 40}, 2, &rng);
     if (pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q4_1) &&
         pv_backend_supports_weights(be, PV_OP_QMATMUL, PV_W_Q8_0) &&
         pv_backend_supports_weights(be, PV_OP_EMBED_GATHER, PV_W_Q8_0))

@@ -152,7 +152,7 @@ static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int ar
 
 /* The kernels the launchers (backends/cuda/cuda_launch.c) look up in a
  * program of this set, NULL-terminated. */
-#define MAX_KERNEL_NAMES 20
+#define MAX_KERNEL_NAMES 32
 
 static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KERNEL_NAMES],
                              char storage[MAX_KERNEL_NAMES][40])
@@ -162,12 +162,14 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
     static const char *const gather[] = {"pv_kv_write", "pv_rope_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
     static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",
+                                          "pv_qmatmul_group_1",  "pv_qmatmul_group_4",  "pv_qmatmul_group_16",
                                           "pv_qmatmul_widen",    "pv_qmatmul_widen16",  "pv_qmatmul_narrow16",
                                           "pv_embed_gather",     NULL};
     /* the block types' PV_ACT16 kernels */
     static const char *const qmatmul16[] = {"pv_qmatmul_round16",    "pv_qmatmul_fused16_1",  "pv_qmatmul_fused16_4",
                                             "pv_qmatmul_fused16_16", "pv_qmatmul_swiglu16_1", "pv_qmatmul_swiglu16_4",
-                                            "pv_qmatmul_swiglu16_16", NULL};
+                                            "pv_qmatmul_swiglu16_16", "pv_qmatmul_group16_1", "pv_qmatmul_group16_4",
+                                            "pv_qmatmul_group16_16",  NULL};
     static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",         "pv_swiglu",
                                             "pv_add",     "pv_softmax",     "pv_argmax",       "pv_sample_top_p",
                                             "pv_sample_batch", NULL};

@@ -1196,26 +1196,48 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return PV_OK;
 }
 
-/* Products of one x (Q, K and V): one by one, except that at decode sizes
- * under PV_ACT16 x is rounded once for all the block-type products. */
+/* Products of one x (Q, K and V). At decode sizes, products of one weight
+ * type go three to a launch (pv_cuda_launch_qmatmul_group: K and V's few
+ * rows beside Q's instead of launches that leave most SMs idle), x rounded
+ * once first where PV_ACT16 says so; products of mixed types one by one, x
+ * still rounded once for all the block-type ones. Larger batches one by
+ * one. */
 static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const pv_qmatmul_args *first = &products[0];
+    const int decode = first->n_tokens <= QMATMUL_FUSED_MAX_T;
+    int one_type = 1;
+    for (int i = 1; i < n; i++)
+        one_type &= products[i].w_type == first->w_type;
     int shared = -1; /* a block-type product's index: x rounded once, in its program */
-    for (int i = 0; i < n && shared < 0 && first->n_tokens <= QMATMUL_FUSED_MAX_T; i++)
+    for (int i = 0; i < n && shared < 0 && decode; i++)
         if (act16(be, products[i].w_type))
             shared = i;
     pv_cuda_xq16 xq;
     const float *x = dev_ptr(first->x, first->x_off, 4);
     if (shared >= 0)
         PV_TRY(round_x16(be, products[shared].w_type, x, first->n_tokens, first->n_in, &xq));
+    if (decode && one_type && n > 1) {
+        for (int i = 0; i < n; i += 3) {
+            const void *w[3];
+            float *y[3];
+            const int m = n - i < 3 ? n - i : 3;
+            for (int j = 0; j < m; j++) {
+                w[j] = weight_ptr(products[i + j].w, products[i + j].w_type, products[i + j].w_off);
+                y[j] = (float *)dev_ptr(products[i + j].y, products[i + j].y_off, 4);
+            }
+            PV_TRY(pv_cuda_launch_qmatmul_group(&cu->kernels, s, products + i, m, w, y, x,
+                                                shared >= 0 ? &xq : NULL));
+        }
+        return PV_OK;
+    }
     for (int i = 0; i < n; i++) {
         const pv_qmatmul_args *a = &products[i];
         if (shared >= 0 && act16(be, a->w_type))
-            PV_TRY(pv_cuda_launch_qmatmul_fused(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
-                                                weight_ptr(a->w, a->w_type, a->w_off), x, &xq,
+            PV_TRY(pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, weight_ptr(a->w, a->w_type, a->w_off), x, &xq,
                                                 (float *)dev_ptr(a->y, a->y_off, 4)));
         else
             PV_TRY(cuda_qmatmul(be, a));

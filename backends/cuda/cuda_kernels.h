@@ -30,8 +30,8 @@
 pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Kernels looked up in one program at most (the qmatmul family's 17). */
-#define PV_CUDA_PROGRAM_KERNELS 20
+/* Kernels looked up in one program at most (the qmatmul family's 23). */
+#define PV_CUDA_PROGRAM_KERNELS 24
 
 /* One loaded program: a family under one parameter set. */
 typedef struct pv_cuda_program {
@@ -120,6 +120,13 @@ pv_status pv_cuda_launch_qmatmul_round16(pv_cuda_kernels *k, cudaStream_t stream
  * where the caller rounded x into it. */
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
                                        const void *w, const float *x, const pv_cuda_xq16 *xq, float *y);
+
+/* T <= 16: up to three products of one x and one weight type (n <= 3,
+ * products[i].w_type all the same) in one launch, product i's weights at
+ * w[i] and output at y[i]; from x or xq as pv_cuda_launch_qmatmul_fused. */
+pv_status pv_cuda_launch_qmatmul_group(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *products,
+                                       int n, const void *const *w, float *const *y, const float *x,
+                                       const pv_cuda_xq16 *xq);
 
 /* tile[n_rows][n_in] = rows row0.. of W in the GEMM's input type of
  * gemm_mode (pv_gemm_mode: f16 or bf16, else f32); n_rows <= 65535. */

@@ -451,6 +451,54 @@ pv_status pv_cuda_launch_qmatmul_swiglu_fused(pv_cuda_kernels *k, cudaStream_t s
                         a->n_out);
 }
 
+/* groups: each product's ceil(n_out / rows), side by side (kernels/
+ * qmatmul.cl, PV_QMV_PICK3); a missing third is the second with no rows */
+pv_status pv_cuda_launch_qmatmul_group(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *products,
+                                       int n, const void *const *w, float *const *y, const float *x,
+                                       const pv_cuda_xq16 *xq)
+{
+    const pv_qmatmul_args *first = &products[0];
+    const pv_kernel_params p = weight_params(k, first->w_type);
+    const int token_class = pv_qmv_token_class(first->n_tokens);
+    char name[40];
+    snprintf(name, sizeof name, "pv_qmatmul_group%s_%d", xq ? "16" : "", token_class);
+    cudaKernel_t kernel;
+    PV_TRY(kernel_get(k, &p, name, &kernel));
+    long long zero = 0, groups = 0;
+    const void *ws[3];
+    float *ys[3];
+    int outs[3];
+    karg args[3 * 5 + 6];
+    int na = 0;
+    for (int i = 0; i < 3; i++) {
+        const int j = i < n ? i : n - 1;
+        ws[i] = w[j];
+        ys[i] = y[j];
+        outs[i] = i < n ? (int)products[i].n_out : 0;
+        groups += groups_of(outs[i], pv_qmv_rows(token_class));
+        const karg one[] = {KARG(ws[i]), KARG(zero), KARG(ys[i]), KARG(zero), KARG(outs[i])};
+        for (int e = 0; e < N_ARGS(one); e++)
+            args[na++] = one[e];
+    }
+    int tokens = (int)first->n_tokens, in = (int)first->n_in;
+    int x4 = (uintptr_t)x % 16 == 0 && first->n_in % 4 == 0;
+    const void *q = xq ? xq->q : NULL;
+    const float *s = xq ? xq->s : NULL;
+    if (xq) {
+        const karg act[] = {KARG(q), KARG(zero), KARG(s), KARG(zero)};
+        for (int e = 0; e < N_ARGS(act); e++)
+            args[na++] = act[e];
+    } else {
+        const karg act[] = {KARG(x), KARG(zero), KARG(x4)};
+        for (int e = 0; e < N_ARGS(act); e++)
+            args[na++] = act[e];
+    }
+    const karg rest[] = {KARG(tokens), KARG(in)};
+    for (int e = 0; e < N_ARGS(rest); e++)
+        args[na++] = rest[e];
+    return launch(k, stream, name + 3, kernel, (unsigned int)groups, 1, p.value[PV_KPARAM_WG], args, na);
+}
+
 /* groups {ceil(n_blocks / PV_WG)}: a thread a block of 32 of x */
 pv_status pv_cuda_launch_qmatmul_round16(pv_cuda_kernels *k, cudaStream_t stream, pv_wtype t, const float *x,
                                          int64_t n_tokens, int64_t n_in, const pv_cuda_xq16 *xq)

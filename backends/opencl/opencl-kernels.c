@@ -719,6 +719,22 @@ static pv_status round_x16(pv_backend *be, pv_wtype t, const pv_buffer *x, uint6
  * for T's token class, over n_w matrices of weight type t (the product, or
  * the gate and up of a SwiGLU): a work-group a pv_qmv_rows run of rows.
  * With xq, "<base>16_<class>" from x rounded there instead of x. */
+/* The decode kernels' activations: xq's bytes and scales where x was
+ * rounded (PV_ACT16), else x. */
+static void arg_x(kernel_args *ka, const pv_buffer *x, uint64_t x_off, const xq16 *xq)
+{
+    if (xq) {
+        arg_mem(ka, xq->q);
+        arg_long(ka, 0);
+        arg_mem(ka, xq->q);
+        arg_long(ka, xq->s_off);
+    } else {
+        arg_mem(ka, pv_opencl_mem(x));
+        arg_long(ka, (int64_t)x_off);
+        arg_int(ka, 0); /* x4: CUDA's 16-byte loads; vload4 needs no more than 4 */
+    }
+}
+
 static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, int n_w, const pv_buffer *const *w,
                                 const uint64_t *w_off, const pv_buffer *x, uint64_t x_off, const xq16 *xq,
                                 const pv_buffer *y, uint64_t y_off, int64_t n_tokens, int64_t n_in, int64_t n_out)
@@ -734,16 +750,7 @@ static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, in
         arg_mem(&ka, pv_opencl_mem(w[i]));
         arg_long(&ka, weight_words(t, w_off[i]));
     }
-    if (xq) {
-        arg_mem(&ka, xq->q);
-        arg_long(&ka, 0);
-        arg_mem(&ka, xq->q);
-        arg_long(&ka, xq->s_off);
-    } else {
-        arg_mem(&ka, pv_opencl_mem(x));
-        arg_long(&ka, (int64_t)x_off);
-        arg_int(&ka, 0); /* x4: CUDA's 16-byte loads; vload4 needs no more than 4 */
-    }
+    arg_x(&ka, x, x_off, xq);
     arg_mem(&ka, pv_opencl_mem(y));
     arg_long(&ka, (int64_t)y_off);
     arg_int(&ka, (int32_t)n_tokens);
@@ -919,19 +926,61 @@ pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args 
                                a->n_tokens, a->n_in, a->n_out);
 }
 
-/* Products of one x (Q, K and V): one by one, except that at decode sizes
- * under PV_ACT16 x is rounded once for all the block-type products. */
+/* Up to three decode-sized products of one x and one weight type in one
+ * launch of pv_qmatmul_group[16]_<class> (kernels/qmatmul.cl); xq: x as
+ * rounded for PV_ACT16, or NULL. */
+static pv_status group_launch(pv_backend *be, const pv_qmatmul_args *p, int n, const xq16 *xq)
+{
+    const pv_qmatmul_args *first = &p[0];
+    const int token_class = pv_qmv_token_class(first->n_tokens);
+    const uint64_t rows = (uint64_t)pv_qmv_rows(token_class);
+    char name[40];
+    snprintf(name, sizeof name, "pv_qmatmul_group%s_%d", xq ? "16" : "", token_class);
+    kernel_args ka;
+    pv_status st = kernel_begin_weights(be, first->w_type, name, &ka);
+    if (st != PV_OK)
+        return st;
+    uint64_t groups = 0;
+    for (int i = 0; i < 3; i++) { /* a missing third: the second again, with no rows */
+        const pv_qmatmul_args *a = &p[i < n ? i : n - 1];
+        const int64_t n_out = i < n ? a->n_out : 0;
+        arg_mem(&ka, pv_opencl_mem(a->w));
+        arg_long(&ka, weight_words(a->w_type, a->w_off));
+        arg_mem(&ka, pv_opencl_mem(a->y));
+        arg_long(&ka, (int64_t)a->y_off);
+        arg_int(&ka, (int32_t)n_out);
+        groups += ceil_div((uint64_t)n_out, rows);
+    }
+    arg_x(&ka, first->x, first->x_off, xq);
+    arg_int(&ka, (int32_t)first->n_tokens);
+    arg_int(&ka, (int32_t)first->n_in);
+    return launch(be, name + 3, &ka, groups, 1);
+}
+
+/* Products of one x (Q, K and V). At decode sizes, products of one weight
+ * type go three to a launch (group_launch), x rounded once first where
+ * PV_ACT16 says so; products of mixed types one by one, x still rounded
+ * once for all the block-type ones. Larger batches one by one. */
 pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
 {
     const pv_qmatmul_args *first = &products[0];
+    const int decode = first->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T;
+    int one_type = 1;
+    for (int i = 1; i < n; i++)
+        one_type &= products[i].w_type == first->w_type;
     int shared = -1; /* a block-type product's index: x rounded once, in its program */
-    for (int i = 0; i < n && shared < 0 && first->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T; i++)
+    for (int i = 0; i < n && shared < 0 && decode; i++)
         if (act16(be, products[i].w_type))
             shared = i;
     xq16 xq;
     pv_status st = shared >= 0 ? round_x16(be, products[shared].w_type, first->x, first->x_off, first->n_tokens,
                                            first->n_in, &xq)
                                : PV_OK;
+    if (decode && one_type && n > 1) {
+        for (int i = 0; i < n && st == PV_OK; i += 3)
+            st = group_launch(be, products + i, n - i < 3 ? n - i : 3, shared >= 0 ? &xq : NULL);
+        return st;
+    }
     for (int i = 0; i < n && st == PV_OK; i++) {
         const pv_qmatmul_args *a = &products[i];
         st = shared >= 0 && act16(be, a->w_type)
