@@ -35,11 +35,19 @@ double pv_cache_now(pv_cache *cache)
 
 /* ---- slot pools ------------------------------------------------------------ */
 
+/* Backs slots [n_backed, after) (after <= n_slots), all free: the lowest
+ * on top, so that slots are handed out in increasing order at first. */
+static void pool_extend(pv_pool *pool, uint32_t after)
+{
+    for (uint32_t slot = after; slot-- > pool->n_backed;)
+        pool->free_stack[pool->n_free++] = slot;
+    pool->n_backed = after;
+}
+
 static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name, int shadows)
 {
     pool->n_slots = n_slots;
-    pool->n_backed = n_slots;
-    pool->n_free = n_slots;
+    pool->n_backed = pool->n_free = 0;
     /* An empty pool (no host tier) still gets valid, unused arrays. */
     size_t n = n_slots ? n_slots : 1;
     pool->free_stack = malloc(n * sizeof *pool->free_stack);
@@ -50,9 +58,7 @@ static pv_status pool_init(pv_pool *pool, uint32_t n_slots, const char *name, in
                         name, n_slots);
     if (shadows)
         memset(pool->shadow_of, 0xff, (size_t)n_slots * sizeof *pool->shadow_of);
-    /* Slot 0 on top: slots are handed out in increasing order at first. */
-    for (uint32_t i = 0; i < n_slots; i++)
-        pool->free_stack[i] = n_slots - 1 - i;
+    pool_extend(pool, n_slots);
     return PV_OK;
 }
 
@@ -73,13 +79,8 @@ int pv_pool_room(pv_cache *cache, pv_tier t, uint64_t need)
         uint32_t after = cache->grow_host(cache->grow_ctx, pool->n_backed);
         if (after <= pool->n_backed)
             break;
-        if (after > pool->n_slots)
-            after = pool->n_slots;
-        /* The lowest new slot on top, as at init. */
-        for (uint32_t slot = after; slot-- > pool->n_backed;)
-            pool->free_stack[pool->n_free++] = slot;
-        pool->n_backed = after;
-        cache->stats.host_backed_bytes = (uint64_t)after * cache->cfg.slot_bytes;
+        pool_extend(pool, after < pool->n_slots ? after : pool->n_slots);
+        cache->stats.host_backed_bytes = (uint64_t)pool->n_backed * cache->cfg.slot_bytes;
     }
     return pool->n_free >= need;
 }
@@ -95,9 +96,8 @@ pv_status pv_cache_host_growth(pv_cache *cache, uint32_t n_backed, pv_cache_grow
     if (n_backed > pool->n_slots)
         return pv_error(PV_ERR_INVALID_ARG, "pv_cache_host_growth: %u backed slots, beyond the %u of the budget",
                         n_backed, pool->n_slots);
-    pool->n_backed = pool->n_free = n_backed;
-    for (uint32_t i = 0; i < n_backed; i++)
-        pool->free_stack[i] = n_backed - 1 - i;
+    pool->n_backed = pool->n_free = 0;
+    pool_extend(pool, n_backed);
     cache->grow_host = grow;
     cache->grow_ctx = ctx;
     cache->stats.host_backed_bytes = (uint64_t)n_backed * cache->cfg.slot_bytes;
