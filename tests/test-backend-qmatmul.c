@@ -6,9 +6,9 @@
  * products run one by one; then the shapes GGUF forbids, refused with a
  * message; the SwiGLU product of two such matrices (pv_qmatmul_swiglu)
  * against its double value and against the unfused ops; the larger
- * batches in every tensor-core GEMM mode a backend runs; the block types'
- * decode-sized products again with x rounded to 16 bits (PV_ACT16). Usage:
- * test-backend-qmatmul [backend] */
+ * batches in every tensor-core GEMM mode a backend runs, alone, grouped and
+ * in the SwiGLU product; the block types' decode-sized products again with
+ * x rounded to 16 bits (PV_ACT16). Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
 #include "backends/kernel-params.h"
@@ -43,6 +43,10 @@ static const int64_t batches[] = {1, 2, 7, 16, 64, 300};
  * rounding cost some 5e-5 of the largest output: a kernel ignoring the
  * mode, or rounding otherwise, misses the rounded product's limit. */
 static int act16_pass;
+
+/* The PV_GEMM mode check_gemm_modes has set while it runs the grouped and
+ * SwiGLU products under it, else PV_GEMM_F32. */
+static int gemm_pass = PV_GEMM_F32;
 
 /* x[i] for i a multiple of 32: +-1000, so a block's other elements sit a
  * few steps of its 16-bit rounding (max |x| / 32512) from their values. */
@@ -216,6 +220,10 @@ static float round16(float v, int bf16)
 #define ROUNDED_ERROR_LIMIT 5e-5
 #define TF32_ERROR_LIMIT 4e-3
 
+static void check_group(pv_backend *be, const char *name, const pv_wtype *ts, const int64_t *n_outs, int n,
+                        uint64_t *rng);
+static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n_out, int64_t n_in, uint64_t *rng);
+
 static void check_gemm_modes(pv_backend *be, const char *name, uint64_t *rng)
 {
     static const pv_wtype mode_types[] = {PV_W_Q4_1, PV_W_F16, PV_W_BF16, PV_W_F32};
@@ -264,6 +272,16 @@ static void check_gemm_modes(pv_backend *be, const char *name, uint64_t *rng)
             free(got);
             free(want);
         }
+        /* Products of one x narrow it once (the grouped Q, K and V; gate
+         * and up): each the same bits as alone, the SwiGLU product against
+         * the rounded reference and the unfused ops. */
+        gemm_pass = mode;
+        check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_F16, PV_W_Q4_1}, (const int64_t[]){67, 24, 40}, 3,
+                    rng);
+        check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
+                    rng);
+        check_swiglu(be, name, PV_W_Q4_1, 37, 160, rng);
+        gemm_pass = PV_GEMM_F32;
     }
     if (pv_backend_kernels_tunable(be) && pv_backend_kernel_set(be, "qmatmul", "PV_GEMM=0") != PV_OK)
         ok(0, "%s: back to PV_GEMM f32: %s", name, pv_last_error());
@@ -403,6 +421,10 @@ static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n
     for (size_t bi = 0; bi < sizeof swiglu_batches / sizeof swiglu_batches[0]; bi++) {
         const int64_t T = swiglu_batches[bi];
         const int rounds = rounds_x(be, t, T);
+        /* past the decode-sized kernels (16 tokens), the GEMMs of a 16-bit
+         * PV_GEMM mode take x and W rounded to it (check_gemm_modes) */
+        const int gemm = T > 16 && gemm_pass != PV_GEMM_F32;
+        const int narrowed = gemm && gemm_pass != PV_GEMM_TF32, bf16 = gemm_pass == PV_GEMM_BF16;
         const size_t x_n = (size_t)(T * n_in), y_n = (size_t)(T * n_out);
         float *x = xmalloc(x_n * sizeof *x), *xq = xmalloc(x_n * sizeof *xq);
         rng_fill(rng, x, x_n, -1.0f, 1.0f);
@@ -411,13 +433,16 @@ static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n
         memcpy(xq, x, x_n * sizeof *xq);
         if (rounds)
             llama_ref_round16(x, xq, x_n);
+        for (size_t i = 0; narrowed && i < x_n; i++)
+            xq[i] = round16(x[i], bf16);
         double *want = xmalloc(y_n * sizeof *want);
         for (int64_t i = 0; i < T; i++)
             for (int64_t o = 0; o < n_out; o++) {
                 double g = 0, u = 0;
                 for (int64_t k = 0; k < n_in; k++) {
-                    g += (double)xq[i * n_in + k] * (double)wg.deq[o * n_in + k];
-                    u += (double)xq[i * n_in + k] * (double)wu.deq[o * n_in + k];
+                    const float wgv = wg.deq[o * n_in + k], wuv = wu.deq[o * n_in + k];
+                    g += (double)xq[i * n_in + k] * (narrowed ? round16(wgv, bf16) : wgv);
+                    u += (double)xq[i * n_in + k] * (narrowed ? round16(wuv, bf16) : wuv);
                 }
                 want[i * n_out + o] = g / (1.0 + exp(-g)) * u;
             }
@@ -463,13 +488,16 @@ static void check_swiglu(pv_backend *be, const char *name, pv_wtype t, int64_t n
         const double err = st == PV_OK ? normalized_error_f64(got, want, y_n) : INFINITY;
         const double apart = st == PV_OK ? normalized_error(got, unfused, y_n) : INFINITY;
         const int guards = st == PV_OK && guards_intact(&ty) && guards_intact(&tup);
-        ok(st == PV_OK && err <= 2 * ERROR_LIMIT && guards,
-           "%s: qmatmul_swiglu %s T %lld x n_in %lld -> n_out %lld: error %.3g against %s x (limit %.3g)%s%s", name,
-           pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, err, rounds ? "rounded" : "f32",
-           2 * ERROR_LIMIT, guards ? "" : ", guard bytes of y or up overwritten", st == PV_OK ? "" : pv_last_error());
+        const double limit = 2 * (narrowed ? ROUNDED_ERROR_LIMIT : gemm ? TF32_ERROR_LIMIT : ERROR_LIMIT);
+        ok(st == PV_OK && err <= limit && guards,
+           "%s: qmatmul_swiglu %s T %lld x n_in %lld -> n_out %lld%s%s: error %.3g against %s x (limit %.3g)%s%s",
+           name, pv_wtype_name(t), (long long)T, (long long)n_in, (long long)n_out, gemm ? " with PV_GEMM " : "",
+           gemm ? pv_gemm_mode_name(gemm_pass) : "", err, rounds || narrowed ? "rounded" : "f32", limit,
+           guards ? "" : ", guard bytes of y or up overwritten", st == PV_OK ? "" : pv_last_error());
         ok(st == PV_OK && apart <= 1e-6,
-           "%s: qmatmul_swiglu %s T %lld: as qmatmul_group then swiglu give it: error %.3g (limit 1e-06)", name,
-           pv_wtype_name(t), (long long)T, apart);
+           "%s: qmatmul_swiglu %s T %lld%s%s: as qmatmul_group then swiglu give it: error %.3g (limit 1e-06)", name,
+           pv_wtype_name(t), (long long)T, gemm ? " with PV_GEMM " : "", gemm ? pv_gemm_mode_name(gemm_pass) : "",
+           apart);
         tensor_free(&tx);
         tensor_free(&ty);
         tensor_free(&tup);

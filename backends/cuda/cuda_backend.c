@@ -1156,27 +1156,31 @@ static pv_status qmatmul_gemm(pv_backend *be, const pv_qmatmul_args *a, int mode
     return PV_OK;
 }
 
-static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+/* *x = x as the large-batch GEMMs read it: rounded to the mode's 16 bits
+ * into SCRATCH_QMATMUL_X where the mode narrows (once for every product
+ * of one x), else x itself. */
+static pv_status gemm_input(pv_backend *be, const pv_qmatmul_args *a, int mode, const void **x)
 {
     cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
-    cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
+    *x = dev_ptr(a->x, a->x_off, 4);
+    if (!gemm_narrows(mode))
+        return PV_OK;
+    void *x16 = NULL;
+    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL_X, (size_t)a->n_tokens * (size_t)a->n_in * 2, &x16));
+    PV_TRY(pv_cuda_launch_qmatmul_narrow16(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, (const float *)*x,
+                                           mode == PV_GEMM_BF16, x16));
+    *x = x16;
+    return PV_OK;
+}
+
+/* Batches past the fused kernels: cuBLAS on weights read in place where
+ * stored in the GEMM's input type, else widened tile by tile; x from
+ * gemm_input. */
+static pv_status qmatmul_large(pv_backend *be, const pv_qmatmul_args *a, int mode, const void *x)
+{
+    cuda_impl *cu = impl_of(be);
+    const int narrow = gemm_narrows(mode);
     const void *w = weight_ptr(a->w, a->w_type, a->w_off);
-    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
-        const float *x = dev_ptr(a->x, a->x_off, 4);
-        pv_cuda_xq16 xq;
-        const pv_cuda_xq16 *rounded;
-        PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
-        return pv_cuda_launch_qmatmul_fused(&cu->kernels, s, a, w, x, rounded, (float *)dev_ptr(a->y, a->y_off, 4));
-    }
-    const int mode = gemm_mode(be), narrow = gemm_narrows(mode), bf16 = mode == PV_GEMM_BF16;
-    const void *x = dev_ptr(a->x, a->x_off, 4);
-    if (narrow) {
-        void *x16 = NULL;
-        PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL_X, (size_t)a->n_tokens * (size_t)a->n_in * 2, &x16));
-        PV_TRY(pv_cuda_launch_qmatmul_narrow16(&cu->kernels, s, a, (const float *)x, bf16, x16));
-        x = x16;
-    }
     /* weights stored in the GEMM's input type are read in place */
     if ((a->w_type == PV_W_F32 && !narrow) || (a->w_type == PV_W_F16 && mode == PV_GEMM_F16) ||
         (a->w_type == PV_W_BF16 && mode == PV_GEMM_BF16))
@@ -1190,10 +1194,29 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL, (size_t)tile_rows * (size_t)a->n_in * elem, &tile));
     for (int64_t r0 = 0; r0 < a->n_out; r0 += tile_rows) {
         const int64_t n_rows = a->n_out - r0 < tile_rows ? a->n_out - r0 : tile_rows;
-        PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, s, a, w, r0, n_rows, mode, tile));
+        PV_TRY(pv_cuda_launch_qmatmul_widen(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, w, r0, n_rows, mode, tile));
         PV_TRY(qmatmul_gemm(be, a, mode, r0, n_rows, tile, x));
     }
     return PV_OK;
+}
+
+static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
+        const float *x = dev_ptr(a->x, a->x_off, 4);
+        pv_cuda_xq16 xq;
+        const pv_cuda_xq16 *rounded;
+        PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
+        return pv_cuda_launch_qmatmul_fused(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
+                                            weight_ptr(a->w, a->w_type, a->w_off), x, rounded,
+                                            (float *)dev_ptr(a->y, a->y_off, 4));
+    }
+    const int mode = gemm_mode(be);
+    const void *x = NULL;
+    PV_TRY(gemm_input(be, a, mode, &x));
+    return qmatmul_large(be, a, mode, x);
 }
 
 /* Products of one x (Q, K and V). At decode sizes, products of one weight
@@ -1201,26 +1224,33 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
  * rows beside Q's instead of launches that leave most SMs idle), x rounded
  * once first where PV_ACT16 says so; products of mixed types one by one, x
  * still rounded once for all the block-type ones. Larger batches one by
- * one. */
+ * one, x narrowed once for all in PV_GEMM's 16-bit modes. */
 static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const pv_qmatmul_args *first = &products[0];
-    const int decode = first->n_tokens <= QMATMUL_FUSED_MAX_T;
+    if (first->n_tokens > QMATMUL_FUSED_MAX_T) {
+        const int mode = gemm_mode(be);
+        const void *x = NULL;
+        PV_TRY(gemm_input(be, first, mode, &x));
+        for (int i = 0; i < n; i++)
+            PV_TRY(qmatmul_large(be, &products[i], mode, x));
+        return PV_OK;
+    }
     int one_type = 1;
     for (int i = 1; i < n; i++)
         one_type &= products[i].w_type == first->w_type;
     int shared = -1; /* a block-type product's index: x rounded once, in its program */
-    for (int i = 0; i < n && shared < 0 && decode; i++)
+    for (int i = 0; i < n && shared < 0; i++)
         if (act16(be, products[i].w_type))
             shared = i;
     pv_cuda_xq16 xq;
     const float *x = dev_ptr(first->x, first->x_off, 4);
     if (shared >= 0)
         PV_TRY(round_x16(be, products[shared].w_type, x, first->n_tokens, first->n_in, &xq));
-    if (decode && one_type && n > 1) {
+    if (one_type && n > 1) {
         for (int i = 0; i < n; i += 3) {
             const void *w[3];
             float *y[3];
@@ -1247,8 +1277,8 @@ static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *produ
 
 /* Decode-sized batches: one pass over both matrices. Larger ones: the two
  * products as cuda_qmatmul runs them (gate into y, up into a->up), then
- * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32
- * (and x rounded to 16 bits once per product in the PV_GEMM f16, bf16). */
+ * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32,
+ * and x narrowed once for both in PV_GEMM's 16-bit modes. */
 static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
 {
     cuda_impl *cu = impl_of(be);
@@ -1266,12 +1296,15 @@ static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_arg
     pv_qmatmul_args product = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in, .n_out = a->n_out,
                                .w = a->w_gate, .w_off = a->w_gate_off, .x = a->x, .x_off = a->x_off, .y = a->y,
                                .y_off = a->y_off};
-    PV_TRY(cuda_qmatmul(be, &product));
+    const int mode = gemm_mode(be);
+    const void *x = NULL;
+    PV_TRY(gemm_input(be, &product, mode, &x));
+    PV_TRY(qmatmul_large(be, &product, mode, x));
     product.w = a->w_up;
     product.w_off = a->w_up_off;
     product.y = a->up;
     product.y_off = a->up_off;
-    PV_TRY(cuda_qmatmul(be, &product));
+    PV_TRY(qmatmul_large(be, &product, mode, x));
     const pv_swiglu_args swiglu = {.n = a->n_tokens * a->n_out};
     return pv_cuda_launch_swiglu(&cu->kernels, s, &swiglu, y, (const float *)dev_ptr(a->up, a->up_off, 4), y);
 }
