@@ -378,12 +378,7 @@ int main(int argc, char **argv)
         free_options(&o);
         return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    app_catch_stop_signals(on_stop_signal);
     signal(SIGPIPE, SIG_IGN);
 
     app_stack st;

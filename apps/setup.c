@@ -1,9 +1,11 @@
-/* The applications' shared set-up: option values and the serving stack. */
+/* The applications' shared set-up: option values, the serving stack and
+ * stop signals. */
 #include "apps/setup.h"
 
 #include <pensieve/gguf.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,4 +293,14 @@ void app_stack_free(app_stack *st)
         pv_tokenizer_free(&st->tok);
     pv_backend_free(st->be);
     memset(st, 0, sizeof *st);
+}
+
+void app_catch_stop_signals(void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }

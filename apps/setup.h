@@ -76,4 +76,8 @@ int app_stack_init(app_stack *st, const app_stack_options *o, const char *prog);
 int app_stack_restart_engine(app_stack *st, const app_stack_options *o, const char *prog);
 void app_stack_free(app_stack *st);
 
+/* SIGINT and SIGTERM to handler, which any thread may run (OpenBLAS's
+ * start before main): it should only set a flag or write to a pipe. */
+void app_catch_stop_signals(void (*handler)(int));
+
 #endif

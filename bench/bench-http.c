@@ -761,12 +761,17 @@ static pv_status finish(run *r, request *q, CURLcode rc)
 
 /* ---- the run --------------------------------------------------------------------------------------- */
 
-/* The workload in real time, until every turn and DELETE has ended. */
+/* The workload in real time, until every turn and DELETE has ended, or a
+ * stop signal (in-flight requests are dropped). */
 static pv_status run_loop(run *r)
 {
     r->t0 = bench_now_s();
     r->next_due = 0;
     for (;;) {
+        if (br_stopping()) {
+            r->out->interrupted = 1;
+            return PV_OK;
+        }
         if (since(r) >= r->next_due)
             PV_TRY(start_due(r));
         int running, queued;
@@ -938,7 +943,7 @@ pv_status bh_run(const bh_options *o, const wl_workload *w, br_run *out)
         scrape(&r, &before);
         st = run_workload(&r);
     }
-    if (st == PV_OK) {
+    if (st == PV_OK && !out->interrupted) {
         scrape(&r, &after);
         out->counters = counters_delta(&before, &after);
         br_progress(o->label, r.total, r.total, since(&r));

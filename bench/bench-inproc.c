@@ -211,14 +211,16 @@ static void wait_until(run_state *r, double t)
         r->clock->now = fmax(r->clock->now, r->t0 + t);
         return;
     }
-    const double s = t - since(r);
+    double s = t - since(r);
     if (s <= 0)
         return;
+    s = fmin(s, 0.25); /* the loop looks at br_stopping() a few times a second */
     struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
     nanosleep(&ts, NULL);
 }
 
-/* The workload, in real time, until every turn has ended. Conversations
+/* The workload, in real time, until every turn has ended or a stop signal
+ * came (the run is then marked interrupted). Conversations
  * come in arrival order: only those in [lo, hi) (arrived, not ended) are
  * looked at, so a step costs what is live, not the whole workload. */
 static pv_status run_workload(run_state *r)
@@ -234,6 +236,10 @@ static pv_status run_workload(run_state *r)
     pv_status st = PV_OK;
     int32_t lo = 0, hi = 0;
     while (st == PV_OK && r->n_done < r->total) {
+        if (br_stopping()) {
+            r->out->interrupted = 1;
+            break;
+        }
         const double now = since(r);
         while (hi < w->n && w->conv[hi].arrival_s <= now)
             hi++;

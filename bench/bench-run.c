@@ -1,10 +1,12 @@
 /* What every pensieve-bench driver shares (bench-run.h): freeing a run's
- * records, and the progress line. */
+ * records, the progress line and the stop signal. */
 #include "config.h"
 
 #include "bench/bench-run.h"
 #include "bench/bench-util.h"
 
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,4 +34,28 @@ void br_progress(const char *label, int64_t done, int64_t total, double elapsed_
     last_s = final ? -1 : now;
     fprintf(stderr, "\r%s  %lld/%lld requests  %.0fs%s", label ? label : "", (long long)done, (long long)total,
             elapsed_s, final ? "\n" : "");
+}
+
+static volatile sig_atomic_t stop_signal;
+
+void br_on_stop_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+int br_stop_signal(void)
+{
+    return stop_signal;
+}
+
+static double stop_at_s = INFINITY;
+
+void br_stop_at(double now_s)
+{
+    stop_at_s = now_s;
+}
+
+int br_stopping(void)
+{
+    return stop_signal || bench_now_s() >= stop_at_s;
 }

@@ -40,9 +40,21 @@ typedef struct br_run {
     int64_t n_records;
     char first_error[256]; /* the first failed request's message, "" if none */
     br_counters counters;
+    int interrupted; /* ended early (br_stopping): its records are partial */
 } br_run;
 
 void br_run_free(br_run *r); /* frees the records and zeroes *r; NULL: no-op */
+
+/* When to stop: at a signal given to br_on_stop_signal (pensieve-bench
+ * hands it SIGTERM and SIGINT: timeout(1), Ctrl-C), which only sets a
+ * flag, or at a wall-clock time (bench_now_s(); --time-limit). The drivers
+ * check br_stopping() between requests and end the run under way
+ * (br_run.interrupted), so pensieve-bench still reports the runs that
+ * finished before it. */
+void br_on_stop_signal(int sig);
+void br_stop_at(double now_s);
+int br_stopping(void);
+int br_stop_signal(void); /* the signal received, 0 if none */
 
 /* A progress line on stderr when it is a terminal (at most a few times a
  * second; done == total ends the line): "label  done/total requests  Ns". */

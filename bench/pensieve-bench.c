@@ -62,6 +62,7 @@ typedef struct bench_options {
     int n_rates;
     int sweep;
     double target; /* normalized latency target, seconds per output token */
+    double time_limit_s; /* --time-limit; 0: none */
     double duration_s; /* > 0: conversations arrive over this long (real time) at every rate */
     const char *replay;
     const char *plot;
@@ -95,6 +96,7 @@ typedef struct run_report {
     double ttft_p50, ttft_p90;
     int meets_target;
     br_counters counters;
+    int interrupted; /* a stop signal ended it early (bench-run.h): reported by name only */
 } run_report;
 
 /* Nearest-rank quantile of v[0..n) (sorted in place); 0 for n = 0. */
@@ -156,6 +158,7 @@ static pv_status summarise(const br_run *run, double target, run_report *rep)
     rep->meets_target = rep->failed == 0 && rep->requests == rep->workload.requests && n_norm > 0 &&
                         rep->norm_latency_mean <= target;
     rep->counters = run->counters;
+    rep->interrupted = run->interrupted;
     free(norm);
     free(ttft);
     return PV_OK;
@@ -201,6 +204,10 @@ static pv_status run_engine(const bench_options *o, pv_engine_mode mode, int pol
     memset(rep, 0, sizeof *rep);
     snprintf(rep->label, sizeof rep->label, "%s", pv_engine_mode_name(mode));
     rep->rate = rate;
+    if (br_stopping()) { /* between runs: no model to load for nothing */
+        rep->interrupted = 1;
+        return PV_OK;
+    }
     app_stack_options so = o->stack;
     so.mode = mode;
     bi_clock clock = {.now = 0, .step_s = o->virtual_step_s, .token_s = o->virtual_token_s};
@@ -268,6 +275,10 @@ static pv_status run_http(const bench_options *o, double rate, int run_index, ru
     snprintf(rep->label, sizeof rep->label, "%s", o->label);
     rep->rate = rate;
     rep->context_cap = o->workload.context_cap;
+    if (br_stopping()) {
+        rep->interrupted = 1;
+        return PV_OK;
+    }
     wl_workload w = {0};
     pv_status s = load_workload(o, rate, o->workload.context_cap, NULL, &w, rep);
     char prefix[48], label[96];
@@ -301,6 +312,7 @@ typedef struct bench_results {
     run_report *policy_runs; /* pensieve mode at the operating rate, one per policy */
     int n_policy_runs;
     double policy_rate;
+    const run_report *interrupted; /* the run a stop signal ended, counted in neither list; NULL: none */
 } bench_results;
 
 /* A mode's throughput at the target (bench-sweep.h) and its runs there. */
@@ -351,6 +363,10 @@ static pv_status run_all(const bench_options *o, bench_results *res)
             if (s != PV_OK)
                 return pv_error(s, "%s at %g/s: %s", o->http ? o->label : pv_engine_mode_name(o->modes[m]),
                                 o->rates[k], pv_last_error());
+            if (rep->interrupted) {
+                res->interrupted = rep;
+                return PV_OK;
+            }
             res->n_runs++;
             /* a mode past the target at one rate is past it at higher ones */
             if (o->sweep && !rep->meets_target)
@@ -381,6 +397,10 @@ static pv_status run_all(const bench_options *o, bench_results *res)
             if (s != PV_OK)
                 return pv_error(s, "policy %s at %g/s: %s", pv_policy_name(o->policies[p]),
                                 res->policy_rate, pv_last_error());
+            if (rep->interrupted) {
+                res->interrupted = rep;
+                return PV_OK;
+            }
         }
         res->n_policy_runs++;
     }
@@ -446,6 +466,15 @@ static void print_table(const bench_options *o, const bench_results *res)
         if (res->runs[i].first_error[0])
             printf("%s at %g/s: first failure: %s\n", res->runs[i].label, res->runs[i].rate,
                    res->runs[i].first_error);
+    }
+    if (res->interrupted) {
+        char why[48];
+        if (br_stop_signal())
+            snprintf(why, sizeof why, "signal %d", br_stop_signal());
+        else
+            snprintf(why, sizeof why, "--time-limit %g s", o->time_limit_s);
+        printf("%s: %s at %g/s was cut short and is not reported; the runs above ended before it\n", why,
+               res->interrupted->label, res->interrupted->rate);
     }
     if (o->sweep) {
         printf("\nnormalized latency target %.4g s/token: highest rate meeting it, and the requests/s offered\n"
@@ -576,6 +605,12 @@ static void print_json(const bench_options *o, const bench_results *res)
         json_object_set_new(root, "policy_rate", json_real(res->policy_rate));
         json_object_set_new(root, "policies", pol);
     }
+    const run_report *cut = res->interrupted;
+    json_object_set_new(root, "interrupted",
+                        cut ? json_pack("{s:s,s:s?,s:f,s:i}", "label", cut->label, "policy", cut->policy, "rate",
+                                        cut->rate, "signal", br_stop_signal())
+                            : json_null());
+    json_object_set_new(root, "time_limit_s", o->time_limit_s > 0 ? json_real(o->time_limit_s) : json_null());
     json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     putchar('\n');
     json_decref(root);
@@ -643,6 +678,8 @@ static void usage(FILE *f)
             "                       history, else its highest meeting the target (default in a sweep:\n"
             "                       pensieve,weighted,lru; none: no comparison)\n"
             "  --plot FILE.png      throughput against normalized latency, a line per mode (gnuplot)\n"
+            "  --time-limit S       stop after S seconds: the run under way is cut short and named, the\n"
+            "                       runs done before it reported (SIGTERM and SIGINT do the same)\n"
             "in process:\n"
             "  --modes LIST         comma list of pensieve, gpu-only, stateless (default all three)\n"
             "  --policy NAME        pensieve, weighted or lru\n"
@@ -734,7 +771,7 @@ enum {
     OPT_DATASET = 256, OPT_REPLAY, OPT_CONVS, OPT_RATE, OPT_THINK, OPT_TIME_SCALE, OPT_LENGTH_SCALE, OPT_CAP,
     OPT_SEED, OPT_MODES, OPT_JSON, OPT_RATES, OPT_SWEEP, OPT_TARGET, OPT_POLICIES, OPT_PLOT, OPT_HTTP,
     OPT_SERVER_MODEL, OPT_LABEL, OPT_NO_SESSIONS, OPT_DURATION, OPT_BAN_TOKENS, OPT_VIRTUAL_TIME,
-    OPT_SYSTEM_PROMPT_TOKENS, OPT_SYSTEM_PROMPTS, OPT_NO_PREFIX_SHARING,
+    OPT_SYSTEM_PROMPT_TOKENS, OPT_SYSTEM_PROMPTS, OPT_NO_PREFIX_SHARING, OPT_TIME_LIMIT,
     OPT_STACK /* the stack's options (app_stack_option) */
 };
 
@@ -757,6 +794,7 @@ static int parse_options(int argc, char **argv, bench_options *o)
         {"system-prompt-tokens", required_argument, 0, OPT_SYSTEM_PROMPT_TOKENS},
         {"system-prompts", required_argument, 0, OPT_SYSTEM_PROMPTS},
         {"no-prefix-sharing", no_argument, 0, OPT_NO_PREFIX_SHARING},
+        {"time-limit", required_argument, 0, OPT_TIME_LIMIT},
         {"policy", required_argument, 0, OPT_STACK},      {"model", required_argument, 0, OPT_STACK},
         {"synthetic", no_argument, 0, OPT_STACK},         {"backend", required_argument, 0, OPT_STACK},
         {"device-mem", required_argument, 0, OPT_STACK},  {"host-mem", required_argument, 0, OPT_STACK},
@@ -856,6 +894,9 @@ static int parse_options(int argc, char **argv, bench_options *o)
         case OPT_DURATION:
             if (parse_double("--duration", optarg, 1e-3, 1e6, &o->duration_s)) return -1;
             break;
+        case OPT_TIME_LIMIT:
+            if (parse_double("--time-limit", optarg, 1e-3, 1e7, &o->time_limit_s)) return -1;
+            break;
         case OPT_TARGET:
             if (parse_double("--target", optarg, 1e-6, 1e6, &o->target)) return -1;
             break;
@@ -949,6 +990,9 @@ int main(int argc, char **argv)
     bench_options o;
     if (parse_options(argc, argv, &o) != 0)
         return 2;
+    app_catch_stop_signals(br_on_stop_signal);
+    if (o.time_limit_s > 0)
+        br_stop_at(bench_now_s() + o.time_limit_s);
     bench_results res = {0};
     pv_status st = run_all(&o, &res);
     if (st == PV_OK) {
@@ -961,7 +1005,10 @@ int main(int argc, char **argv)
     }
     if (st != PV_OK)
         fprintf(stderr, "%s: %s (%s)\n", prog, pv_last_error(), pv_status_str(st));
+    const int interrupted = res.interrupted != NULL;
     free(res.runs);
     free(res.policy_runs);
+    if (st == PV_OK && interrupted && br_stop_signal()) /* as a shell reports a command a signal ended */
+        return 128 + br_stop_signal();
     return st == PV_OK ? 0 : 1;
 }

@@ -123,6 +123,21 @@ assert r["cached_tokens"] == 0 and e["prefill_tokens"] == r["prompt_tokens"], (e
 assert 0 < e["recomputed_tokens"] < r["prompt_tokens"], (e, r)
 print("# %d of %d prompt tokens recomputed history" % (e["recomputed_tokens"], r["prompt_tokens"]))
 PY
+    # 1,000 s between turns: the run is cut at the limit, by name
+    start=$(date +%s)
+    timeout -k 5 60 "$bench" --http "http://127.0.0.1:$port" --conversations 2 --rate 20 --think 1000 --no-sessions \
+        --length-scale 0.1 --seed 3 --time-limit 2 --json >"$tmp/cut.json" 2>"$tmp/cut.err"
+    st=$?
+    took=$(($(date +%s) - start))
+    python3 - "$tmp/cut.json" >"$tmp/why" 2>&1 <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+assert p["runs"] == [] and p["time_limit_s"] == 2, p
+assert p["interrupted"] == {"label": "http", "policy": None, "rate": 20, "signal": 0}, p["interrupted"]
+print("# %s at %g/s cut short" % (p["interrupted"]["label"], p["interrupted"]["rate"]))
+PY
+    [ $? -eq 0 ] && [ $st -eq 0 ] && [ $took -le 5 ]
+    check $? "--time-limit ends a run over HTTP in time (status $st after ${took} s; $(tail -n 1 "$tmp/why"))"
 fi
 stop_server
 

@@ -303,6 +303,42 @@ refused() {
     [ $st -eq 2 ] && grep -q -- "$pattern" "$tmp/err"
     check $? "$want is refused (status $st: $(cat "$tmp/err"))"
 }
+refused "a time limit that is not a number" "time-limit" --synthetic --time-limit soon
+
+# Stopping early: rate 1 is 2 conversations of one turn (about 1 s), rate
+# 400 is 400 of them at once (14 s here): a 6 s limit ends the second
+# run, whose name is reported, and keeps the first whole.
+"$bench" --synthetic --rates 1,400 --duration 1 --time-scale 1 --think 0 --seed 3 --modes pensieve --policies none \
+    --time-limit 6 --json >"$tmp/limit.json" 2>"$tmp/err"
+st=$?
+cat >"$tmp/cut.py" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+cut = p["interrupted"]
+assert cut and cut["label"] == "pensieve" and cut["signal"] == int(sys.argv[2]), cut
+# the runs reported ended before the cut one, each whole
+assert all(r["rate"] < cut["rate"] and r["requests"] == r["workload_requests"] for r in p["runs"]), p["runs"]
+if sys.argv[3] == "limit":
+    assert p["time_limit_s"] == 6 and cut["rate"] == 400 and [r["rate"] for r in p["runs"]] == [1], (cut, p["runs"])
+print("# %s at %g/s cut short, %d run(s) before it" % (cut["label"], cut["rate"], len(p["runs"])))
+PY
+[ $st -eq 0 ] && python3 "$tmp/cut.py" "$tmp/limit.json" 0 limit >"$tmp/why" 2>&1
+check $? "--time-limit cuts the run under way and reports the ones before it (status $st; $(tail -n 1 "$tmp/why"))"
+start=$(date +%s)
+"$bench" --synthetic --rates 1,400 --duration 1 --time-scale 1 --think 0 --seed 3 --modes pensieve --policies none \
+    --json >"$tmp/term.json" 2>"$tmp/err" &
+pid=$!
+sleep 3
+kill -TERM $pid
+wait $pid
+st=$?
+took=$(($(date +%s) - start))
+[ $st -eq 143 ] && [ $took -le 8 ] && python3 "$tmp/cut.py" "$tmp/term.json" 15 signal >"$tmp/why" 2>&1
+check $? "SIGTERM does the same, exit status 143 (status $st after ${took} s; $(tail -n 1 "$tmp/why"))"
+timeout -k 5 60 "$bench" --synthetic --conversations 2 --rate 50 --think 1000 --modes pensieve --time-limit 1 >"$tmp/table" 2>&1
+grep -q "^--time-limit 1 s: pensieve at 50/s was cut short" "$tmp/table"
+check $? "the table says which run the limit cut ($(grep -m 1 "cut short" "$tmp/table"))"
+
 refused "a negative preamble" "system-prompt-tokens" --synthetic --system-prompt-tokens -1
 refused "a preamble that is not a number" "system-prompt-tokens" --synthetic --system-prompt-tokens 10x
 refused "no preambles to draw from" "system-prompts" --synthetic --system-prompt-tokens 10 --system-prompts 0
