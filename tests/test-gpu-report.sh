@@ -35,6 +35,8 @@ has "- pensieve-serve's forward passes: 2000, 75% as graphs, 80% of them replaye
     "serving: the server's graph runs and replays from /metrics"
 grep -q "^| test-backend-async | rc=1 | 4.19 | 26 ok, 1 not ok, 1 skipped | not ok 16 - opencl" "$out"
 check $? "steps: a failing test's counts and first failure"
+has "- pensieve-bench-cpu: stateless at 2/s cut short at the step's time limit (not reported; the rates before it are)" \
+    "serving: a run pensieve-bench's --time-limit cut short is named"
 grep -qxF -- "- pensieve-bench-cpu: pensieve 1.00x stateless at the target: undecided (a mode met the target at every rate tried: higher rates needed)" "$out"
 check $? "serving: a ratio of two lower bounds is not a verdict"
 python3 "$here/../scripts/gpu-report" /nonexistent-dir >/dev/null 2>&1
