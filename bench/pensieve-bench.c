@@ -96,7 +96,7 @@ typedef struct run_report {
     double ttft_p50, ttft_p90;
     int meets_target;
     br_counters counters;
-    int interrupted; /* a stop signal ended it early (bench-run.h): reported by name only */
+    int interrupted; /* cut short (br_stopping, bench-run.h): reported by name only */
 } run_report;
 
 /* Nearest-rank quantile of v[0..n) (sorted in place); 0 for n = 0. */
@@ -312,7 +312,7 @@ typedef struct bench_results {
     run_report *policy_runs; /* pensieve mode at the operating rate, one per policy */
     int n_policy_runs;
     double policy_rate;
-    const run_report *interrupted; /* the run a stop signal ended, counted in neither list; NULL: none */
+    const run_report *interrupted; /* the run cut short, counted in neither list; NULL: none */
 } bench_results;
 
 /* A mode's throughput at the target (bench-sweep.h) and its runs there. */
