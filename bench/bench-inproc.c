@@ -238,6 +238,7 @@ static pv_status run_workload(run_state *r)
     while (st == PV_OK && r->n_done < r->total) {
         if (br_stopping()) {
             r->out->interrupted = 1;
+            pv_engine_cancel_all(r->engine); /* each turn's on_done frees its context */
             break;
         }
         const double now = since(r);
