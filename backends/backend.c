@@ -933,7 +933,9 @@ static pv_status qualified(pv_status st, const char *op, const char *part)
     return pv_error(st, "%s: %s: %s", op, part, why);
 }
 
-pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+/* The checks of pv_qmatmul_group; *empty = 1 when there is nothing to
+ * compute. */
+static pv_status check_group(pv_backend *be, const pv_qmatmul_args *products, int n, int *empty)
 {
     if (!products)
         return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: products is NULL");
@@ -941,7 +943,7 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
         return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: n = %d out of range [1, %d]", n,
                         PV_QMATMUL_GROUP_MAX);
     const pv_qmatmul_args *first = &products[0];
-    int empty = 1;
+    *empty = 1;
     for (int i = 0; i < n; i++) {
         const pv_qmatmul_args *a = &products[i];
         if (a->x != first->x || a->x_off != first->x_off || a->n_tokens != first->n_tokens ||
@@ -950,7 +952,7 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
                             "qmatmul_group: product %d reads x at offset %" PRIu64 ", %" PRId64 " x %" PRId64
                             ", not product 0's x at %" PRIu64 ", %" PRId64 " x %" PRId64 " (one buffer)",
                             i, a->x_off, a->n_tokens, a->n_in, first->x_off, first->n_tokens, first->n_in);
-        pv_status st = check_qmatmul(be, a, &empty);
+        pv_status st = check_qmatmul(be, a, empty);
         if (st != PV_OK) {
             char part[32];
             snprintf(part, sizeof part, "product %d", i);
@@ -961,19 +963,31 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
             const pv_qmatmul_args *b = &products[j];
             uint64_t a_end = (a->y_off + (uint64_t)a->n_tokens * (uint64_t)a->n_out) * 4;
             uint64_t b_end = (b->y_off + (uint64_t)b->n_tokens * (uint64_t)b->n_out) * 4;
-            if (!empty && a->y == b->y && a->y_off * 4 < b_end && b->y_off * 4 < a_end)
+            if (!*empty && a->y == b->y && a->y_off * 4 < b_end && b->y_off * 4 < a_end)
                 return pv_error(PV_ERR_INVALID_ARG, "qmatmul_group: products %d and %d write overlapping y", j,
                                 i);
         }
     }
-    if (empty)
-        return PV_OK;
+    return PV_OK;
+}
+
+/* A checked group, as one dispatch where the backend has it. */
+static pv_status run_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
     if (be->ops->qmatmul_group)
         return be->ops->qmatmul_group(be, products, n);
     for (int i = 0; i < n; i++)
         PV_TRY(be->ops->qmatmul(be, &products[i]));
     return PV_OK;
 }
+
+pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    int empty = 1;
+    PV_TRY(check_group(be, products, n, &empty));
+    return empty ? PV_OK : run_group(be, products, n);
+}
+
 
 pv_status pv_rmsnorm(pv_backend *be, const pv_rmsnorm_args *a)
 {
@@ -1233,118 +1247,7 @@ pv_status pv_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
 
 /* ---- fused ops ------------------------------------------------------------------ */
 
-uint64_t pv_backend_launches(const pv_backend *be)
-{
-    return be ? be->launches : 0;
-}
-
-uint64_t pv_backend_copies(const pv_backend *be)
-{
-    return be ? be->copies : 0;
-}
-
-int pv_backend_graphs(const pv_backend *be)
-{
-    return be && be->ops->graph_begin && be->ops->graph_end;
-}
-
-pv_status pv_backend_graph_begin(pv_backend *be, uint64_t key)
-{
-    if (!be)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_graph_begin: backend is NULL");
-    if (!pv_backend_graphs(be))
-        return pv_error(PV_ERR_UNSUPPORTED, "pv_backend_graph_begin: the %s backend has no graphs", be->ops->name);
-    return be->ops->graph_begin(be, key);
-}
-
-pv_status pv_backend_graph_end(pv_backend *be, int run, int *ran)
-{
-    if (!be || !ran)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_backend_graph_end: backend or ran is NULL");
-    *ran = 0;
-    if (!pv_backend_graphs(be))
-        return pv_error(PV_ERR_UNSUPPORTED, "pv_backend_graph_end: the %s backend has no graphs", be->ops->name);
-    pv_status st = be->ops->graph_end(be, run, ran);
-    if (st == PV_OK && *ran)
-        be->graph_runs++;
-    return st;
-}
-
-uint64_t pv_backend_graph_runs(const pv_backend *be)
-{
-    return be ? be->graph_runs : 0;
-}
-
-uint64_t pv_backend_graph_replays(const pv_backend *be)
-{
-    return be ? be->graph_replays : 0;
-}
-
-/* ---- timing markers ------------------------------------------------------------ */
-
-pv_status pv_marker_init(pv_marker **out, pv_backend *be)
-{
-    if (!out)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_init: out is NULL");
-    *out = NULL;
-    if (!be)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_init: backend is NULL");
-    pv_marker *m = calloc(1, sizeof *m);
-    if (!m)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "pv_marker_init: cannot allocate the marker record");
-    m->backend = be;
-    pv_status st = be->ops->marker_init(be, m);
-    if (st != PV_OK) {
-        free(m);
-        return st;
-    }
-    *out = m;
-    return PV_OK;
-}
-
-void pv_marker_free(pv_marker *m)
-{
-    if (!m)
-        return;
-    m->backend->ops->marker_free(m->backend, m);
-    free(m);
-}
-
-/* A marker of be, by name in the messages. */
-static pv_status need_marker(const char *fn, const char *arg, const pv_backend *be, const pv_marker *m)
-{
-    if (!m)
-        return pv_error(PV_ERR_INVALID_ARG, "%s: %s is NULL", fn, arg);
-    if (m->backend != be)
-        return pv_error(PV_ERR_INVALID_ARG, "%s: %s belongs to backend '%s', not to this '%s'", fn, arg,
-                        m->backend->ops->name, be->ops->name);
-    return PV_OK;
-}
-
-pv_status pv_marker_record(pv_backend *be, pv_marker *m)
-{
-    if (!be)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_record: backend is NULL");
-    PV_TRY(need_marker("pv_marker_record", "marker", be, m));
-    PV_TRY(be->ops->marker_record(be, m));
-    m->recorded = 1;
-    return PV_OK;
-}
-
-pv_status pv_marker_elapsed(pv_backend *be, const pv_marker *start, const pv_marker *end, double *seconds)
-{
-    if (!be || !seconds)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_elapsed: %s is NULL", be ? "seconds" : "backend");
-    *seconds = 0;
-    PV_TRY(need_marker("pv_marker_elapsed", "start", be, start));
-    PV_TRY(need_marker("pv_marker_elapsed", "end", be, end));
-    if (!start->recorded || !end->recorded)
-        return pv_error(PV_ERR_INVALID_ARG, "pv_marker_elapsed: the %s marker was never recorded",
-                        start->recorded ? "end" : "start");
-    return be->ops->marker_elapsed(be, start, end, seconds);
-}
-
-pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+static pv_status check_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
 {
     const pv_op op = PV_OP_ADD_RMSNORM;
     if (!a)
@@ -1366,6 +1269,12 @@ pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
     PV_TRY(need_apart_f32(op, "x", a->x, a->x_off, n, "out", a->out, a->out_off, n));
     PV_TRY(need_apart_f32(op, "out", a->out, a->out_off, n, "y", a->y, a->y_off, n));
     PV_TRY(need_apart_f32(op, "out", a->out, a->out_off, n, "weight", a->weight, a->weight_off, dim));
+    return PV_OK;
+}
+
+pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    PV_TRY(check_add_rmsnorm(be, a));
     return be->ops->add_rmsnorm(be, a);
 }
 
@@ -1418,7 +1327,9 @@ pv_status pv_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
     return be->ops->rope_kv_write(be, a);
 }
 
-pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+/* The checks of pv_qmatmul_swiglu; *empty = 1 when there is nothing to
+ * compute. */
+static pv_status check_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a, int *empty)
 {
     const pv_op op = PV_OP_QMATMUL_SWIGLU;
     if (!a)
@@ -1432,13 +1343,13 @@ pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
     up.w_off = a->w_up_off;
     up.y = a->up;
     up.y_off = a->up_off;
-    int empty = 1;
-    pv_status st = check_qmatmul(be, &gate, &empty);
+    *empty = 1;
+    pv_status st = check_qmatmul(be, &gate, empty);
     if (st != PV_OK)
         return qualified(st, "qmatmul_swiglu", "the gate product (w_gate into y)");
-    if ((st = check_qmatmul(be, &up, &empty)) != PV_OK)
+    if ((st = check_qmatmul(be, &up, empty)) != PV_OK)
         return qualified(st, "qmatmul_swiglu", "the up product (w_up into up)");
-    if (empty)
+    if (*empty)
         return PV_OK;
     /* Each product's own output and weights are checked above; here the
      * other's. The sizes fit: check_qmatmul checked their products. */
@@ -1447,5 +1358,61 @@ pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
     PV_TRY(need_apart(op, "y", a->y, a->y_off * 4, (a->y_off + out_elems) * 4, "w_up", a->w_up, 0, a->w_up->bytes));
     PV_TRY(need_apart(op, "up", a->up, a->up_off * 4, (a->up_off + out_elems) * 4, "w_gate", a->w_gate, 0,
                       a->w_gate->bytes));
-    return be->ops->qmatmul_swiglu(be, a);
+    return PV_OK;
+}
+
+pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    int empty = 1;
+    PV_TRY(check_swiglu(be, a, &empty));
+    return empty ? PV_OK : be->ops->qmatmul_swiglu(be, a);
+}
+
+/* Product i of an add_rmsnorm_* op reads the norm's out, whole. */
+static pv_status need_fed_by_norm(const char *op, const pv_add_rmsnorm_args *norm, int i, const pv_buffer *x,
+                                  uint64_t x_off, int64_t n_tokens, int64_t n_in)
+{
+    if (x == norm->out && x_off == norm->out_off && n_tokens == norm->rows && n_in == norm->dim)
+        return PV_OK;
+    return pv_error(PV_ERR_INVALID_ARG,
+                    "%s: product %d reads x %s at offset %" PRIu64 ", %" PRId64 " x %" PRId64
+                    ", not the norm's out at offset %" PRIu64 ", %" PRId64 " x %" PRId64,
+                    op, i, x == norm->out ? "(the norm's buffer)" : "(another buffer)", x_off, n_tokens, n_in,
+                    norm->out_off, norm->rows, norm->dim);
+}
+
+pv_status pv_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
+                               int n)
+{
+    static const char op[] = "add_rmsnorm_group";
+    pv_status st = check_add_rmsnorm(be, norm);
+    if (st != PV_OK)
+        return qualified(st, op, "its norm");
+    int empty = 1;
+    if ((st = check_group(be, products, n, &empty)) != PV_OK)
+        return qualified(st, op, "its products");
+    for (int i = 0; i < n; i++)
+        PV_TRY(need_fed_by_norm(op, norm, i, products[i].x, products[i].x_off, products[i].n_tokens,
+                                products[i].n_in));
+    if (be->ops->add_rmsnorm_group)
+        return be->ops->add_rmsnorm_group(be, norm, products, n);
+    PV_TRY(be->ops->add_rmsnorm(be, norm));
+    return run_group(be, products, n);
+}
+
+pv_status pv_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
+                                const pv_qmatmul_swiglu_args *swiglu)
+{
+    static const char op[] = "add_rmsnorm_swiglu";
+    pv_status st = check_add_rmsnorm(be, norm);
+    if (st != PV_OK)
+        return qualified(st, op, "its norm");
+    int empty = 1;
+    if ((st = check_swiglu(be, swiglu, &empty)) != PV_OK)
+        return qualified(st, op, "its SwiGLU product");
+    PV_TRY(need_fed_by_norm(op, norm, 0, swiglu->x, swiglu->x_off, swiglu->n_tokens, swiglu->n_in));
+    if (be->ops->add_rmsnorm_swiglu)
+        return be->ops->add_rmsnorm_swiglu(be, norm, swiglu);
+    PV_TRY(be->ops->add_rmsnorm(be, norm));
+    return be->ops->qmatmul_swiglu(be, swiglu);
 }

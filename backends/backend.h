@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 16 /* 16: pv_device_info.max_alloc_bytes; 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 17 /* 17: add_rmsnorm_group, add_rmsnorm_swiglu; 16: pv_device_info.max_alloc_bytes; 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -558,6 +558,12 @@ typedef struct pv_backend_ops {
     pv_status (*add_rmsnorm)(pv_backend *be, const pv_add_rmsnorm_args *a);
     pv_status (*rope_kv_write)(pv_backend *be, const pv_rope_kv_write_args *a);
     pv_status (*qmatmul_swiglu)(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+    /* Optional (NULL: add_rmsnorm, then qmatmul_group or qmatmul_swiglu):
+     * pv_add_rmsnorm_group and pv_add_rmsnorm_swiglu, checked. */
+    pv_status (*add_rmsnorm_group)(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
+                                   int n);
+    pv_status (*add_rmsnorm_swiglu)(pv_backend *be, const pv_add_rmsnorm_args *norm,
+                                    const pv_qmatmul_swiglu_args *swiglu);
     /* On the copy queue after `wait` (may be NULL); *done (if non-NULL)
      * gets an event that completes with the last slot. n may be 0. */
     pv_status (*slot_transfer)(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
@@ -694,6 +700,17 @@ pv_status pv_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int 
 pv_status pv_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a);
 pv_status pv_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a);
 pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a);
+/* A RMSNorm fused with what consumes it: pv_add_rmsnorm(norm), then
+ * pv_qmatmul_group(products, n) or pv_qmatmul_swiglu(swiglu) reading the
+ * norm's out as x (each product's x is norm->out at norm->out_off, its
+ * n_tokens norm->rows and its n_in norm->dim). The same values as the two
+ * ops one after the other, each checked as that op checks it. A backend
+ * whose decode-sized products take x rounded to 16 bits (PV_ACT16) rounds
+ * the norm in the norm's kernel: one launch fewer. */
+pv_status pv_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
+                               int n);
+pv_status pv_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
+                                const pv_qmatmul_swiglu_args *swiglu);
 /* See pv_slot_transfer_args: on the copy queue, after `wait` (may be NULL);
  * *done (if non-NULL) completes when every slot has landed. Checked: both
  * pools hold their n_slots slots, every slot number is in range, dst_slots
@@ -740,8 +757,9 @@ uint64_t pv_backend_copies(const pv_backend *be);
  * parameter, a buffer, a size) does not run (*ran = 0, the caller runs
  * the ops) and the key's next step is recorded again. What runs and in
  * which order is exactly what the ops would have run.
- * Between the two calls only ops, pv_copy_async on COMPUTE,
- * pv_queue_wait and pv_marker_record belong: blocking reads and writes,
+ * Between the two calls only ops on COMPUTE, pv_copy_async on COMPUTE,
+ * pv_queue_wait and pv_marker_record belong: pv_slot_transfer (COPY),
+ * blocking reads and writes,
  * pv_backend_finish, pv_event_wait, pv_event_record on COMPUTE,
  * pv_marker_elapsed, argmax, sample_top_p and sample_batch into host out
  * return PV_ERR_UNSUPPORTED (sample_batch into out_dev belongs), and so

@@ -1,6 +1,6 @@
 # The backend front end (validation + dispatch), the registry that opens
 # the backend modules, and one fragment per backend.
-libpensieve_la_SOURCES += backends/backend.c backends/registry.c backends/kernel-tuning.c backends/graph-trace.c
+libpensieve_la_SOURCES += backends/backend.c backends/backend-run.c backends/registry.c backends/kernel-tuning.c backends/graph-trace.c
 # Where the registry looks for modules after $PV_BACKEND_PATH: the build
 # tree's (only while libpensieve runs from it), then the install directory.
 libpensieve_la_CPPFLAGS += -DPV_BUILD_DIR='"$(abs_top_builddir)"' -DPV_MODULE_DIR='"$(pvmoduledir)"'

@@ -310,6 +310,44 @@ PV_FUNC void pv_rope_pair(int pos, int i, int head_dim, float base, int neox, in
     *second = neox ? i + head_dim / 2 : 2 * i + 1;
 }
 
+/* One block of 32 activations rounded to 16 bits (qmatmul's PV_ACT16, the
+ * format kernels/qmatmul.cl describes): q gets its 8 pairs of words (hi
+ * bytes, then lo bytes, of 4 elements each), s its (d, S) pair. Shared by
+ * qmatmul's pv_qmatmul_round16 and recompute's pv_add_rmsnorm16 so that
+ * both round a block to the same bits. */
+PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV_GLOBAL float *s)
+{
+    float amax = 0.0f;
+    int nan = 0;
+    for (int j = 0; j < 32; j++) {
+        amax = PV_FABS(xb[j]) > amax ? PV_FABS(xb[j]) : amax;
+        nan |= !(xb[j] == xb[j]);
+    }
+    /* below 256 FLT_MIN, 256 / d1 would overflow: such a block counts as zero */
+    const float d1 = amax / 127.0f >= 256.0f * 1.17549435e-38f ? amax / 127.0f : 0.0f;
+    const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
+    int sum = 0;
+    for (int w = 0; w < 8; w++) {
+        pv_u32 hi_word = 0, lo_word = 0;
+        #pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float v = xb[4 * w + k];
+            /* |v| inv rounds to at most 127 and the remainder to at most 128
+             * steps of d1 / 256; the clamps define a non-finite v's bytes */
+            const float hf = PV_FMIN(PV_FMAX(PV_RINT(v * inv), -127.0f), 127.0f);
+            const float lf = PV_FMIN(PV_FMAX(PV_RINT(PV_FMA(-d1, hf, v) * (inv * 256.0f)), -127.0f), 127.0f);
+            const int h = (int)hf, l = (int)lf;
+            hi_word |= ((pv_u32)h & 0xffu) << (8 * k);
+            lo_word |= ((pv_u32)l & 0xffu) << (8 * k);
+            sum += 256 * h + l;
+        }
+        q[2 * w] = hi_word;
+        q[2 * w + 1] = lo_word;
+    }
+    s[0] = nan ? PV_AS_FLOAT(0x7fc00000u) : d1 / 256.0f;
+    s[1] = (float)sum;
+}
+
 #endif /* PV_KERNELS_DIALECT_H */
 
 /* Storage dtype of the current variant: re-read on every include. */

@@ -477,8 +477,10 @@ PV_QMV_KERNELS(16, 2) /* PV_QMAX_T */
  * octet of weights meets its activations in four 4-byte integer dot
  * products (dp4a on CUDA) instead of eight conversions and multiply-adds
  * in float: decoding a Q4 byte is a mask and a shift. pv_qmatmul_round16
- * rounds x once per call into scratch, then pv_qmatmul_fused16_<class> or
- * pv_qmatmul_swiglu16_<class> run with pv_qmv's groups and local memory.
+ * rounds x once per call into scratch (or recompute's pv_add_rmsnorm16 as
+ * it writes the norm that x is), then pv_qmatmul_fused16_<class> or
+ * pv_qmatmul_swiglu16_<class> run with pv_qmv's groups and local memory;
+ * the rounding itself is dialect.h's pv_round16_block.
  * xq [T][n_in / 4] pairs of words from word xq_off (even): pair j holds the
  *    hi bytes of elements 4j .. 4j + 3, then their lo bytes;
  * xs [T][n_in / 32] pairs (d, S) from float xs_off (even): S the sum of the
@@ -494,37 +496,7 @@ PV_KERNEL pv_qmatmul_round16(const PV_GLOBAL float *x, pv_long x_off, pv_long n_
     const pv_long b = PV_GROUP_ID(0) * PV_WG + PV_LOCAL_ID();
     if (b >= n_blocks)
         return;
-    const PV_GLOBAL float *xb = x + x_off + 32 * b;
-    float amax = 0.0f;
-    int nan = 0;
-    for (int j = 0; j < 32; j++) {
-        amax = PV_FABS(xb[j]) > amax ? PV_FABS(xb[j]) : amax;
-        nan |= !(xb[j] == xb[j]);
-    }
-    /* below 256 FLT_MIN, 256 / d1 would overflow: such a block counts as zero */
-    const float d1 = amax / 127.0f >= 256.0f * 1.17549435e-38f ? amax / 127.0f : 0.0f;
-    const float inv = d1 > 0.0f ? 1.0f / d1 : 0.0f;
-    int sum = 0;
-    PV_GLOBAL pv_u32 *out = xq + xq_off + 16 * b;
-    for (int w = 0; w < 8; w++) {
-        pv_u32 hi_word = 0, lo_word = 0;
-        #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float v = xb[4 * w + k];
-            /* |v| inv rounds to at most 127 and the remainder to at most 128
-             * steps of d1 / 256; the clamps define a non-finite v's bytes */
-            const float hf = PV_FMIN(PV_FMAX(PV_RINT(v * inv), -127.0f), 127.0f);
-            const float lf = PV_FMIN(PV_FMAX(PV_RINT(PV_FMA(-d1, hf, v) * (inv * 256.0f)), -127.0f), 127.0f);
-            const int h = (int)hf, l = (int)lf;
-            hi_word |= ((pv_u32)h & 0xffu) << (8 * k);
-            lo_word |= ((pv_u32)l & 0xffu) << (8 * k);
-            sum += 256 * h + l;
-        }
-        out[2 * w] = hi_word;
-        out[2 * w + 1] = lo_word;
-    }
-    xs[xs_off + 2 * b] = nan ? PV_AS_FLOAT(0x7fc00000u) : d1 / 256.0f;
-    xs[xs_off + 2 * b + 1] = (float)sum;
+    pv_round16_block(x + x_off + 32 * b, xq + xq_off + 16 * b, xs + xs_off + 2 * b);
 }
 
 /* *hi, *lo = pair `pair` of xq (8-byte aligned). */

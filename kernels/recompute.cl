@@ -29,18 +29,11 @@ PV_KERNEL pv_rmsnorm(const PV_GLOBAL float *x, pv_long x_off,
 
 /* x[r][:] += y[r][:], then out[r][:] = rmsnorm(x[r][:]) * weight[:] (as
  * pv_add then pv_rmsnorm: one f32 rounding for the sum, the same sum of
- * squares). x, y, weight and out do not overlap. groups {rows, 1}. */
-PV_KERNEL pv_add_rmsnorm(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL float *y, pv_long y_off,
-                         const PV_GLOBAL float *weight, pv_long weight_off,
-                         PV_GLOBAL float *out, pv_long out_off, pv_long dim, float eps)
+ * squares), for row r of the calling group. */
+PV_FUNC void pv_add_rmsnorm_row(PV_LOCAL float *scratch, PV_GLOBAL float *xr, const PV_GLOBAL float *yr,
+                                const PV_GLOBAL float *weight, PV_GLOBAL float *outr, pv_long dim, float eps)
 {
-    PV_LOCAL_ARRAY(float, scratch, PV_WG);
     const int lid = PV_LOCAL_ID();
-    const pv_long r = PV_GROUP_ID(0);
-    PV_GLOBAL float *xr = x + x_off + r * dim;
-    const PV_GLOBAL float *yr = y + y_off + r * dim;
-    PV_GLOBAL float *outr = out + out_off + r * dim;
-
     float sum_sq = 0.0f;
     for (pv_long d = lid; d < dim; d += PV_WG) {
         const float sum = xr[d] + yr[d];
@@ -50,7 +43,39 @@ PV_KERNEL pv_add_rmsnorm(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL floa
     sum_sq = pv_group_sum(scratch, sum_sq);
     const float inv_rms = 1.0f / PV_SQRT(sum_sq / (float)dim + eps);
     for (pv_long d = lid; d < dim; d += PV_WG) /* each work-item reads back what it wrote */
-        outr[d] = xr[d] * inv_rms * weight[weight_off + d];
+        outr[d] = xr[d] * inv_rms * weight[d];
+}
+
+/* pv_add_rmsnorm_row over x, y, out [rows][dim]. x, y, weight and out do
+ * not overlap. groups {rows, 1}. */
+PV_KERNEL pv_add_rmsnorm(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL float *y, pv_long y_off,
+                         const PV_GLOBAL float *weight, pv_long weight_off,
+                         PV_GLOBAL float *out, pv_long out_off, pv_long dim, float eps)
+{
+    PV_LOCAL_ARRAY(float, scratch, PV_WG);
+    const pv_long r = PV_GROUP_ID(0);
+    pv_add_rmsnorm_row(scratch, x + x_off + r * dim, y + y_off + r * dim, weight + weight_off,
+                       out + out_off + r * dim, dim, eps);
+}
+
+/* pv_add_rmsnorm, and out rounded to 16 bits per block of 32 as qmatmul's
+ * pv_qmatmul_round16 rounds it (the same bits: pv_round16_block over the
+ * same values), for the PV_ACT16 products that read it next: the rounding
+ * launch saved. xq and xs as kernels/qmatmul.cl lays them out, for the
+ * rows x dim / 32 blocks of out (dim a multiple of 32). groups {rows, 1}. */
+PV_KERNEL pv_add_rmsnorm16(PV_GLOBAL float *x, pv_long x_off, const PV_GLOBAL float *y, pv_long y_off,
+                           const PV_GLOBAL float *weight, pv_long weight_off, PV_GLOBAL float *out, pv_long out_off,
+                           pv_long dim, float eps, PV_GLOBAL pv_u32 *xq, pv_long xq_off, PV_GLOBAL float *xs,
+                           pv_long xs_off)
+{
+    PV_LOCAL_ARRAY(float, scratch, PV_WG);
+    const pv_long r = PV_GROUP_ID(0);
+    PV_GLOBAL float *outr = out + out_off + r * dim;
+    pv_add_rmsnorm_row(scratch, x + x_off + r * dim, y + y_off + r * dim, weight + weight_off, outr, dim, eps);
+    PV_BARRIER_GLOBAL(); /* a block's 32 values come from several work-items */
+    const pv_long n_blocks = dim / 32, first = r * n_blocks;
+    for (pv_long b = PV_LOCAL_ID(); b < n_blocks; b += PV_WG)
+        pv_round16_block(outr + 32 * b, xq + xq_off + 16 * (first + b), xs + xs_off + 2 * (first + b));
 }
 
 /* Rotary embedding in place on x[T][n_heads][head_dim] at positions pos[T]:

@@ -469,24 +469,32 @@ static pv_status linear(pv_llama *m, const pv_buffer *x, const llama_weight *w, 
 /* Products of one input x: Q, K and V, or gate and up. Weights in their own
  * type go as one qmatmul group (on the CPU one parallel pass instead of one
  * per matrix, where a decode step's small matrices are each over in
- * microseconds); widened weights take the GEMM path one by one. */
+ * microseconds): q gets their arguments, and the result is 1. Widened
+ * weights take the GEMM path (0). */
+static int group_args(const pv_llama *m, const pv_buffer *x, const llama_weight *const *ws, pv_buffer *const *ys,
+                      const int64_t *n_outs, int n, int64_t T, int64_t n_in, pv_qmatmul_args *q)
+{
+    for (int i = 0; i < n; i++) {
+        if (ws[i]->type == PV_W_F32 && !m->qmatmul_f32)
+            return 0;
+        q[i] = (pv_qmatmul_args){.w_type = ws[i]->type, .n_tokens = T, .n_in = n_in, .n_out = n_outs[i],
+                                 .w = ws[i]->buf, .w_off = ws[i]->off, .x = x, .y = ys[i]};
+    }
+    return 1;
+}
+
 static pv_status linear_group(pv_llama *m, const pv_buffer *x, const llama_weight *const *ws,
                               pv_buffer *const *ys, const int64_t *n_outs, int n, int64_t T, int64_t n_in)
 {
     pv_qmatmul_args q[PV_QMATMUL_GROUP_MAX];
-    for (int i = 0; i < n; i++) {
-        if (ws[i]->type == PV_W_F32 && !m->qmatmul_f32) {
-            for (int j = 0; j < n; j++) {
-                pv_status st = linear(m, x, ws[j], ys[j], T, n_in, n_outs[j]);
-                if (st != PV_OK)
-                    return st;
-            }
-            return PV_OK;
-        }
-        q[i] = (pv_qmatmul_args){.w_type = ws[i]->type, .n_tokens = T, .n_in = n_in, .n_out = n_outs[i],
-                                 .w = ws[i]->buf, .w_off = ws[i]->off, .x = x, .y = ys[i]};
+    if (group_args(m, x, ws, ys, n_outs, n, T, n_in, q))
+        return pv_qmatmul_group(m->be, q, n);
+    for (int j = 0; j < n; j++) {
+        pv_status st = linear(m, x, ws[j], ys[j], T, n_in, n_outs[j]);
+        if (st != PV_OK)
+            return st;
     }
-    return pv_qmatmul_group(m->be, q, n);
+    return PV_OK;
 }
 
 static pv_status rmsnorm(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv_buffer *out,
@@ -497,14 +505,20 @@ static pv_status rmsnorm(pv_llama *m, const pv_buffer *x, const pv_buffer *w, pv
     return pv_rmsnorm(m->be, &a);
 }
 
-/* x += proj (a block's output joins the residual stream), then, when
- * `norm` is given, h = rmsnorm(x) * norm for the next block: one fused op
- * where the model fuses. */
+/* x += proj (a block's output joins the residual stream), then h =
+ * rmsnorm(x) * norm for the next block, as one op's arguments. */
+static pv_add_rmsnorm_args residual_args(const pv_llama *m, int64_t T, const pv_buffer *norm)
+{
+    return (pv_add_rmsnorm_args){.rows = T, .dim = m->hp.n_embd, .eps = m->hp.norm_eps, .x = m->x, .y = m->proj,
+                                 .weight = norm, .out = m->h};
+}
+
+/* x += proj, then, when `norm` is given, h = rmsnorm(x) * norm for the
+ * next block: one fused op where the model fuses. */
 static pv_status residual(pv_llama *m, int64_t T, const pv_buffer *norm)
 {
     if (norm && m->fuse_add_norm) {
-        pv_add_rmsnorm_args a = {.rows = T, .dim = m->hp.n_embd, .eps = m->hp.norm_eps, .x = m->x,
-                                 .y = m->proj, .weight = norm, .out = m->h};
+        const pv_add_rmsnorm_args a = residual_args(m, T, norm);
         return pv_add_rmsnorm(m->be, &a);
     }
     pv_add_args a = {.n = T * m->hp.n_embd, .a = m->x, .b = m->proj, .out = m->x};
@@ -547,8 +561,26 @@ static pv_status rope_and_write(pv_llama *m, const pv_llama_batch *b, const int3
     return pv_kv_write(m->be, &w);
 }
 
-/* h holds the layer's normed input; leaves the next block's in h. */
-static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t l)
+/* The products of h (Q, K and V) where `norm` is NULL and h holds their
+ * input; else of h = rmsnorm(x += proj) * norm, the residual add and norm
+ * before them, fused with them where the model fuses (the norm's kernel
+ * then rounds h for the products where they take it rounded). */
+static pv_status normed_group(pv_llama *m, int64_t T, const pv_buffer *norm, const llama_weight *const *ws,
+                              pv_buffer *const *ys, const int64_t *n_outs, int n)
+{
+    pv_qmatmul_args q[PV_QMATMUL_GROUP_MAX];
+    if (norm && m->fuse_add_norm && group_args(m, m->h, ws, ys, n_outs, n, T, m->hp.n_embd, q)) {
+        const pv_add_rmsnorm_args a = residual_args(m, T, norm);
+        return pv_add_rmsnorm_group(m->be, &a, q, n);
+    }
+    pv_status st = norm ? residual(m, T, norm) : PV_OK;
+    return st == PV_OK ? linear_group(m, m->h, ws, ys, n_outs, n, T, m->hp.n_embd) : st;
+}
+
+/* Layer l's attention block: its input is h, or with `norm` the residual
+ * add and norm that give h (normed_group); leaves the block's output in
+ * proj, to be added to x. */
+static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t l, const pv_buffer *norm)
 {
     const pv_llama_hparams *hp = &m->hp;
     const llama_layer *L = &m->layers[l];
@@ -560,8 +592,7 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
 
     const llama_weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
     pv_buffer *qkv_out[3] = {m->q, m->k, m->v};
-    if ((st = linear_group(m, m->h, qkv, qkv_out, (const int64_t[]){q_dim, kv_dim, kv_dim}, 3, T,
-                           hp->n_embd)) != PV_OK)
+    if ((st = normed_group(m, T, norm, qkv, qkv_out, (const int64_t[]){q_dim, kv_dim, kv_dim}, 3)) != PV_OK)
         return st;
 
     if (b->before_layer && (st = b->before_layer(b->before_layer_ctx, l)) != PV_OK)
@@ -578,46 +609,46 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
         .token_seq = b->token_seq, .token_pos = b->token_pos, .slot_table = table,
         .n_seqs = b->n_seqs, .max_chunks = b->max_chunks, .out = m->att,
     };
-    if ((st = pv_attention(m->be, &a)) != PV_OK ||
-        (st = linear(m, m->att, &L->wo, m->proj, T, q_dim, hp->n_embd)) != PV_OK)
+    if ((st = pv_attention(m->be, &a)) != PV_OK)
         return st;
-    return residual(m, T, L->ffn_norm);
+    return linear(m, m->att, &L->wo, m->proj, T, q_dim, hp->n_embd);
 }
 
-/* gate = silu(h Wg^T) * (h Wu^T): one fused op where the model fuses and
- * both matrices are of one type the backend's qmatmul reads (widened
- * matrices take the GEMM path, unfused). */
+/* gate = silu(h Wg^T) * (h Wu^T) of h = rmsnorm(x += proj) * ffn_norm:
+ * where the model fuses and both matrices are of one type the backend's
+ * qmatmul reads, the residual add, the norm and the SwiGLU product are one
+ * op (the norm's kernel then rounds h where the product takes it
+ * rounded); widened matrices take the GEMM path, unfused. */
 static pv_status swiglu_product(pv_llama *m, const llama_layer *L, int32_t T)
 {
     const pv_llama_hparams *hp = &m->hp;
     const pv_wtype t = L->w_gate.type;
+    pv_status st;
     if (m->opt.fuse && L->w_up.type == t && (t != PV_W_F32 || m->qmatmul_f32) &&
         pv_backend_supports_weights(m->be, PV_OP_QMATMUL_SWIGLU, t)) {
         pv_qmatmul_swiglu_args a = {.w_type = t, .n_tokens = T, .n_in = hp->n_embd, .n_out = hp->n_ff,
                                     .w_gate = L->w_gate.buf, .w_gate_off = L->w_gate.off, .w_up = L->w_up.buf,
                                     .w_up_off = L->w_up.off, .x = m->h, .y = m->gate, .up = m->up};
-        return pv_qmatmul_swiglu(m->be, &a);
+        if (m->fuse_add_norm) {
+            const pv_add_rmsnorm_args norm = residual_args(m, T, L->ffn_norm);
+            return pv_add_rmsnorm_swiglu(m->be, &norm, &a);
+        }
+        return (st = residual(m, T, L->ffn_norm)) == PV_OK ? pv_qmatmul_swiglu(m->be, &a) : st;
     }
     pv_swiglu_args s = {.n = (int64_t)T * hp->n_ff, .gate = m->gate, .up = m->up, .out = m->gate};
     const llama_weight *gate_up[2] = {&L->w_gate, &L->w_up};
     pv_buffer *gate_up_out[2] = {m->gate, m->up};
-    pv_status st = linear_group(m, m->h, gate_up, gate_up_out, (const int64_t[]){hp->n_ff, hp->n_ff}, 2, T,
-                                hp->n_embd);
+    st = normed_group(m, T, L->ffn_norm, gate_up, gate_up_out, (const int64_t[]){hp->n_ff, hp->n_ff}, 2);
     return st == PV_OK ? pv_swiglu(m->be, &s) : st;
 }
 
-/* h holds the block's normed input; leaves the next layer's in h (`next`
- * is its attention norm), or, after the last layer, x final (next NULL)
- * for the logits. */
-static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l, const pv_buffer *next)
+/* Layer l's feed-forward block, from the attention block's output in proj
+ * (swiglu_product adds it and norms); leaves its own output in proj. */
+static pv_status ffn_block(pv_llama *m, int32_t T, uint32_t l)
 {
-    const pv_llama_hparams *hp = &m->hp;
     const llama_layer *L = &m->layers[l];
-    pv_status st;
-    if ((st = swiglu_product(m, L, T)) != PV_OK ||
-        (st = linear(m, m->gate, &L->w_down, m->proj, T, hp->n_ff, hp->n_embd)) != PV_OK)
-        return st;
-    return residual(m, T, next);
+    pv_status st = swiglu_product(m, L, T);
+    return st == PV_OK ? linear(m, m->gate, &L->w_down, m->proj, T, m->hp.n_ff, m->hp.n_embd) : st;
 }
 
 static pv_status check_batch(const pv_llama *m, const pv_llama_batch *b)
@@ -744,15 +775,17 @@ static pv_status forward_ops(pv_llama *m, const pv_llama_batch *b)
     pv_embed_gather_args e = {.table_type = m->tok_embd.type, .n_rows = hp->n_vocab, .dim = hp->n_embd,
                               .table = m->tok_embd.buf, .table_off = m->tok_embd.off, .ids = b->tokens, .n_ids = T,
                               .ids_dev = b->prev_tokens, .n_ids_dev = b->n_prev_tokens, .out = m->x};
-    /* Each block's residual add carries the next block's norm (fused where
-     * the backend can), so only the first norm stands alone. */
+    /* Each block's residual add goes with the next block's norm and the
+     * products of its output (fused where the backend can), so only the
+     * first norm stands alone, and the last add. */
     if ((st = pv_embed_gather(m->be, &e)) != PV_OK || (st = rmsnorm(m, m->x, m->layers[0].attn_norm, m->h, T)) != PV_OK)
         return st;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const pv_buffer *next = l + 1 < hp->n_layers ? m->layers[l + 1].attn_norm : NULL;
-        if ((st = attention_block(m, b, l)) != PV_OK || (st = ffn_block(m, T, l, next)) != PV_OK)
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((st = attention_block(m, b, l, l > 0 ? m->layers[l].attn_norm : NULL)) != PV_OK ||
+            (st = ffn_block(m, T, l)) != PV_OK)
             return st;
-    }
+    if ((st = residual(m, T, NULL)) != PV_OK)
+        return st;
     if (b->n_logits == 0)
         return PV_OK;
 

@@ -170,9 +170,9 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
                                             "pv_qmatmul_fused16_16", "pv_qmatmul_swiglu16_1", "pv_qmatmul_swiglu16_4",
                                             "pv_qmatmul_swiglu16_16", "pv_qmatmul_group16_1", "pv_qmatmul_group16_4",
                                             "pv_qmatmul_group16_16",  NULL};
-    static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_rope",         "pv_swiglu",
-                                            "pv_add",     "pv_softmax",     "pv_argmax",       "pv_sample_top_p",
-                                            "pv_sample_batch", NULL};
+    static const char *const recompute[] = {"pv_rmsnorm", "pv_add_rmsnorm", "pv_add_rmsnorm16", "pv_rope",
+                                            "pv_swiglu",  "pv_add",         "pv_softmax",       "pv_argmax",
+                                            "pv_sample_top_p", "pv_sample_batch", NULL};
     const char *const *base = p->family == PV_KERNEL_ATTENTION ? attention
                               : p->family == PV_KERNEL_GATHER  ? gather
                               : p->family == PV_KERNEL_QMATMUL ? qmatmul

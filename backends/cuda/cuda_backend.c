@@ -564,8 +564,10 @@ static pv_status cuda_copy_async(pv_backend *be, pv_queue q, pv_buffer *dst, uin
                               (uint64_t)(uintptr_t)(wait ? wait->handle : NULL)};
     if (q == PV_QUEUE_COMPUTE && graph_traced(cu, PV_TRACE_COPY, item, sizeof item))
         return PV_OK;
+    /* an event from outside a recording: external, as in cuda_queue_wait */
+    const unsigned int wait_flags = cu->graph && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
     if (wait)
-        CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, 0), "%s", "wait event");
+        CUDA_TRY(cudaStreamWaitEvent(s, (cudaEvent_t)wait->handle, wait_flags), "%s", "wait event");
     /* Unified addressing tells the runtime which side each pointer is on. */
     CUDA_TRY(cudaMemcpyAsync(dev_ptr(dst, dst_off, 1), dev_ptr(src, src_off, 1), bytes,
                              cudaMemcpyDefault, s),
@@ -900,6 +902,9 @@ static pv_status cuda_slot_transfer(pv_backend *be, const pv_slot_transfer_args 
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
+    /* Its kernel runs on the copy stream, outside the recorded graph, and
+     * a step checked against the recording would skip the launch. */
+    PV_TRY(not_capturing(cu, "slot_transfer"));
     staging_ring *ring = &cu->ring[PV_QUEUE_COPY];
     if (wait)
         CUDA_TRY(cudaStreamWaitEvent(ring->stream, (cudaEvent_t)wait->handle, 0), "%s", "slot_transfer wait event");
@@ -1101,15 +1106,22 @@ static int act16(const pv_backend *be, pv_wtype t)
     return pv_qmatmul_act16(&p, (int)t);
 }
 
+/* *xq = the PV_ACT16 scratch for x [T][n_in] rounded. */
+static pv_status xq16_reserve(pv_backend *be, int64_t n_tokens, int64_t n_in, pv_cuda_xq16 *xq)
+{
+    void *mem = NULL;
+    PV_TRY(scratch_reserve(impl_of(be), "qmatmul", SCRATCH_QMATMUL_XQ, pv_cuda_xq16_bytes(n_tokens, n_in), &mem));
+    xq->q = mem;
+    xq->s = (float *)((char *)mem + (size_t)n_tokens * (size_t)n_in * 2);
+    return PV_OK;
+}
+
 /* x [T][n_in] rounded into the PV_ACT16 scratch for the fused kernels. */
 static pv_status round_x16(pv_backend *be, pv_wtype t, const float *x, int64_t n_tokens, int64_t n_in,
                            pv_cuda_xq16 *xq)
 {
     cuda_impl *cu = impl_of(be);
-    void *mem = NULL;
-    PV_TRY(scratch_reserve(cu, "qmatmul", SCRATCH_QMATMUL_XQ, pv_cuda_xq16_bytes(n_tokens, n_in), &mem));
-    xq->q = mem;
-    xq->s = (float *)((char *)mem + (size_t)n_tokens * (size_t)n_in * 2);
+    PV_TRY(xq16_reserve(be, n_tokens, n_in, xq));
     return pv_cuda_launch_qmatmul_round16(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], t, x, n_tokens, n_in, xq);
 }
 
@@ -1219,16 +1231,29 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return qmatmul_large(be, a, mode, x);
 }
 
+/* The index of a product of the group that takes x rounded (PV_ACT16: x
+ * is then rounded once for all such products), or -1. */
+static int group_rounds(const pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    if (products[0].n_tokens > QMATMUL_FUSED_MAX_T)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (act16(be, products[i].w_type))
+            return i;
+    return -1;
+}
+
 /* Products of one x (Q, K and V). At decode sizes, products of one weight
  * type go three to a launch (pv_cuda_launch_qmatmul_group: K and V's few
  * rows beside Q's instead of launches that leave most SMs idle), x rounded
  * once first where PV_ACT16 says so; products of mixed types one by one, x
  * still rounded once for all the block-type ones. Larger batches one by
- * one, x narrowed once for all in PV_GEMM's 16-bit modes. */
-static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+ * one, x narrowed once for all in PV_GEMM's 16-bit modes. `rounded` (not
+ * NULL) holds x rounded already where group_rounds says the group takes
+ * it so. */
+static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n, const pv_cuda_xq16 *rounded)
 {
     cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     const pv_qmatmul_args *first = &products[0];
     if (first->n_tokens > QMATMUL_FUSED_MAX_T) {
@@ -1242,13 +1267,10 @@ static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *produ
     int one_type = 1;
     for (int i = 1; i < n; i++)
         one_type &= products[i].w_type == first->w_type;
-    int shared = -1; /* a block-type product's index: x rounded once, in its program */
-    for (int i = 0; i < n && shared < 0; i++)
-        if (act16(be, products[i].w_type))
-            shared = i;
-    pv_cuda_xq16 xq;
+    const int shared = group_rounds(be, products, n);
+    pv_cuda_xq16 xq = rounded ? *rounded : (pv_cuda_xq16){0};
     const float *x = dev_ptr(first->x, first->x_off, 4);
-    if (shared >= 0)
+    if (shared >= 0 && !rounded)
         PV_TRY(round_x16(be, products[shared].w_type, x, first->n_tokens, first->n_in, &xq));
     if (one_type && n > 1) {
         for (int i = 0; i < n; i += 3) {
@@ -1275,21 +1297,26 @@ static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *produ
     return PV_OK;
 }
 
+static pv_status cuda_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    PV_TRY(enter(impl_of(be)));
+    return group_of(be, products, n, NULL);
+}
+
 /* Decode-sized batches: one pass over both matrices. Larger ones: the two
  * products as cuda_qmatmul runs them (gate into y, up into a->up), then
  * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32,
  * and x narrowed once for both in PV_GEMM's 16-bit modes. */
-static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+static pv_status swiglu_of(pv_backend *be, const pv_qmatmul_swiglu_args *a, const pv_cuda_xq16 *rounded)
 {
     cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
     cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
     float *y = dev_ptr(a->y, a->y_off, 4);
     if (a->n_tokens <= QMATMUL_FUSED_MAX_T) {
         const float *x = dev_ptr(a->x, a->x_off, 4);
         pv_cuda_xq16 xq;
-        const pv_cuda_xq16 *rounded;
-        PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
+        if (!rounded)
+            PV_TRY(round_x16_if(be, a->w_type, x, a->n_tokens, a->n_in, &xq, &rounded));
         return pv_cuda_launch_qmatmul_swiglu_fused(&cu->kernels, s, a, weight_ptr(a->w_gate, a->w_type, a->w_gate_off),
                                                    weight_ptr(a->w_up, a->w_type, a->w_up_off), x, rounded, y);
     }
@@ -1309,14 +1336,53 @@ static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_arg
     return pv_cuda_launch_swiglu(&cu->kernels, s, &swiglu, y, (const float *)dev_ptr(a->up, a->up_off, 4), y);
 }
 
-static pv_status cuda_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+static pv_status cuda_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    PV_TRY(enter(impl_of(be)));
+    return swiglu_of(be, a, NULL);
+}
+
+/* pv_add_rmsnorm, with the norm also rounded into xq (not NULL) for the
+ * PV_ACT16 products that read it next. */
+static pv_status add_rmsnorm_of(pv_backend *be, const pv_add_rmsnorm_args *a, const pv_cuda_xq16 *xq)
 {
     cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
     return pv_cuda_launch_add_rmsnorm(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a, (float *)dev_ptr(a->x, a->x_off, 4),
                                       (const float *)dev_ptr(a->y, a->y_off, 4),
                                       (const float *)dev_ptr(a->weight, a->weight_off, 4),
-                                      (float *)dev_ptr(a->out, a->out_off, 4));
+                                      (float *)dev_ptr(a->out, a->out_off, 4), xq);
+}
+
+static pv_status cuda_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    PV_TRY(enter(impl_of(be)));
+    return add_rmsnorm_of(be, a, NULL);
+}
+
+/* The norm's kernel rounds its output for the products where they take x
+ * rounded (PV_ACT16): the rounding launch saved. */
+static pv_status cuda_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
+                                        int n)
+{
+    PV_TRY(enter(impl_of(be)));
+    pv_cuda_xq16 xq;
+    const int rounds = group_rounds(be, products, n) >= 0;
+    if (rounds)
+        PV_TRY(xq16_reserve(be, norm->rows, norm->dim, &xq));
+    PV_TRY(add_rmsnorm_of(be, norm, rounds ? &xq : NULL));
+    return group_of(be, products, n, rounds ? &xq : NULL);
+}
+
+static pv_status cuda_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
+                                         const pv_qmatmul_swiglu_args *swiglu)
+{
+    PV_TRY(enter(impl_of(be)));
+    pv_cuda_xq16 xq;
+    const int rounds = swiglu->n_tokens <= QMATMUL_FUSED_MAX_T && act16(be, swiglu->w_type);
+    if (rounds)
+        PV_TRY(xq16_reserve(be, norm->rows, norm->dim, &xq));
+    PV_TRY(add_rmsnorm_of(be, norm, rounds ? &xq : NULL));
+    return swiglu_of(be, swiglu, rounds ? &xq : NULL);
 }
 
 static pv_status cuda_rope_kv_write(pv_backend *be, const pv_rope_kv_write_args *a)
@@ -1373,6 +1439,8 @@ static const pv_backend_ops cuda_backend_ops = {
     .add_rmsnorm = cuda_add_rmsnorm,
     .rope_kv_write = cuda_rope_kv_write,
     .qmatmul_swiglu = cuda_qmatmul_swiglu,
+    .add_rmsnorm_group = cuda_add_rmsnorm_group,
+    .add_rmsnorm_swiglu = cuda_add_rmsnorm_swiglu,
     .slot_transfer = cuda_slot_transfer,
     .sample_batch = cuda_sample_batch,
     .graph_begin = pv_cuda_graph_begin,

@@ -149,9 +149,11 @@ pv_status pv_cuda_launch_rope_kv_write(pv_cuda_kernels *k, cudaStream_t stream, 
                                        const int32_t *token_seq, const int32_t *token_pos,
                                        const int32_t *slot_table);
 
-/* x += y, then out = rmsnorm(x) * weight. */
+/* x += y, then out = rmsnorm(x) * weight; with xq (not NULL) out rounded
+ * into it too (dim a multiple of 32), as pv_cuda_launch_qmatmul_round16
+ * would round it. */
 pv_status pv_cuda_launch_add_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_rmsnorm_args *a, float *x,
-                                     const float *y, const float *weight, float *out);
+                                     const float *y, const float *weight, float *out, const pv_cuda_xq16 *xq);
 
 pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_rmsnorm_args *a,
                                  const float *x, const float *weight, float *out);

@@ -576,19 +576,22 @@ pv_status pv_cuda_launch_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const 
 
 /* groups {rows, 1} */
 pv_status pv_cuda_launch_add_rmsnorm(pv_cuda_kernels *k, cudaStream_t stream, const pv_add_rmsnorm_args *a, float *x,
-                                     const float *y, const float *weight, float *out)
+                                     const float *y, const float *weight, float *out, const pv_cuda_xq16 *xq)
 {
     cudaKernel_t kernel;
     int wg;
-    PV_TRY(recompute_kernel(k, "pv_add_rmsnorm", &kernel, &wg, NULL));
+    PV_TRY(recompute_kernel(k, xq ? "pv_add_rmsnorm16" : "pv_add_rmsnorm", &kernel, &wg, NULL));
     long long weight_off = 0, dim = a->dim;
     float eps = a->eps;
+    void *q = xq ? xq->q : NULL;
+    float *s = xq ? xq->s : NULL;
     for (long long r0 = 0; r0 < a->rows; r0 += MAX_GRID_X) {
-        long long off = r0 * a->dim;
-        karg args[] = {KARG(x),          KARG(off), KARG(y),   KARG(off), KARG(weight),
-                       KARG(weight_off), KARG(out), KARG(off), KARG(dim), KARG(eps)};
-        PV_TRY(launch(k, stream, "add_rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0), 1, wg, args,
-                      N_ARGS(args)));
+        /* xq's words and xs's floats of the rows before r0: 16 and 2 a block */
+        long long off = r0 * a->dim, q_off = off / 2, s_off = off / 16;
+        karg args[] = {KARG(x),   KARG(off), KARG(y),   KARG(off),   KARG(weight), KARG(weight_off), KARG(out),
+                       KARG(off), KARG(dim), KARG(eps), KARG(q),     KARG(q_off),  KARG(s),          KARG(s_off)};
+        PV_TRY(launch(k, stream, xq ? "add_rmsnorm16" : "add_rmsnorm", kernel, (unsigned int)rows_in_grid_x(a->rows, r0),
+                      1, wg, args, xq ? N_ARGS(args) : N_ARGS(args) - 4));
     }
     return PV_OK;
 }

@@ -692,16 +692,23 @@ static int act16(const pv_backend *be, pv_wtype t)
     return pv_qmatmul_act16(&p, (int)t);
 }
 
+/* *xq = the scratch for x [T][n_in] rounded. */
+static pv_status xq16_reserve(pv_backend *be, int64_t n_tokens, int64_t n_in, xq16 *xq)
+{
+    const uint64_t q_bytes = (uint64_t)n_tokens * (uint64_t)n_in * 2, n_blocks = (uint64_t)n_tokens * n_in / 32;
+    xq->s_off = (int64_t)(q_bytes / sizeof(float));
+    return scratch_reserve(pv_opencl_of(be), "qmatmul", PV_OPENCL_SCRATCH_QMATMUL_XQ,
+                           (size_t)(q_bytes + n_blocks * 2 * sizeof(float)), &xq->q);
+}
+
 /* *xq = x [T][n_in] rounded, by the kernel of type t's program. */
 static pv_status round_x16(pv_backend *be, pv_wtype t, const pv_buffer *x, uint64_t x_off, int64_t n_tokens,
                            int64_t n_in, xq16 *xq)
 {
-    const uint64_t q_bytes = (uint64_t)n_tokens * (uint64_t)n_in * 2, n_blocks = (uint64_t)n_tokens * n_in / 32;
-    pv_status st = scratch_reserve(pv_opencl_of(be), "qmatmul", PV_OPENCL_SCRATCH_QMATMUL_XQ,
-                                   (size_t)(q_bytes + n_blocks * 2 * sizeof(float)), &xq->q);
+    const uint64_t n_blocks = (uint64_t)n_tokens * n_in / 32;
+    pv_status st = xq16_reserve(be, n_tokens, n_in, xq);
     if (st != PV_OK)
         return st;
-    xq->s_off = (int64_t)(q_bytes / sizeof(float));
     kernel_args ka;
     if ((st = kernel_begin_weights(be, t, "pv_qmatmul_round16", &ka)) != PV_OK)
         return st;
@@ -759,21 +766,21 @@ static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, in
     return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)pv_qmv_rows(token_class)), 1);
 }
 
-/* fused_products with x rounded first where PV_ACT16 says so. */
+/* fused_products with x rounded first where PV_ACT16 says so, unless
+ * `rounded` (not NULL) holds it rounded already. */
 static pv_status fused_products_of_x(pv_backend *be, const char *base, pv_wtype t, int n_w,
                                      const pv_buffer *const *w, const uint64_t *w_off, const pv_buffer *x,
-                                     uint64_t x_off, const pv_buffer *y, uint64_t y_off, int64_t n_tokens,
-                                     int64_t n_in, int64_t n_out)
+                                     uint64_t x_off, const xq16 *rounded, const pv_buffer *y, uint64_t y_off,
+                                     int64_t n_tokens, int64_t n_in, int64_t n_out)
 {
     xq16 xq;
-    const int rounded = act16(be, t);
-    if (rounded) {
+    if (!rounded && act16(be, t)) {
         pv_status st = round_x16(be, t, x, x_off, n_tokens, n_in, &xq);
         if (st != PV_OK)
             return st;
+        rounded = &xq;
     }
-    return fused_products(be, base, t, n_w, w, w_off, x, x_off, rounded ? &xq : NULL, y, y_off, n_tokens, n_in,
-                          n_out);
+    return fused_products(be, base, t, n_w, w, w_off, x, x_off, rounded, y, y_off, n_tokens, n_in, n_out);
 }
 
 /* y[:, r0 : r0 + n_rows] = x W_tile^T, W_tile [n_rows][n_in] f32 from b_off of b. */
@@ -798,8 +805,8 @@ pv_status pv_opencl_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
 {
     pv_opencl *cl = pv_opencl_of(be);
     if (a->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T)
-        return fused_products_of_x(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, a->y,
-                                   a->y_off, a->n_tokens, a->n_in, a->n_out);
+        return fused_products_of_x(be, "pv_qmatmul_fused", a->w_type, 1, &a->w, &a->w_off, a->x, a->x_off, NULL,
+                                   a->y, a->y_off, a->n_tokens, a->n_in, a->n_out);
     if (a->w_type == PV_W_F32) /* GEMM reads f32 weights in place */
         return qmatmul_sgemm(be, a, 0, a->n_out, pv_opencl_mem(a->w), (size_t)a->w_off);
 
@@ -902,7 +909,7 @@ pv_status pv_opencl_add(pv_backend *be, const pv_add_args *a)
  * matrices. Larger ones: the two products as pv_opencl_qmatmul runs them
  * (widened tiles and CLBlast, gate into y and up into a->up), then
  * pv_swiglu: 2 x (widen + GEMM) + 1 launches per tile pair, 3 for F32. */
-pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+static pv_status swiglu_of(pv_backend *be, const pv_qmatmul_swiglu_args *a, const xq16 *rounded)
 {
     if (a->n_tokens > PV_OPENCL_QMATMUL_FUSED_MAX_T) {
         pv_qmatmul_args product = {.w_type = a->w_type, .n_tokens = a->n_tokens, .n_in = a->n_in,
@@ -922,8 +929,13 @@ pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args 
     }
     const pv_buffer *const w[2] = {a->w_gate, a->w_up};
     const uint64_t w_off[2] = {a->w_gate_off, a->w_up_off};
-    return fused_products_of_x(be, "pv_qmatmul_swiglu", a->w_type, 2, w, w_off, a->x, a->x_off, a->y, a->y_off,
-                               a->n_tokens, a->n_in, a->n_out);
+    return fused_products_of_x(be, "pv_qmatmul_swiglu", a->w_type, 2, w, w_off, a->x, a->x_off, rounded, a->y,
+                               a->y_off, a->n_tokens, a->n_in, a->n_out);
+}
+
+pv_status pv_opencl_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
+{
+    return swiglu_of(be, a, NULL);
 }
 
 /* Up to three decode-sized products of one x and one weight type in one
@@ -957,25 +969,36 @@ static pv_status group_launch(pv_backend *be, const pv_qmatmul_args *p, int n, c
     return launch(be, name + 3, &ka, groups, 1);
 }
 
+/* The index of a product of the group that takes x rounded (PV_ACT16: x
+ * is then rounded once for all such products), or -1. */
+static int group_rounds(const pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    if (products[0].n_tokens > PV_OPENCL_QMATMUL_FUSED_MAX_T)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (act16(be, products[i].w_type))
+            return i;
+    return -1;
+}
+
 /* Products of one x (Q, K and V). At decode sizes, products of one weight
  * type go three to a launch (group_launch), x rounded once first where
  * PV_ACT16 says so; products of mixed types one by one, x still rounded
- * once for all the block-type ones. Larger batches one by one. */
-pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+ * once for all the block-type ones. Larger batches one by one. `rounded`
+ * (not NULL) holds x rounded already where group_rounds says the group
+ * takes it so. */
+static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n, const xq16 *rounded)
 {
     const pv_qmatmul_args *first = &products[0];
     const int decode = first->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T;
     int one_type = 1;
     for (int i = 1; i < n; i++)
         one_type &= products[i].w_type == first->w_type;
-    int shared = -1; /* a block-type product's index: x rounded once, in its program */
-    for (int i = 0; i < n && shared < 0 && decode; i++)
-        if (act16(be, products[i].w_type))
-            shared = i;
-    xq16 xq;
-    pv_status st = shared >= 0 ? round_x16(be, products[shared].w_type, first->x, first->x_off, first->n_tokens,
-                                           first->n_in, &xq)
-                               : PV_OK;
+    const int shared = group_rounds(be, products, n);
+    xq16 xq = rounded ? *rounded : (xq16){0};
+    pv_status st = shared >= 0 && !rounded ? round_x16(be, products[shared].w_type, first->x, first->x_off,
+                                                       first->n_tokens, first->n_in, &xq)
+                                           : PV_OK;
     if (decode && one_type && n > 1) {
         for (int i = 0; i < n && st == PV_OK; i += 3)
             st = group_launch(be, products + i, n - i < 3 ? n - i : 3, shared >= 0 ? &xq : NULL);
@@ -991,10 +1014,17 @@ pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *product
     return st;
 }
 
-pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+pv_status pv_opencl_qmatmul_group(pv_backend *be, const pv_qmatmul_args *products, int n)
+{
+    return group_of(be, products, n, NULL);
+}
+
+/* pv_add_rmsnorm, with the norm also rounded into xq (not NULL) for the
+ * PV_ACT16 products that read it next. */
+static pv_status add_rmsnorm_of(pv_backend *be, const pv_add_rmsnorm_args *a, const xq16 *xq)
 {
     kernel_args ka;
-    pv_status st = kernel_begin(be, "pv_add_rmsnorm", &ka);
+    pv_status st = kernel_begin(be, xq ? "pv_add_rmsnorm16" : "pv_add_rmsnorm", &ka);
     if (st != PV_OK)
         return st;
     arg_mem(&ka, pv_opencl_mem(a->x));
@@ -1007,7 +1037,42 @@ pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
     arg_long(&ka, (int64_t)a->out_off);
     arg_long(&ka, a->dim);
     arg_float(&ka, a->eps);
-    return launch(be, "add_rmsnorm", &ka, (uint64_t)a->rows, 1);
+    if (xq) {
+        arg_mem(&ka, xq->q);
+        arg_long(&ka, 0);
+        arg_mem(&ka, xq->q);
+        arg_long(&ka, xq->s_off);
+    }
+    return launch(be, xq ? "add_rmsnorm16" : "add_rmsnorm", &ka, (uint64_t)a->rows, 1);
+}
+
+pv_status pv_opencl_add_rmsnorm(pv_backend *be, const pv_add_rmsnorm_args *a)
+{
+    return add_rmsnorm_of(be, a, NULL);
+}
+
+/* The norm's kernel rounds its output for the products where they take x
+ * rounded (PV_ACT16): the rounding launch saved. */
+pv_status pv_opencl_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
+                                      int n)
+{
+    xq16 xq;
+    const int rounds = group_rounds(be, products, n) >= 0;
+    pv_status st = rounds ? xq16_reserve(be, norm->rows, norm->dim, &xq) : PV_OK;
+    if (st == PV_OK)
+        st = add_rmsnorm_of(be, norm, rounds ? &xq : NULL);
+    return st == PV_OK ? group_of(be, products, n, rounds ? &xq : NULL) : st;
+}
+
+pv_status pv_opencl_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
+                                       const pv_qmatmul_swiglu_args *swiglu)
+{
+    xq16 xq;
+    const int rounds = swiglu->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T && act16(be, swiglu->w_type);
+    pv_status st = rounds ? xq16_reserve(be, norm->rows, norm->dim, &xq) : PV_OK;
+    if (st == PV_OK)
+        st = add_rmsnorm_of(be, norm, rounds ? &xq : NULL);
+    return st == PV_OK ? swiglu_of(be, swiglu, rounds ? &xq : NULL) : st;
 }
 
 pv_status pv_opencl_softmax(pv_backend *be, const pv_softmax_args *a)
