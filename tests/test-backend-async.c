@@ -186,13 +186,18 @@ static void check_read_beside_copies(pv_backend *be, const char *name)
     int pending_after_enqueue = st == PV_OK && !is_done(last, name);
     for (int i = 0; i < ADD_N; i++)
         a[i] = 0.5f * (float)i;
+    /* each call's end, so that a driver that serialises one of them
+     * behind the copy queue (NVIDIA's OpenCL did, 2026-11) is named */
     pv_buffer_free(spare_host);
     pv_buffer_free(spare_dev);
     spare_host = spare_dev = NULL;
+    const double t_frees = now_s() - t0;
     if (st == PV_OK)
         st = pv_buffer_write(ba, 0, a, ADD_N * sizeof(float));
+    const double t_write = now_s() - t0;
     if (st == PV_OK)
         st = pv_add(be, &add);
+    const double t_add = now_s() - t0;
     if (st == PV_OK)
         st = pv_buffer_read(bsum, 0, sum, ADD_N * sizeof(float));
     double t_read = now_s() - t0;
@@ -203,9 +208,10 @@ static void check_read_beside_copies(pv_backend *be, const char *name)
     if (st == PV_OK)
         st = pv_event_wait(last);
     double t_chain = now_s() - t0;
-    tap_diag("%s: %d copies of %.0f MiB enqueued in %.1f ms; write, add, frees and read done at %.1f ms; "
-             "chain done at %.1f ms",
-             name, n_copies, (double)CHAIN_BYTES / (1 << 20), t_enqueued * 1e3, t_read * 1e3, t_chain * 1e3);
+    tap_diag("%s: %d copies of %.0f MiB enqueued in %.1f ms; frees done at %.1f ms, write at %.1f ms, add at "
+             "%.1f ms, read at %.1f ms; chain done at %.1f ms",
+             name, n_copies, (double)CHAIN_BYTES / (1 << 20), t_enqueued * 1e3, t_frees * 1e3, t_write * 1e3,
+             t_add * 1e3, t_read * 1e3, t_chain * 1e3);
     ok(st == PV_OK && pending_after_enqueue, "%s: copy_async returns with the copy chain still in flight%s%s", name,
        st == PV_OK ? "" : ": ", st == PV_OK ? "" : pv_last_error());
     ok(st == PV_OK && pending_after_read && sum_ok,
