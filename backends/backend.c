@@ -636,9 +636,11 @@ pv_status pv_gemm(pv_backend *be, const pv_gemm_args *a)
     return be->ops->gemm(be, a);
 }
 
-pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
+/* The checks of pv_attention; *empty = 1 when there is nothing to compute. */
+static pv_status check_attention(pv_backend *be, const pv_attention_args *a, int *empty)
 {
     const pv_op op = PV_OP_ATTENTION;
+    *empty = 1;
     if (!a)
         return pv_error(PV_ERR_INVALID_ARG, "attention: args is NULL");
     PV_TRY(need_supported(be, op, a->kv_dtype));
@@ -657,6 +659,7 @@ pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
         return pv_error(PV_ERR_INVALID_ARG, "attention: scale = %g must be > 0", (double)a->scale);
     if (a->n_tokens == 0)
         return PV_OK;
+    *empty = 0;
     PV_TRY(check_paging(op, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs,
                      a->max_chunks, a->chunk_tokens, a->n_slots, 1));
     uint64_t q_elems = 0, pool_elems = 0;
@@ -666,7 +669,14 @@ pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
     PV_TRY(need_extent(be, op, "q", a->q, a->q_off, q_elems, 4));
     PV_TRY(need_extent(be, op, "out", a->out, a->out_off, q_elems, 4));
     PV_TRY(need_extent(be, op, "kv_pool", a->kv_pool, 0, pool_elems, pv_dtype_size(a->kv_dtype)));
-    return be->ops->attention(be, a);
+    return PV_OK;
+}
+
+pv_status pv_attention(pv_backend *be, const pv_attention_args *a)
+{
+    int empty = 1;
+    PV_TRY(check_attention(be, a, &empty));
+    return empty ? PV_OK : be->ops->attention(be, a);
 }
 
 pv_status pv_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -1368,17 +1378,24 @@ pv_status pv_qmatmul_swiglu(pv_backend *be, const pv_qmatmul_swiglu_args *a)
     return empty ? PV_OK : be->ops->qmatmul_swiglu(be, a);
 }
 
-/* Product i of an add_rmsnorm_* op reads the norm's out, whole. */
-static pv_status need_fed_by_norm(const char *op, const pv_add_rmsnorm_args *norm, int i, const pv_buffer *x,
-                                  uint64_t x_off, int64_t n_tokens, int64_t n_in)
+/* Product i of a fused op reads its first part's output (out, rows x
+ * cols), whole. */
+static pv_status need_fed(const char *op, const char *producer, const pv_buffer *out, uint64_t out_off, int64_t rows,
+                          int64_t cols, int i, const pv_buffer *x, uint64_t x_off, int64_t n_tokens, int64_t n_in)
 {
-    if (x == norm->out && x_off == norm->out_off && n_tokens == norm->rows && n_in == norm->dim)
+    if (x == out && x_off == out_off && n_tokens == rows && n_in == cols)
         return PV_OK;
     return pv_error(PV_ERR_INVALID_ARG,
                     "%s: product %d reads x %s at offset %" PRIu64 ", %" PRId64 " x %" PRId64
-                    ", not the norm's out at offset %" PRIu64 ", %" PRId64 " x %" PRId64,
-                    op, i, x == norm->out ? "(the norm's buffer)" : "(another buffer)", x_off, n_tokens, n_in,
-                    norm->out_off, norm->rows, norm->dim);
+                    ", not the %s's out at offset %" PRIu64 ", %" PRId64 " x %" PRId64,
+                    op, i, x == out ? "(the same buffer)" : "(another buffer)", x_off, n_tokens, n_in, producer,
+                    out_off, rows, cols);
+}
+
+static pv_status need_fed_by_norm(const char *op, const pv_add_rmsnorm_args *norm, int i, const pv_buffer *x,
+                                  uint64_t x_off, int64_t n_tokens, int64_t n_in)
+{
+    return need_fed(op, "norm", norm->out, norm->out_off, norm->rows, norm->dim, i, x, x_off, n_tokens, n_in);
 }
 
 pv_status pv_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, const pv_qmatmul_args *products,
@@ -1415,4 +1432,26 @@ pv_status pv_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
         return be->ops->add_rmsnorm_swiglu(be, norm, swiglu);
     PV_TRY(be->ops->add_rmsnorm(be, norm));
     return be->ops->qmatmul_swiglu(be, swiglu);
+}
+
+pv_status pv_attention_qmatmul(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product)
+{
+    static const char op[] = "attention_qmatmul";
+    int empty = 1, product_empty = 1;
+    pv_status st = check_attention(be, att, &empty);
+    if (st != PV_OK)
+        return qualified(st, op, "its attention");
+    if (!product)
+        return pv_error(PV_ERR_INVALID_ARG, "%s: product is NULL", op);
+    if ((st = check_qmatmul(be, product, &product_empty)) != PV_OK)
+        return qualified(st, op, "its product");
+    /* the product's sizes are checked, so n_heads x head_dim fits */
+    PV_TRY(need_fed(op, "attention", att->out, att->out_off, att->n_tokens, (int64_t)att->n_heads * att->head_dim, 0,
+                    product->x, product->x_off, product->n_tokens, product->n_in));
+    if (empty)
+        return PV_OK;
+    if (be->ops->attention_qmatmul)
+        return be->ops->attention_qmatmul(be, att, product);
+    PV_TRY(be->ops->attention(be, att));
+    return be->ops->qmatmul(be, product);
 }

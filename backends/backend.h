@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PV_BACKEND_API_VERSION 17 /* 17: add_rmsnorm_group, add_rmsnorm_swiglu; 16: pv_device_info.max_alloc_bytes; 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
+#define PV_BACKEND_API_VERSION 17 /* 17: add_rmsnorm_group, add_rmsnorm_swiglu, attention_qmatmul; 16: pv_device_info.max_alloc_bytes; 15: qmatmul's PV_ACT16 (a kernel parameter more in pv_kernel_tuning); 14: qmatmul's PV_GEMM (pv_kernel_tuning.max_gemm); 13: graph replays; 12: sample_batch into a device buffer and with a logit bias, embed_gather of device ids; 11: timing markers; 10: slot_transfer, sample_batch, copy counts; 9: graphs; 8: launch counts, fused add_rmsnorm, rope_kv_write, qmatmul_swiglu; 7: kernel tuning; 6: qmatmul_group; 5: weights_write, activation_bits; 4: buffer_advise_streamed; 3: weight types, qmatmul; 2: event_query */
 
 typedef enum pv_dtype {
     PV_F32 = 0,
@@ -564,6 +564,9 @@ typedef struct pv_backend_ops {
                                    int n);
     pv_status (*add_rmsnorm_swiglu)(pv_backend *be, const pv_add_rmsnorm_args *norm,
                                     const pv_qmatmul_swiglu_args *swiglu);
+    /* Optional (NULL: attention, then qmatmul): pv_attention_qmatmul,
+     * checked. */
+    pv_status (*attention_qmatmul)(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product);
     /* On the copy queue after `wait` (may be NULL); *done (if non-NULL)
      * gets an event that completes with the last slot. n may be 0. */
     pv_status (*slot_transfer)(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
@@ -711,6 +714,14 @@ pv_status pv_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args *norm, 
                                int n);
 pv_status pv_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
                                 const pv_qmatmul_swiglu_args *swiglu);
+/* pv_attention(att), then pv_qmatmul(product) of its output (a layer's
+ * attention output projection: product->x is att->out at att->out_off,
+ * its n_tokens att->n_tokens and its n_in n_heads x head_dim). The same
+ * values as the two ops one after the other, each checked as that op
+ * checks it. Where the product takes x rounded (PV_ACT16) and the
+ * attention runs split (split-K), its combining kernel rounds the output
+ * as it writes it: one launch fewer. */
+pv_status pv_attention_qmatmul(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product);
 /* See pv_slot_transfer_args: on the copy queue, after `wait` (may be NULL);
  * *done (if non-NULL) completes when every slot has landed. Checked: both
  * pools hold their n_slots slots, every slot number is in range, dst_slots

@@ -407,13 +407,11 @@ PV_KERNEL PV_STORE_NAME(pv_attention_teams)(PV_ATT_ARGS)
 
 /* Split-K's second pass: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s
  * with M = max_s m_s; empty ranges (m_s = -inf) weigh nothing, and range 0
- * is never empty. Layouts as above. groups {n_heads, T}. */
-PV_KERNEL PV_STORE_NAME(pv_attention_combine)(const PV_GLOBAL float *part, pv_long part_off, pv_long ml_off,
-                                              int n_splits, int n_heads, int head_dim,
-                                              PV_GLOBAL float *out, pv_long out_off)
+ * is never empty. Layouts as above; head h of token i, for the calling
+ * group. */
+PV_FUNC void pv_attention_combine_head(const PV_GLOBAL float *part, pv_long part_off, pv_long ml_off, int n_splits,
+                                       int n_heads, int head_dim, PV_GLOBAL float *out_head, pv_long h, pv_long i)
 {
-    const pv_long h = PV_GROUP_ID(0);
-    const pv_long i = PV_GROUP_ID(1);
     const PV_GLOBAL float *ml = part + ml_off + 2 * (i * n_splits * n_heads + h);
     float big = -PV_INF;
     for (int s = 0; s < n_splits; s++)
@@ -423,11 +421,42 @@ PV_KERNEL PV_STORE_NAME(pv_attention_combine)(const PV_GLOBAL float *part, pv_lo
         total += PV_EXP(ml[2 * (pv_long)s * n_heads] - big) * ml[2 * (pv_long)s * n_heads + 1];
     const float inv_total = 1.0f / total;
     const PV_GLOBAL float *o = part + part_off + (i * n_splits * n_heads + h) * head_dim;
-    PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
     for (int d = PV_LOCAL_ID(); d < head_dim; d += PV_WG) {
         float sum = 0.0f;
         for (int s = 0; s < n_splits; s++)
             sum += PV_EXP(ml[2 * (pv_long)s * n_heads] - big) * o[(pv_long)s * n_heads * head_dim + d];
         out_head[d] = sum * inv_total;
     }
+}
+
+/* groups {n_heads, T}. */
+PV_KERNEL PV_STORE_NAME(pv_attention_combine)(const PV_GLOBAL float *part, pv_long part_off, pv_long ml_off,
+                                              int n_splits, int n_heads, int head_dim,
+                                              PV_GLOBAL float *out, pv_long out_off)
+{
+    const pv_long h = PV_GROUP_ID(0), i = PV_GROUP_ID(1);
+    pv_attention_combine_head(part, part_off, ml_off, n_splits, n_heads, head_dim,
+                              out + out_off + (i * n_heads + h) * head_dim, h, i);
+}
+
+/* pv_attention_combine, and the head's output rounded to 16 bits per
+ * block of 32 as qmatmul's pv_qmatmul_round16 rounds it (dialect.h's
+ * pv_round16_block: the same bits), for the PV_ACT16 product that reads
+ * it next (the attention output's projection): the rounding launch saved.
+ * xq and xs as kernels/qmatmul.cl lays them out for out [T][n_heads *
+ * head_dim]; head_dim a multiple of 32, so no block spans two heads.
+ * groups {n_heads, T}. */
+PV_KERNEL PV_STORE_NAME(pv_attention_combine16)(const PV_GLOBAL float *part, pv_long part_off, pv_long ml_off,
+                                                int n_splits, int n_heads, int head_dim, PV_GLOBAL float *out,
+                                                pv_long out_off, PV_GLOBAL pv_u32 *xq, pv_long xq_off,
+                                                PV_GLOBAL float *xs, pv_long xs_off)
+{
+    const pv_long h = PV_GROUP_ID(0), i = PV_GROUP_ID(1);
+    PV_GLOBAL float *out_head = out + out_off + (i * n_heads + h) * head_dim;
+    pv_attention_combine_head(part, part_off, ml_off, n_splits, n_heads, head_dim, out_head, h, i);
+    PV_BARRIER_GLOBAL(); /* a block's 32 values come from several work-items */
+    const int n_blocks = head_dim / 32;
+    const pv_long first = (i * n_heads + h) * n_blocks;
+    for (int b = PV_LOCAL_ID(); b < n_blocks; b += PV_WG)
+        pv_round16_block(out_head + 32 * b, xq + xq_off + 16 * (first + b), xs + xs_off + 2 * (first + b));
 }

@@ -609,6 +609,14 @@ static pv_status attention_block(pv_llama *m, const pv_llama_batch *b, uint32_t 
         .token_seq = b->token_seq, .token_pos = b->token_pos, .slot_table = table,
         .n_seqs = b->n_seqs, .max_chunks = b->max_chunks, .out = m->att,
     };
+    /* with the output projection where the model fuses (the attention's
+     * combining kernel then rounds its output where the product takes it
+     * rounded) */
+    const llama_weight *wo = &L->wo;
+    const int64_t n_embd = hp->n_embd;
+    pv_qmatmul_args product;
+    if (m->opt.fuse && group_args(m, m->att, &wo, &m->proj, &n_embd, 1, T, q_dim, &product))
+        return pv_attention_qmatmul(m->be, &a, &product);
     if ((st = pv_attention(m->be, &a)) != PV_OK)
         return st;
     return linear(m, m->att, &L->wo, m->proj, T, q_dim, hp->n_embd);

@@ -68,11 +68,11 @@ tests_test_backend_qmatmul_LDADD = $(PV_LINK)
 # A RMSNorm fused with its products (pv_add_rmsnorm_group, _swiglu) on
 # every built backend: the same bits as the ops apart, one launch fewer
 # where the norm rounds x for PV_ACT16 products.
-check_PROGRAMS += tests/test-backend-norm-products
-TESTS += tests/test-backend-norm-products
-tests_test_backend_norm_products_SOURCES = tests/test-backend-norm-products.c
-tests_test_backend_norm_products_CPPFLAGS = $(PV_TEST_INCLUDES)
-tests_test_backend_norm_products_LDADD = $(PV_LINK)
+check_PROGRAMS += tests/test-backend-fused-products
+TESTS += tests/test-backend-fused-products
+tests_test_backend_fused_products_SOURCES = tests/test-backend-fused-products.c
+tests_test_backend_fused_products_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_backend_fused_products_LDADD = $(PV_LINK)
 
 # Split-K of the CPU attention kernel: the front end's split count and
 # forced counts (1 to more splits than blocks) against a double reference.

@@ -206,6 +206,33 @@ static inline void kv_scenario_reference(const kv_scenario *sc, double *out)
     free(scores);
 }
 
+/* The scenario's attention over q, the pool (from byte 0 of its buffer)
+ * and out. */
+static inline pv_attention_args kv_scenario_args(const kv_scenario *sc, const tensor *q, pv_buffer *pool,
+                                                 const tensor *out)
+{
+    return (pv_attention_args){
+        .kv_dtype = sc->kv_dtype,
+        .n_tokens = sc->n_tokens,
+        .n_heads = sc->n_heads,
+        .n_kv_heads = sc->n_kv_heads,
+        .head_dim = sc->head_dim,
+        .chunk_tokens = sc->chunk_tokens,
+        .scale = sc->scale,
+        .q = q->buf,
+        .q_off = q->off,
+        .kv_pool = pool,
+        .n_slots = sc->n_slots,
+        .token_seq = sc->token_seq,
+        .token_pos = sc->token_pos,
+        .slot_table = sc->slot_table,
+        .n_seqs = sc->n_seqs,
+        .max_chunks = sc->max_chunks,
+        .out = out->buf,
+        .out_off = out->off,
+    };
+}
+
 /* Runs the scenario's attention on `be` with guarded q/out tensors, into
  * out[T][n_heads][head_dim]. *guards_ok is 0 when anything outside out's
  * region or in the pool changed. */
@@ -226,26 +253,7 @@ static inline pv_status kv_scenario_run(const kv_scenario *sc, pv_backend *be, f
     if (st == PV_OK)
         st = pv_buffer_write(pool.buf, 0, sc->pool, pool_bytes);
     if (st == PV_OK) {
-        pv_attention_args a = {
-            .kv_dtype = sc->kv_dtype,
-            .n_tokens = sc->n_tokens,
-            .n_heads = sc->n_heads,
-            .n_kv_heads = sc->n_kv_heads,
-            .head_dim = sc->head_dim,
-            .chunk_tokens = sc->chunk_tokens,
-            .scale = sc->scale,
-            .q = q.buf,
-            .q_off = q.off,
-            .kv_pool = pool.buf,
-            .n_slots = sc->n_slots,
-            .token_seq = sc->token_seq,
-            .token_pos = sc->token_pos,
-            .slot_table = sc->slot_table,
-            .n_seqs = sc->n_seqs,
-            .max_chunks = sc->max_chunks,
-            .out = o.buf,
-            .out_off = o.off,
-        };
+        const pv_attention_args a = kv_scenario_args(sc, &q, pool.buf, &o);
         st = pv_attention(be, &a);
     }
     if (st == PV_OK)

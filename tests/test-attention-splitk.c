@@ -69,26 +69,7 @@ static pv_status run_splits(const kv_scenario *sc, pv_backend *be, int32_t n_spl
     if (st == PV_OK)
         st = pv_buffer_write(pool, 0, sc->pool, pool_bytes);
     if (st == PV_OK) {
-        pv_attention_args a = {
-            .kv_dtype = sc->kv_dtype,
-            .n_tokens = sc->n_tokens,
-            .n_heads = sc->n_heads,
-            .n_kv_heads = sc->n_kv_heads,
-            .head_dim = sc->head_dim,
-            .chunk_tokens = sc->chunk_tokens,
-            .scale = sc->scale,
-            .q = q.buf,
-            .q_off = q.off,
-            .kv_pool = pool,
-            .n_slots = sc->n_slots,
-            .token_seq = sc->token_seq,
-            .token_pos = sc->token_pos,
-            .slot_table = sc->slot_table,
-            .n_seqs = sc->n_seqs,
-            .max_chunks = sc->max_chunks,
-            .out = o.buf,
-            .out_off = o.off,
-        };
+        const pv_attention_args a = kv_scenario_args(sc, &q, pool, &o);
         *used = n_splits;
         if (n_splits == 0)
             st = pv_cpu_attention_split_count(&a, used);

@@ -305,11 +305,12 @@ refused() {
 }
 refused "a time limit that is not a number" "time-limit" --synthetic --time-limit soon
 
-# Stopping early: rate 1 is 2 conversations of one turn (about 1 s), rate
-# 400 is 400 of them at once (14 s here): a 6 s limit ends the second
-# run, whose name is reported, and keeps the first whole.
-"$bench" --synthetic --rates 1,400 --duration 1 --time-scale 1 --think 0 --seed 3 --modes pensieve --policies none \
-    --time-limit 6 --json >"$tmp/limit.json" 2>"$tmp/err"
+# Stopping early: rate 1 is 2 conversations of one turn (about 1 s; more
+# than 6 s in a sanitizer build on a busy machine), rate 2000 is 2000 of
+# them at once (some 70 s): a 12 s limit ends the second run, whose name
+# is reported, and keeps the first whole.
+"$bench" --synthetic --rates 1,2000 --duration 1 --time-scale 1 --think 0 --seed 3 --modes pensieve --policies none \
+    --time-limit 12 --json >"$tmp/limit.json" 2>"$tmp/err"
 st=$?
 cat >"$tmp/cut.py" <<'PY'
 import json, sys
@@ -319,7 +320,7 @@ assert cut and cut["label"] == "pensieve" and cut["signal"] == int(sys.argv[2]),
 # the runs reported ended before the cut one, each whole
 assert all(r["rate"] < cut["rate"] and r["requests"] == r["workload_requests"] for r in p["runs"]), p["runs"]
 if sys.argv[3] == "limit":
-    assert p["time_limit_s"] == 6 and cut["rate"] == 400 and [r["rate"] for r in p["runs"]] == [1], (cut, p["runs"])
+    assert p["time_limit_s"] == 12 and cut["rate"] == 2000 and [r["rate"] for r in p["runs"]] == [1], (cut, p["runs"])
 print("# %s at %g/s cut short, %d run(s) before it" % (cut["label"], cut["rate"], len(p["runs"])))
 PY
 [ $st -eq 0 ] && python3 "$tmp/cut.py" "$tmp/limit.json" 0 limit >"$tmp/why" 2>&1

@@ -158,7 +158,8 @@ static void expected_kernels(const pv_kernel_params *p, const char *names[MAX_KE
                              char storage[MAX_KERNEL_NAMES][40])
 {
     const char *const attention[] = {
-        pv_attention_kernel_base(p->value[PV_KPARAM_WG], p->value[PV_KPARAM_MAX_HEAD_DIM]), "pv_attention_combine", NULL};
+        pv_attention_kernel_base(p->value[PV_KPARAM_WG], p->value[PV_KPARAM_MAX_HEAD_DIM]), "pv_attention_combine",
+        "pv_attention_combine16", NULL};
     static const char *const gather[] = {"pv_kv_write", "pv_rope_kv_write", "pv_slot_gather", "pv_slot_scatter", NULL};
     static const char *const qmatmul[] = {"pv_qmatmul_fused_1",  "pv_qmatmul_fused_4",  "pv_qmatmul_fused_16",
                                           "pv_qmatmul_swiglu_1", "pv_qmatmul_swiglu_4", "pv_qmatmul_swiglu_16",

@@ -434,9 +434,10 @@ static void test_fusion(const char *label, const pv_gguf *g, const char *backend
  * same bits (the mode took effect), the same greedy tokens, and per decode
  * step no more rounding launches than the products and groups whose input
  * no norm rounds (pv_add_rmsnorm_group and _swiglu round theirs in the
- * norm's kernel): the attention output's and the SwiGLU output's products,
- * 2 a layer, the first layer's Q, K and V after the one norm that stands
- * alone, and the output's. */
+ * norm's kernel): the attention output's (which a split attention's
+ * combining kernel rounds) and the SwiGLU output's products, 2 a layer,
+ * the first layer's Q, K and V after the one norm that stands alone, and
+ * the output's. */
 static void test_act16(const char *label, const pv_gguf *g, const char *backend, pv_dtype kv, const int *prompt,
                        double tol)
 {

@@ -830,10 +830,12 @@ static void paging_uploads(upload up[3], int32_t n_tokens, const int32_t *token_
     up[2] = (upload){slot_table, (size_t)n_seqs * (size_t)max_chunks * sizeof(int32_t), NULL};
 }
 
-static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
+/* cuda_attention; with xq (not NULL) and the call split, the combine
+ * kernel also rounds the output into xq (head_dim a multiple of 32), and
+ * *rounded says it did. */
+static pv_status attention_of(pv_backend *be, const pv_attention_args *a, const pv_cuda_xq16 *xq, int *rounded)
 {
     cuda_impl *cu = impl_of(be);
-    PV_TRY(enter(cu));
     upload up[3];
     paging_uploads(up, a->n_tokens, a->token_seq, a->token_pos, a->slot_table, a->n_seqs, a->max_chunks);
     pv_kernel_bucket bucket;
@@ -850,8 +852,17 @@ static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
     pv_status st = pv_cuda_launch_attention(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], a,
                                             (const float *)dev_ptr(a->q, a->q_off, 4), dev_ptr(a->kv_pool, 0, 1),
                                             up[0].dev, up[1].dev, up[2].dev, cu->attention_group, splits,
-                                            (float *)part, (float *)dev_ptr(a->out, a->out_off, 4));
+                                            (float *)part, (float *)dev_ptr(a->out, a->out_off, 4),
+                                            splits > 1 ? xq : NULL);
+    *rounded = st == PV_OK && splits > 1 && xq;
     return staging_done(&cu->ring[PV_QUEUE_COMPUTE], &region, st);
+}
+
+static pv_status cuda_attention(pv_backend *be, const pv_attention_args *a)
+{
+    PV_TRY(enter(impl_of(be)));
+    int rounded = 0;
+    return attention_of(be, a, NULL, &rounded);
 }
 
 static pv_status cuda_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -1373,6 +1384,28 @@ static pv_status cuda_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_arg
     return group_of(be, products, n, rounds ? &xq : NULL);
 }
 
+/* The combine kernel of a split attention rounds its output for the
+ * product where it takes x rounded (PV_ACT16): the rounding launch saved;
+ * unsplit, the product rounds it. */
+static pv_status cuda_attention_qmatmul(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product)
+{
+    cuda_impl *cu = impl_of(be);
+    PV_TRY(enter(cu));
+    pv_cuda_xq16 xq;
+    int rounded = 0;
+    const int decode = product->n_tokens <= QMATMUL_FUSED_MAX_T;
+    const int rounds = decode && act16(be, product->w_type) && att->head_dim % 32 == 0;
+    if (rounds)
+        PV_TRY(xq16_reserve(be, product->n_tokens, product->n_in, &xq));
+    PV_TRY(attention_of(be, att, rounds ? &xq : NULL, &rounded));
+    if (!rounded)
+        return cuda_qmatmul(be, product);
+    return pv_cuda_launch_qmatmul_fused(&cu->kernels, cu->stream[PV_QUEUE_COMPUTE], product,
+                                        weight_ptr(product->w, product->w_type, product->w_off),
+                                        (const float *)dev_ptr(product->x, product->x_off, 4), &xq,
+                                        (float *)dev_ptr(product->y, product->y_off, 4));
+}
+
 static pv_status cuda_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
                                          const pv_qmatmul_swiglu_args *swiglu)
 {
@@ -1441,6 +1474,7 @@ static const pv_backend_ops cuda_backend_ops = {
     .qmatmul_swiglu = cuda_qmatmul_swiglu,
     .add_rmsnorm_group = cuda_add_rmsnorm_group,
     .add_rmsnorm_swiglu = cuda_add_rmsnorm_swiglu,
+    .attention_qmatmul = cuda_attention_qmatmul,
     .slot_transfer = cuda_slot_transfer,
     .sample_batch = cuda_sample_batch,
     .graph_begin = pv_cuda_graph_begin,

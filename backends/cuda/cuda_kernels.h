@@ -71,13 +71,29 @@ pv_status pv_cuda_kernels_init(pv_cuda_kernels *k, int major, int minor, const p
 /* Unloads every program; the caller has drained the streams. */
 void pv_cuda_kernels_free(pv_cuda_kernels *k);
 
+/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl):
+ * q [T][n_in / 4] pairs of 32-bit words (hi bytes, lo bytes), s [T][n_in
+ * / 32] pairs of floats (scale, sum); both 8-byte aligned. */
+typedef struct pv_cuda_xq16 {
+    void *q;
+    float *s;
+} pv_cuda_xq16;
+
+/* Bytes of a pv_cuda_xq16 of T tokens of n_in (a multiple of 32), q then s. */
+static inline size_t pv_cuda_xq16_bytes(int64_t n_tokens, int64_t n_in)
+{
+    return (size_t)n_tokens * (size_t)n_in * 2 + (size_t)n_tokens * (size_t)(n_in / 32) * 2 * sizeof(float);
+}
+
 /* Blocks of at most max_group query heads (backends/attention-split.h);
  * splits > 1: partial rows go to part (pv_attention_split_floats floats),
- * then the combine kernel to out. */
+ * then the combine kernel to out, and with xq (not NULL; head_dim a
+ * multiple of 32) out rounded into it too, as
+ * pv_cuda_launch_qmatmul_round16 would round it. */
 pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, const pv_attention_args *a,
                                    const float *q, const void *kv_pool, const int32_t *token_seq,
                                    const int32_t *token_pos, const int32_t *slot_table, int max_group, int splits,
-                                   float *part, float *out);
+                                   float *part, float *out, const pv_cuda_xq16 *xq);
 
 pv_status pv_cuda_launch_kv_write(pv_cuda_kernels *k, cudaStream_t stream, const pv_kv_write_args *a,
                                   const float *kf, const float *vf, void *kv_pool, const int32_t *token_seq,
@@ -97,20 +113,6 @@ pv_status pv_cuda_launch_slot_transfer(pv_cuda_kernels *k, cudaStream_t stream, 
  * (device ids, NULL without) at element ids_dev_off. */
 pv_status pv_cuda_launch_embed_gather(pv_cuda_kernels *k, cudaStream_t stream, const pv_embed_gather_args *a,
                                       const void *table, const int32_t *ids, const int32_t *ids_dev, float *out);
-
-/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl):
- * q [T][n_in / 4] pairs of 32-bit words (hi bytes, lo bytes), s [T][n_in
- * / 32] pairs of floats (scale, sum); both 8-byte aligned. */
-typedef struct pv_cuda_xq16 {
-    void *q;
-    float *s;
-} pv_cuda_xq16;
-
-/* Bytes of a pv_cuda_xq16 of T tokens of n_in (a multiple of 32), q then s. */
-static inline size_t pv_cuda_xq16_bytes(int64_t n_tokens, int64_t n_in)
-{
-    return (size_t)n_tokens * (size_t)n_in * 2 + (size_t)n_tokens * (size_t)(n_in / 32) * 2 * sizeof(float);
-}
 
 /* xq = x [T][n_in] rounded, for the block types' fused kernels. */
 pv_status pv_cuda_launch_qmatmul_round16(pv_cuda_kernels *k, cudaStream_t stream, pv_wtype t, const float *x,

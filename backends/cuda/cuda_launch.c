@@ -219,7 +219,7 @@ static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *wha
 pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, const pv_attention_args *a,
                                    const float *q, const void *kv_pool, const int32_t *token_seq,
                                    const int32_t *token_pos, const int32_t *slot_table, int max_group, int splits,
-                                   float *part, float *out)
+                                   float *part, float *out, const pv_cuda_xq16 *xq)
 {
     const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, max_group);
     int heads_per_block = pv_attention_heads_per_block(a->n_heads, a->n_kv_heads, max_group);
@@ -238,7 +238,9 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
     cudaKernel_t attention, combine = NULL;
     PV_TRY(kernel_get_stored(k, &p, pv_attention_kernel_base(wg, bucket.head_dim), f16, &attention));
     if (splits > 1)
-        PV_TRY(kernel_get_stored(k, &p, "pv_attention_combine", f16, &combine));
+        PV_TRY(kernel_get_stored(k, &p, xq ? "pv_attention_combine16" : "pv_attention_combine", f16, &combine));
+    void *xq_q = xq ? xq->q : NULL;
+    float *xq_s = xq ? xq->s : NULL;
 
     int max_chunks = a->max_chunks, n_heads = a->n_heads, n_kv_heads = a->n_kv_heads, head_dim = a->head_dim;
     int chunk_tokens = a->chunk_tokens, n_splits = splits;
@@ -259,10 +261,14 @@ pv_status pv_cuda_launch_attention(pv_cuda_kernels *k, cudaStream_t stream, cons
         PV_TRY(launch(k, stream, "attention", attention, (unsigned int)(a->n_kv_heads * blocks * splits), rows, wg,
                    args, N_ARGS(args)));
         if (splits > 1) {
+            /* xq's words and xs's floats of the tokens before i0: 16 and 2 a block */
+            long long q_off = off / 2, s_off = off / 16;
             karg combine_args[] = {KARG(part),    KARG(part_off), KARG(ml_off), KARG(n_splits),
-                                   KARG(n_heads), KARG(head_dim), KARG(out),    KARG(off)};
-            PV_TRY(launch(k, stream, "attention combine", combine, (unsigned int)a->n_heads, rows, wg, combine_args,
-                          N_ARGS(combine_args)));
+                                   KARG(n_heads), KARG(head_dim), KARG(out),    KARG(off),
+                                   KARG(xq_q),    KARG(q_off),    KARG(xq_s),   KARG(s_off)};
+            PV_TRY(launch(k, stream, xq ? "attention combine16" : "attention combine", combine,
+                          (unsigned int)a->n_heads, rows, wg, combine_args,
+                          xq ? N_ARGS(combine_args) : N_ARGS(combine_args) - 4));
         }
     }
     return PV_OK;

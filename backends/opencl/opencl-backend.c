@@ -811,6 +811,7 @@ static const pv_backend_ops opencl_backend_ops = {
     .qmatmul_swiglu = pv_opencl_qmatmul_swiglu,
     .add_rmsnorm_group = pv_opencl_add_rmsnorm_group,
     .add_rmsnorm_swiglu = pv_opencl_add_rmsnorm_swiglu,
+    .attention_qmatmul = pv_opencl_attention_qmatmul,
     .slot_transfer = pv_opencl_slot_transfer,
     .sample_batch = pv_opencl_sample_batch,
     .marker_init = opencl_marker_init,

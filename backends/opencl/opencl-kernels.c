@@ -417,7 +417,18 @@ static pv_status attention_kernel(pv_backend *be, const pv_kernel_params *p, con
     return kernel_begin_with(be, p, name, ka);
 }
 
-pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
+/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl) in
+ * the scratch buffer q: its word pairs from word 0, the (scale, sum) pairs
+ * from float s_off. */
+typedef struct xq16 {
+    cl_mem q;
+    int64_t s_off;
+} xq16;
+
+/* pv_opencl_attention; with xq (not NULL) and the call split, the combine
+ * kernel also rounds the output into xq (head_dim a multiple of 32), and
+ * *rounded says it did. */
+static pv_status attention_of(pv_backend *be, const pv_attention_args *a, const xq16 *xq, int *rounded)
 {
     pv_opencl *cl = pv_opencl_of(be);
     const int blocks = pv_attention_head_blocks(a->n_heads, a->n_kv_heads, cl->attention_group);
@@ -468,7 +479,8 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
         return st;
 
     kernel_args combine;
-    st = attention_kernel(be, &p, a, "pv_attention_combine", &combine);
+    *rounded = xq != NULL;
+    st = attention_kernel(be, &p, a, xq ? "pv_attention_combine16" : "pv_attention_combine", &combine);
     if (st != PV_OK)
         return st;
     arg_mem(&combine, part);
@@ -479,7 +491,20 @@ pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
     arg_int(&combine, a->head_dim);
     arg_mem(&combine, pv_opencl_mem(a->out));
     arg_long(&combine, (int64_t)a->out_off);
-    return launch(be, "attention combine", &combine, (uint64_t)a->n_heads, (uint64_t)a->n_tokens);
+    if (xq) {
+        arg_mem(&combine, xq->q);
+        arg_long(&combine, 0);
+        arg_mem(&combine, xq->q);
+        arg_long(&combine, xq->s_off);
+    }
+    return launch(be, xq ? "attention combine16" : "attention combine", &combine, (uint64_t)a->n_heads,
+                  (uint64_t)a->n_tokens);
+}
+
+pv_status pv_opencl_attention(pv_backend *be, const pv_attention_args *a)
+{
+    int rounded = 0;
+    return attention_of(be, a, NULL, &rounded);
 }
 
 pv_status pv_opencl_kv_write(pv_backend *be, const pv_kv_write_args *a)
@@ -676,14 +701,6 @@ pv_status pv_opencl_embed_gather(pv_backend *be, const pv_embed_gather_args *a)
     return launch(be, "embed_gather", &ka, ceil_div((uint64_t)a->dim, (uint64_t)ka.work_group),
                   (uint64_t)a->n_ids);
 }
-
-/* x rounded to 16 bits per block of 32 (PV_ACT16, kernels/qmatmul.cl) in
- * the scratch buffer q: its word pairs from word 0, the (scale, sum) pairs
- * from float s_off. */
-typedef struct xq16 {
-    cl_mem q;
-    int64_t s_off;
-} xq16;
 
 /* Whether decode-sized products of type t take x rounded (PV_ACT16). */
 static int act16(const pv_backend *be, pv_wtype t)
@@ -1200,4 +1217,25 @@ pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a)
     if (st == PV_OK && a->out)
         st = read_results(be, "sample_batch", results, a->rows, a->out);
     return st;
+}
+
+/* The combine kernel of a split attention rounds its output for the
+ * product where it takes x rounded (PV_ACT16): the rounding launch saved;
+ * unsplit, the product rounds it. */
+pv_status pv_opencl_attention_qmatmul(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product)
+{
+    xq16 xq;
+    int rounded = 0;
+    const int decode = product->n_tokens <= PV_OPENCL_QMATMUL_FUSED_MAX_T;
+    const int rounds = decode && act16(be, product->w_type) && att->head_dim % 32 == 0;
+    pv_status st = rounds ? xq16_reserve(be, product->n_tokens, product->n_in, &xq) : PV_OK;
+    if (st == PV_OK)
+        st = attention_of(be, att, rounds ? &xq : NULL, &rounded);
+    if (st != PV_OK)
+        return st;
+    if (!decode)
+        return pv_opencl_qmatmul(be, product);
+    return fused_products_of_x(be, "pv_qmatmul_fused", product->w_type, 1, &product->w, &product->w_off, product->x,
+                               product->x_off, rounded ? &xq : NULL, product->y, product->y_off, product->n_tokens,
+                               product->n_in, product->n_out);
 }

@@ -159,6 +159,7 @@ pv_status pv_opencl_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args 
                                       int n);
 pv_status pv_opencl_add_rmsnorm_swiglu(pv_backend *be, const pv_add_rmsnorm_args *norm,
                                        const pv_qmatmul_swiglu_args *swiglu);
+pv_status pv_opencl_attention_qmatmul(pv_backend *be, const pv_attention_args *att, const pv_qmatmul_args *product);
 pv_status pv_opencl_slot_transfer(pv_backend *be, const pv_slot_transfer_args *a, pv_event *wait, pv_event **done);
 pv_status pv_opencl_sample_batch(pv_backend *be, const pv_sample_batch_args *a);
 

@@ -1,17 +1,22 @@
-/* A RMSNorm fused with what consumes it (pv_add_rmsnorm_group and
- * pv_add_rmsnorm_swiglu), on every backend that opens: against the two ops
- * one after the other on the same backend (each checked against the CPU
- * reference by test-backend-ops and test-backend-qmatmul), the same bits
- * in x (the residual sum), out (the norm) and y, at decode sizes (the
- * fused kernels' token classes) and past them, with PV_ACT16 off and on
- * where the backend's kernels are tunable; guard bytes around every
- * output. With PV_ACT16 on, a decode-sized op whose products take x
- * rounded costs one launch fewer than the two ops (the norm's kernel
- * rounds it), every other the same. Then the arguments that do not
- * describe a norm feeding its products, refused with a message.
- * Usage: test-backend-norm-products [--backend NAME] */
+/* Ops fused with the products that consume their output, on every backend
+ * that opens: a RMSNorm with its products (pv_add_rmsnorm_group,
+ * pv_add_rmsnorm_swiglu) and paged attention with its output projection
+ * (pv_attention_qmatmul), against the same ops one after the other on the
+ * same backend (each checked against the CPU reference by
+ * test-backend-ops and test-backend-qmatmul): the same bits in every
+ * output (x, the norm or the attention output, the products), at decode
+ * sizes (the fused kernels' token classes) and past them, with PV_ACT16
+ * off and on where the backend's kernels are tunable, attention with one
+ * split and with four; guard bytes around every output. With PV_ACT16 on,
+ * a decode-sized op whose product takes x rounded costs one launch fewer
+ * than the ops apart where the first kernel can round it (a norm; a split
+ * attention's combining kernel, head_dim a multiple of 32), every other
+ * the same. Then arguments that do not describe a producer feeding its
+ * products, refused with a message.
+ * Usage: test-backend-fused-products [--backend NAME] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
+#include "kv-scenario.h"
 
 #include <pensieve/gguf.h>
 
@@ -136,37 +141,41 @@ static size_t differing(const float *a, const float *b, size_t n)
 /* Whether the backend's products of this case take x rounded to 16 bits
  * (PV_ACT16 on, decode-sized, a block type among them): then the fused op
  * saves the rounding launch. */
+static int block_type(pv_wtype t)
+{
+    uint32_t block = 1;
+    pv_wtype_block(t, &block, NULL);
+    return block == 32;
+}
+
 static int saves_launch(const norm_case *c, int act16)
 {
     if (!act16 || c->rows > 16)
         return 0;
-    for (int i = 0; i < c->n; i++) {
-        uint32_t block = 1;
-        pv_wtype_block(c->m[i].type, &block, NULL);
-        if (block == 32)
+    for (int i = 0; i < c->n; i++)
+        if (block_type(c->m[i].type))
             return 1;
-    }
     return 0;
 }
 
-/* A product of the case's first matrix over other values of x's shape:
- * where the backend rounds x into scratch, the scratch then holds other
- * bits, so a fused op that left part of it unwritten reads them. */
-static pv_status poison_scratch(const norm_case *c, uint64_t *rng)
+/* A product of m over other values of an x [T][n_in]: where the backend
+ * rounds x into scratch, the scratch then holds other bits, so a fused op
+ * that left part of it unwritten reads them. */
+static pv_status poison_scratch(pv_backend *be, const matrix *m, int64_t T, int64_t n_in, uint64_t *rng)
 {
-    const uint64_t n = (uint64_t)(c->rows * c->dim);
+    const uint64_t n = (uint64_t)(T * n_in);
     float *x = xmalloc((size_t)n * sizeof *x);
     rng_fill(rng, x, (size_t)n, -3.0f, 3.0f);
     tensor tx, ty;
-    pv_status st = tensor_init(&tx, c->be, PV_MEM_DEVICE, 4, n, x);
+    pv_status st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, n, x);
     if (st == PV_OK)
-        st = tensor_init(&ty, c->be, PV_MEM_DEVICE, 4, (uint64_t)(c->rows * c->m[0].n_out), NULL);
-    const pv_qmatmul_args q = {.w_type = c->m[0].type, .n_tokens = c->rows, .n_in = c->dim, .n_out = c->m[0].n_out,
-                               .w = c->m[0].buf, .x = tx.buf, .x_off = tx.off, .y = ty.buf, .y_off = ty.off};
+        st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * m->n_out), NULL);
+    const pv_qmatmul_args q = {.w_type = m->type, .n_tokens = T, .n_in = n_in, .n_out = m->n_out, .w = m->buf,
+                               .x = tx.buf, .x_off = tx.off, .y = ty.buf, .y_off = ty.off};
     if (st == PV_OK)
-        st = pv_qmatmul(c->be, &q);
+        st = pv_qmatmul(be, &q);
     if (st == PV_OK)
-        st = pv_backend_finish(c->be);
+        st = pv_backend_finish(be);
     tensor_free(&tx);
     tensor_free(&ty);
     free(x);
@@ -179,7 +188,7 @@ static void check_case(const char *name, const char *what, const norm_case *c, i
     memset(&fused, 0, sizeof fused);
     pv_status st = run_case(c, 0, &apart);
     if (st == PV_OK)
-        st = poison_scratch(c, rng);
+        st = poison_scratch(c->be, &c->m[0], c->rows, c->dim, rng);
     if (st == PV_OK)
         st = run_case(c, 1, &fused);
     char label[200];
@@ -256,6 +265,121 @@ static void check_cases(pv_backend *be, const char *name, int act16, uint64_t *r
     }
 }
 
+/* ---- attention with its output projection ------------------------------------ */
+
+/* The scenario's attention and the product of its output by wo, fused or
+ * as the two ops: out and y into r (x unused). */
+static pv_status run_attention(pv_backend *be, const kv_scenario *sc, const matrix *wo, int fused, result *r)
+{
+    const int64_t T = sc->n_tokens, n_in = (int64_t)sc->n_heads * sc->head_dim;
+    const size_t pool_bytes = (size_t)sc->pool_elems * pv_dtype_size(sc->kv_dtype);
+    tensor tq, tout, ty;
+    pv_buffer *pool = NULL;
+    memset(r, 0, sizeof *r);
+    pv_status st = tensor_init(&tq, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), sc->q);
+    if (st == PV_OK)
+        st = tensor_init(&tout, be, PV_MEM_DEVICE, 4, (uint64_t)(T * n_in), NULL);
+    if (st == PV_OK)
+        st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)(T * wo->n_out), NULL);
+    if (st == PV_OK)
+        st = pv_buffer_init(&pool, be, PV_MEM_DEVICE, pool_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_write(pool, 0, sc->pool, pool_bytes);
+    const pv_attention_args a = kv_scenario_args(sc, &tq, pool, &tout);
+    const pv_qmatmul_args p = {.w_type = wo->type, .n_tokens = T, .n_in = n_in, .n_out = wo->n_out, .w = wo->buf,
+                               .x = tout.buf, .x_off = tout.off, .y = ty.buf, .y_off = ty.off};
+    const uint64_t before = pv_backend_launches(be);
+    if (st == PV_OK && fused)
+        st = pv_attention_qmatmul(be, &a, &p);
+    else if (st == PV_OK && (st = pv_attention(be, &a)) == PV_OK)
+        st = pv_qmatmul(be, &p);
+    r->launches = pv_backend_launches(be) - before;
+    r->out = xmalloc((size_t)(T * n_in) * sizeof *r->out);
+    r->y = xmalloc((size_t)(T * wo->n_out) * sizeof *r->y);
+    if (st == PV_OK && (st = tensor_read(&tout, r->out)) == PV_OK)
+        st = tensor_read(&ty, r->y);
+    r->guards = st == PV_OK && guards_intact(&tq) && guards_intact(&tout) && guards_intact(&ty);
+    tensor_free(&tq);
+    tensor_free(&tout);
+    tensor_free(&ty);
+    pv_buffer_free(pool);
+    return st;
+}
+
+/* Decode steps of T sequences (contexts of 40 to 200 tokens) with head_dim
+ * 64 (blocks of 32 within a head) and 48 (blocks across heads: the product
+ * rounds its x itself), Q4_0 and F16 projections; `splits` is the backend's
+ * forced split count (PV_ATTENTION_SPLITS). */
+static void check_attention_cases(pv_backend *be, const char *name, int splits, int act16, uint64_t *rng)
+{
+    static const int32_t head_dims[] = {64, 48};
+    static const pv_wtype types[] = {PV_W_Q4_0, PV_W_F16};
+    static const int32_t batches[] = {1, 3, 16, 17};
+    for (size_t hi = 0; hi < sizeof head_dims / sizeof head_dims[0]; hi++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const int32_t head_dim = head_dims[hi], n_heads = 4;
+            const pv_wtype t = types[ti];
+            matrix wo;
+            pv_status st = matrix_init(&wo, be, t, 96, (int64_t)n_heads * head_dim, rng);
+            for (size_t bi = 0; st == PV_OK && bi < sizeof batches / sizeof batches[0]; bi++) {
+                const int32_t T = batches[bi];
+                int32_t *lens = xmalloc((size_t)T * sizeof *lens);
+                for (int32_t i = 0; i < T; i++)
+                    lens[i] = 40 + rng_below(rng, 161);
+                kv_scenario sc;
+                kv_scenario_init(&sc, rng, PV_F16, n_heads, 2, head_dim, 16, lens, T, QUERY_DECODE, 1);
+                result fused, apart;
+                memset(&fused, 0, sizeof fused);
+                st = run_attention(be, &sc, &wo, 0, &apart);
+                if (st == PV_OK)
+                    st = poison_scratch(be, &wo, T, (int64_t)n_heads * head_dim, rng);
+                if (st == PV_OK)
+                    st = run_attention(be, &sc, &wo, 1, &fused);
+                char label[200];
+                snprintf(label, sizeof label, "%s: attention (head_dim %d, %d splits) and a %s projection, T %d, PV_ACT16 %d",
+                         name, head_dim, splits, pv_wtype_name(t), T, act16);
+                if (ok(st == PV_OK, "%s: both ways run (%s)", label, st == PV_OK ? "ok" : pv_last_error())) {
+                    const size_t n_out = (size_t)T * (size_t)n_heads * (size_t)head_dim, n_y = (size_t)T * 96;
+                    const size_t dout = differing(fused.out, apart.out, n_out), dy = differing(fused.y, apart.y, n_y);
+                    ok(dout == 0 && dy == 0 && fused.guards,
+                       "%s: the same bits as the two ops (attention output %zu, product %zu of %zu differ)%s", label,
+                       dout, dy, n_y, fused.guards ? "" : "; guard bytes overwritten");
+                    const int saves = act16 && T <= 16 && splits > 1 && head_dim % 32 == 0 && block_type(t);
+                    const uint64_t want = apart.launches - (uint64_t)saves;
+                    ok(fused.launches == want, "%s: %llu launches, the two ops %llu (expected %llu)", label,
+                       (unsigned long long)fused.launches, (unsigned long long)apart.launches,
+                       (unsigned long long)want);
+                }
+                result_free(&fused);
+                result_free(&apart);
+                kv_scenario_free(&sc);
+                free(lens);
+            }
+            if (st != PV_OK)
+                ok(0, "%s: attention with a %s projection: %s", name, pv_wtype_name(t), pv_last_error());
+            pv_buffer_free(wo.buf);
+        }
+}
+
+/* The attention cases on `name` opened again with one split forced and
+ * with four (PV_ATTENTION_SPLITS is read when a backend opens). */
+static void check_attention(const char *name, uint64_t *rng)
+{
+    static const char *const splits[] = {"1", "4"};
+    for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
+        pv_backend *be = NULL;
+        setenv("PV_ATTENTION_SPLITS", splits[si], 1);
+        pv_status st = pv_backend_init(&be, name, 0);
+        unsetenv("PV_ATTENTION_SPLITS");
+        if (!ok(st == PV_OK, "%s opens with PV_ATTENTION_SPLITS=%s (%s)", name, splits[si], pv_last_error()))
+            continue;
+        check_attention_cases(be, name, atoi(splits[si]), 0, rng);
+        if (pv_backend_kernels_tunable(be) && pv_backend_kernel_set(be, "qmatmul", "PV_ACT16=1") == PV_OK)
+            check_attention_cases(be, name, atoi(splits[si]), 1, rng);
+        pv_backend_free(be);
+    }
+}
+
 static void expect_refused(const char *name, const char *what, pv_status st, const char *needle)
 {
     ok(st == PV_ERR_INVALID_ARG && strstr(pv_last_error(), needle) != NULL, "%s: %s is refused (%s)", name, what,
@@ -319,6 +443,43 @@ static void check_refusals(pv_backend *be, const char *name, uint64_t *rng)
                        "not the norm's out");
     else
         tap_skip("%s: qmatmul_swiglu F16 is not supported here", name);
+    /* attention: a projection reading another buffer, or fewer tokens, and none */
+    kv_scenario sc;
+    kv_scenario_init(&sc, rng, PV_F16, 2, 1, dim / 2, 16, (const int32_t[]){20, 33}, 2, QUERY_DECODE, 1);
+    const size_t pool_bytes = (size_t)sc.pool_elems * 2;
+    tensor tq, tout;
+    pv_buffer *pool = NULL;
+    st = tensor_init(&tq, be, PV_MEM_DEVICE, 4, (uint64_t)s, sc.q);
+    if (st == PV_OK)
+        st = tensor_init(&tout, be, PV_MEM_DEVICE, 4, (uint64_t)s, NULL);
+    if (st == PV_OK)
+        st = pv_buffer_init(&pool, be, PV_MEM_DEVICE, pool_bytes);
+    if (st == PV_OK)
+        st = pv_buffer_write(pool, 0, sc.pool, pool_bytes);
+    if (ok(st == PV_OK, "%s: attention refusal checks set up (%s)", name, st == PV_OK ? "ok" : pv_last_error())) {
+        const pv_attention_args att = kv_scenario_args(&sc, &tq, pool, &tout);
+        q = good;
+        q.x = tout.buf;
+        q.x_off = tout.off;
+        q.y = other;
+        q.y_off = 0;
+        ok(pv_attention_qmatmul(be, &att, &q) == PV_OK, "%s: attention feeding its projection runs (%s)", name,
+           pv_last_error());
+        pv_qmatmul_args wrong = q;
+        wrong.x = a;
+        wrong.x_off = 0;
+        expect_refused(name, "a projection reading another buffer", pv_attention_qmatmul(be, &att, &wrong),
+                       "not the attention's out");
+        wrong = q;
+        wrong.n_tokens = 1;
+        expect_refused(name, "a projection of fewer tokens", pv_attention_qmatmul(be, &att, &wrong),
+                       "not the attention's out");
+        expect_refused(name, "a NULL projection", pv_attention_qmatmul(be, &att, NULL), "product is NULL");
+    }
+    tensor_free(&tq);
+    tensor_free(&tout);
+    pv_buffer_free(pool);
+    kv_scenario_free(&sc);
     pv_buffer_free(m.buf);
     pv_buffer_free(a);
     pv_buffer_free(other);
@@ -336,6 +497,7 @@ static void check_backend(pv_backend *be, const char *name, void *arg)
     } else {
         tap_skip("%s: PV_ACT16: the backend's kernels are not tunable", name);
     }
+    check_attention(name, &rng);
     check_refusals(be, name, &rng);
 }
 
