@@ -425,6 +425,15 @@ typedef struct xq16 {
     int64_t s_off;
 } xq16;
 
+/* The kernel arguments of xq: the words, then the (scale, sum) pairs. */
+static void arg_xq(kernel_args *ka, const xq16 *xq)
+{
+    arg_mem(ka, xq->q);
+    arg_long(ka, 0);
+    arg_mem(ka, xq->q);
+    arg_long(ka, xq->s_off);
+}
+
 /* pv_opencl_attention; with xq (not NULL) and the call split, the combine
  * kernel also rounds the output into xq (head_dim a multiple of 32), and
  * *rounded says it did. */
@@ -491,12 +500,8 @@ static pv_status attention_of(pv_backend *be, const pv_attention_args *a, const 
     arg_int(&combine, a->head_dim);
     arg_mem(&combine, pv_opencl_mem(a->out));
     arg_long(&combine, (int64_t)a->out_off);
-    if (xq) {
-        arg_mem(&combine, xq->q);
-        arg_long(&combine, 0);
-        arg_mem(&combine, xq->q);
-        arg_long(&combine, xq->s_off);
-    }
+    if (xq)
+        arg_xq(&combine, xq);
     return launch(be, xq ? "attention combine16" : "attention combine", &combine, (uint64_t)a->n_heads,
                   (uint64_t)a->n_tokens);
 }
@@ -748,10 +753,7 @@ static pv_status round_x16(pv_backend *be, pv_wtype t, const pv_buffer *x, uint6
 static void arg_x(kernel_args *ka, const pv_buffer *x, uint64_t x_off, const xq16 *xq)
 {
     if (xq) {
-        arg_mem(ka, xq->q);
-        arg_long(ka, 0);
-        arg_mem(ka, xq->q);
-        arg_long(ka, xq->s_off);
+        arg_xq(ka, xq);
     } else {
         arg_mem(ka, pv_opencl_mem(x));
         arg_long(ka, (int64_t)x_off);
@@ -1054,12 +1056,8 @@ static pv_status add_rmsnorm_of(pv_backend *be, const pv_add_rmsnorm_args *a, co
     arg_long(&ka, (int64_t)a->out_off);
     arg_long(&ka, a->dim);
     arg_float(&ka, a->eps);
-    if (xq) {
-        arg_mem(&ka, xq->q);
-        arg_long(&ka, 0);
-        arg_mem(&ka, xq->q);
-        arg_long(&ka, xq->s_off);
-    }
+    if (xq)
+        arg_xq(&ka, xq);
     return launch(be, xq ? "add_rmsnorm16" : "add_rmsnorm", &ka, (uint64_t)a->rows, 1);
 }
 
