@@ -97,6 +97,13 @@ typedef enum pv_kparam {
      * f32 x. Changes results by some 1e-5 of the largest output; other
      * weight types and larger batches are the same in both. */
     PV_KPARAM_ACT16,
+    /* PV_QMV_ROWS, tuned: the rows of W a work-group of qmatmul's
+     * one-token kernels takes (pv_qmv_rows). Every work-group loads all of
+     * x (4 bytes an element, 2.25 under PV_ACT16), so at 2 rows a Q4 product
+     * reads some 3.6 times more x than weight bytes, from L2 on a GPU; more
+     * rows share each x load among more of them, fewer leave more groups
+     * to fill the device. */
+    PV_KPARAM_QMV_ROWS,
     PV_KPARAM_COUNT
 } pv_kparam;
 
@@ -149,7 +156,7 @@ static inline const char *pv_kparam_define(pv_kparam p)
 {
     static const char *const names[PV_KPARAM_COUNT] = {
         "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE", "PV_SPLITS",
-        "PV_GEMM", "PV_ACT16",
+        "PV_GEMM", "PV_ACT16", "PV_QMV_ROWS",
     };
     return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
 }
@@ -171,8 +178,9 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
             {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
             {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
         }},
-        [PV_KERNEL_QMATMUL] = {"qmatmul", 4, {
+        [PV_KERNEL_QMATMUL] = {"qmatmul", 5, {
             {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
+            {PV_KPARAM_QMV_ROWS, PV_KPARAM_TUNED, 2, 3, {2, 4, 8}},
             {PV_KPARAM_GEMM, PV_KPARAM_LAUNCH, PV_GEMM_F32, 4, {PV_GEMM_F32, PV_GEMM_F16, PV_GEMM_BF16, PV_GEMM_TF32}},
             {PV_KPARAM_ACT16, PV_KPARAM_LAUNCH, 0, 2, {0, 1}},
             /* F32, F16, Q4_0, Q4_1, Q8_0, BF16; the kernel has no default */
@@ -257,10 +265,6 @@ static inline pv_kernel_params pv_kernel_params_built(const pv_kernel_params *p)
     return built;
 }
 
-/* kernels/qmatmul.cl's decode-sized products: the token class of a call
- * of n_tokens (<= 16), the kernel "pv_qmatmul_fused_<class>" or
- * "pv_qmatmul_swiglu_<class>", and the rows of W each of its work-groups
- * takes (as the kernels are instantiated there). */
 /* Whether kernels/qmatmul.cl built for weight type wtype (a ggml id, as
  * PV_WTYPE) holds the PV_ACT16 kernels: the block types Q4_0, Q4_1, Q8_0. */
 static inline int pv_qmatmul_has_act16(int wtype)
@@ -275,14 +279,20 @@ static inline int pv_qmatmul_act16(const pv_kernel_params *p, int wtype)
     return pv_qmatmul_has_act16(wtype) && p->value[PV_KPARAM_ACT16];
 }
 
+/* kernels/qmatmul.cl's decode-sized products: the token class of a call
+ * of n_tokens (<= 16), the kernel "pv_qmatmul_fused_<class>" or
+ * "pv_qmatmul_swiglu_<class>", and (pv_qmv_rows) the rows of W each of its
+ * work-groups takes (as the kernels are instantiated there). */
 static inline int pv_qmv_token_class(int64_t n_tokens)
 {
     return n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;
 }
 
-static inline int pv_qmv_rows(int token_class)
+/* Under the parameter set p: PV_QMV_ROWS at one token, 4 at up to 4, 2
+ * at up to 16. */
+static inline int pv_qmv_rows(const pv_kernel_params *p, int token_class)
 {
-    return token_class == 4 ? 4 : 2;
+    return token_class == 1 ? p->value[PV_KPARAM_QMV_ROWS] : token_class == 4 ? 4 : 2;
 }
 
 #endif

@@ -15,15 +15,17 @@
  *
  * Usage: bench-qmatmul [--backend cpu|opencl|cuda] [--types q4_1,q8_0,...]
  *                      [--shapes 576x576,1536x576,...] [--tokens 1,4,16,64]
- *                      [--gemm f32,f16,bf16,tf32] [--act16 0,1] [--reps 5] [--hot] [--json]
+ *                      [--gemm f32,f16,bf16,tf32] [--act16 0,1] [--rows 2,4,8] [--reps 5] [--hot]
+ *                      [--json]
  * A shape is n_out x n_in. The defaults are SmolLM2-135M's projections
  * (attention 576x576 and 192x576, FFN 1536x576 and 576x1536, output
  * 49152x576). --gemm runs the whole table once per PV_GEMM mode
  * (backends/kernel-params.h: the precision of the GEMMs that batches too
  * large for the fused kernels take), set as pensieve-tune sets it; without
  * it the backend keeps its own. --act16 does the same for PV_ACT16 (the
- * decode-sized products of the block types from x rounded to 16 bits), the
- * two lists crossed. */
+ * decode-sized products of the block types from x rounded to 16 bits) and
+ * --rows for PV_QMV_ROWS (the rows of W a work-group of the one-token
+ * kernels takes), the lists crossed. */
 #include "config.h"
 
 #include "backends/kernel-params.h"
@@ -54,6 +56,8 @@ typedef struct options {
     int n_gemm; /* 0: the backend's own mode */
     int act16[2];
     int n_act16; /* 0: the backend's own */
+    int rows[3];
+    int n_rows; /* 0: the backend's own */
     int reps;
     int hot; /* two copies only: the weights come from cache */
     int json;
@@ -62,6 +66,7 @@ typedef struct options {
 typedef struct result {
     int gemm;  /* -1: the backend's own */
     int act16; /* -1: the backend's own */
+    int rows;  /* -1: the backend's own */
     pv_wtype type;
     int64_t n_out, n_in, n_tokens;
     double weight_bytes, us_per_call, gbps, gflops;
@@ -285,12 +290,23 @@ static int parse_act16(const char *s, options *o)
     return *s || !o->n_act16 ? -1 : 0;
 }
 
+/* A list of PV_QMV_ROWS values: 2, 4, 8. */
+static int parse_rows(const char *s, options *o)
+{
+    o->n_rows = 0;
+    while ((s[0] == '2' || s[0] == '4' || s[0] == '8') && (s[1] == ',' || !s[1]) && o->n_rows < 3) {
+        o->rows[o->n_rows++] = s[0] - '0';
+        s += s[1] ? 2 : 1;
+    }
+    return *s || !o->n_rows ? -1 : 0;
+}
+
 static int usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--backend cpu|opencl|cuda] [--types f32,f16,bf16,q8_0,q4_0,q4_1]\n"
             "          [--shapes N_OUTxN_IN,...] [--tokens 1,4,16,64] [--gemm f32,f16,bf16,tf32]\n"
-            "          [--act16 0,1] [--reps N] [--hot] [--json]\n",
+            "          [--act16 0,1] [--rows 2,4,8] [--reps N] [--hot] [--json]\n",
             argv0);
     return 2;
 }
@@ -326,6 +342,8 @@ int main(int argc, char **argv)
             ok = parse_gemm(value, &opt) == 0 && opt.n_gemm > 0;
         else if (strcmp(arg, "--act16") == 0)
             ok = parse_act16(value, &opt) == 0;
+        else if (strcmp(arg, "--rows") == 0)
+            ok = parse_rows(value, &opt) == 0;
         else if (strcmp(arg, "--reps") == 0)
             ok = (opt.reps = atoi(value)) >= 1 && opt.reps <= MAX_REPS;
         else
@@ -356,18 +374,24 @@ int main(int argc, char **argv)
         pv_backend_free(be);
         return 1;
     }
-    const int max_results = 2 * PV_GEMM_MODES * MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
+    const int max_results = 3 * 2 * PV_GEMM_MODES * MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
     result *res = calloc((size_t)max_results, sizeof *res);
     int n_res = 0;
     const int n_gemm = opt.n_gemm ? opt.n_gemm : 1, n_act16 = opt.n_act16 ? opt.n_act16 : 1;
-    for (int mi = 0; mi < n_gemm * n_act16 && st == PV_OK && res; mi++) {
-        const int gemm = opt.n_gemm ? opt.gemm[mi % n_gemm] : -1, act16 = opt.n_act16 ? opt.act16[mi / n_gemm] : -1;
+    const int n_rows = opt.n_rows ? opt.n_rows : 1;
+    for (int mi = 0; mi < n_gemm * n_act16 * n_rows && st == PV_OK && res; mi++) {
+        const int gemm = opt.n_gemm ? opt.gemm[mi % n_gemm] : -1;
+        const int act16 = opt.n_act16 ? opt.act16[mi / n_gemm % n_act16] : -1;
+        const int rows = opt.n_rows ? opt.rows[mi / (n_gemm * n_act16)] : -1;
         char set[32];
         snprintf(set, sizeof set, "PV_GEMM=%d", gemm);
         if (gemm >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
             break;
         snprintf(set, sizeof set, "PV_ACT16=%d", act16);
         if (act16 >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
+            break;
+        snprintf(set, sizeof set, "PV_QMV_ROWS=%d", rows);
+        if (rows >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
             break;
         for (int ti = 0; ti < opt.n_types && st == PV_OK; ti++) {
             if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, opt.types[ti]))
@@ -377,6 +401,7 @@ int main(int argc, char **argv)
                 for (int k = 0; k < opt.n_tokens; k++) {
                     res[n_res + k].gemm = gemm;
                     res[n_res + k].act16 = act16;
+                    res[n_res + k].rows = rows;
                 }
                 n_res += opt.n_tokens;
             }
@@ -409,10 +434,10 @@ int main(int argc, char **argv)
         }
         printf(", \"results\": [");
         for (int i = 0; i < n_res; i++)
-            printf("%s\n  {\"gemm\": \"%s\", \"act16\": %d, \"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, "
+            printf("%s\n  {\"gemm\": \"%s\", \"act16\": %d, \"rows\": %d, \"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, "
                    "\"tokens\": %lld, \"weight_bytes\": %.0f, \"us_per_call\": %.3f, \"weight_gbps\": %.3f, "
                    "\"%s\": %.4f, \"gflops\": %.3f}",
-                   i ? "," : "", gemm_label(res[i].gemm), res[i].act16, pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
+                   i ? "," : "", gemm_label(res[i].gemm), res[i].act16, res[i].rows, pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
                    (long long)res[i].n_tokens, res[i].weight_bytes, res[i].us_per_call, res[i].gbps, ref_key,
                    read > 0 ? res[i].gbps / read : 0.0, res[i].gflops);
         printf("\n]}\n");
@@ -427,14 +452,18 @@ int main(int argc, char **argv)
                        : "weights are read from memory on every call (copies filling 4x the last-level cache); "
                          "median of %d passes\n\n",
                opt.reps);
-        printf("%-7s %-5s %-5s %13s %6s %10s %10s %9s %10s %8s\n", "gemm", "act16", "type", "n_out x n_in", "tokens",
+        printf("%-7s %-5s %-4s %-5s %13s %6s %10s %10s %9s %10s %8s\n", "gemm", "act16", "rows", "type", "n_out x n_in",
+               "tokens",
                "us/call",
                "weight GB/s", "of ref", "GFLOP/s", "of peak");
         for (int i = 0; i < n_res; i++) {
             char shape[40];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)res[i].n_out, (long long)res[i].n_in);
-            printf("%-7s %-5s %-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", gemm_label(res[i].gemm),
-                   res[i].act16 < 0 ? "own" : res[i].act16 ? "1" : "0", pv_wtype_name(res[i].type), shape,
+            char rows[8];
+            snprintf(rows, sizeof rows, "%d", res[i].rows);
+            printf("%-7s %-5s %-4s %-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", gemm_label(res[i].gemm),
+                   res[i].act16 < 0 ? "own" : res[i].act16 ? "1" : "0", res[i].rows < 0 ? "own" : rows,
+                   pv_wtype_name(res[i].type), shape,
                    (long long)res[i].n_tokens, res[i].us_per_call, res[i].gbps,
                    read > 0 ? 100.0 * res[i].gbps / read : 0.0, res[i].gflops);
             if (peak > 0)

@@ -104,7 +104,10 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
  * Local memory: max_t * rows floats per warp on CUDA, per work-item on
  * OpenCL (PV_QMV_RED). */
 
-#define PV_QMV_MAX_ROWS 4
+#ifndef PV_QMV_ROWS
+#define PV_QMV_ROWS 2 /* the one-token kernels' rows (kernel-params.h) */
+#endif
+#define PV_QMV_MAX_ROWS (PV_QMV_ROWS > 4 ? PV_QMV_ROWS : 4)
 #if defined(__CUDACC__)
 #define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * (PV_WG / 32))
 #else
@@ -464,8 +467,9 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
     }
 /* Rows a group takes in each class (the host's pv_qmv_rows must agree):
  * more rows share each x load, fewer leave registers for the tokens' sums
- * and more groups to fill the device. */
-PV_QMV_KERNELS(1, 2)
+ * and more groups to fill the device. At one token the sums are few, and
+ * x's loads can outweigh the weights' (PV_QMV_ROWS, tuned). */
+PV_QMV_KERNELS(1, PV_QMV_ROWS)
 PV_QMV_KERNELS(4, 4)
 PV_QMV_KERNELS(16, 2) /* PV_QMAX_T */
 #undef PV_QMV_KERNELS
@@ -623,7 +627,7 @@ PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL p
         pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);                                \
     }
 /* the token classes and rows of PV_QMV_KERNELS */
-PV_QMV16_KERNELS(1, 2)
+PV_QMV16_KERNELS(1, PV_QMV_ROWS)
 PV_QMV16_KERNELS(4, 4)
 PV_QMV16_KERNELS(16, 2)
 #undef PV_QMV16_KERNELS

@@ -8,7 +8,8 @@
  * against its double value and against the unfused ops; the larger
  * batches in every tensor-core GEMM mode a backend runs, alone, grouped and
  * in the SwiGLU product; the block types' decode-sized products again with
- * x rounded to 16 bits (PV_ACT16). Usage: test-backend-qmatmul [backend] */
+ * x rounded to 16 bits (PV_ACT16); the one-token kernels with 4 and 8 rows
+ * a work-group (PV_QMV_ROWS). Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
 #include "backends/kernel-params.h"
@@ -576,6 +577,39 @@ static void check_act16(pv_backend *be, const char *name, uint64_t *rng)
         ok(0, "%s: back to PV_ACT16 0: %s", name, pv_last_error());
 }
 
+/* The one-token kernels again with 4 and 8 rows a work-group (PV_QMV_ROWS;
+ * the other classes keep theirs), f32 x and, with 8, x rounded
+ * (PV_ACT16): every weight type alone, a SwiGLU product and a group of
+ * Q, K and V shapes, whose products at 1 token the rows change (the
+ * batch loops' other sizes run the unchanged kernels again). A backend
+ * without tunable kernels refuses the set. */
+static void check_rows(pv_backend *be, const char *name, uint64_t *rng)
+{
+    static const char *const sets[] = {"PV_QMV_ROWS=4", "PV_QMV_ROWS=8", "PV_QMV_ROWS=8 PV_ACT16=1"};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        const pv_status st = pv_backend_kernel_set(be, "qmatmul", sets[si]);
+        if (st != PV_OK) {
+            ok(st == PV_ERR_UNSUPPORTED && !pv_backend_kernels_tunable(be),
+               "%s: %s is refused only by a backend without tunable kernels (%s)", name, sets[si], pv_last_error());
+            return;
+        }
+        act16_pass = strstr(sets[si], "PV_ACT16=1") != NULL;
+        tap_diag("%s: the checks up to the next such line run with %s", name, sets[si]);
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (pv_backend_supports_weights(be, PV_OP_QMATMUL, types[ti]))
+                /* 67 rows: a last group with fewer rows than the others */
+                check_qmatmul(be, name, types[ti], 67, types[ti] == PV_W_F32 || types[ti] == PV_W_F16 ? 37 : 160,
+                              rng);
+        if (pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, PV_W_Q4_0))
+            check_swiglu(be, name, PV_W_Q4_0, 37, 160, rng);
+        check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
+                    rng);
+        act16_pass = 0;
+    }
+    if (pv_backend_kernel_set(be, "qmatmul", "PV_QMV_ROWS=2 PV_ACT16=0") != PV_OK)
+        ok(0, "%s: back to PV_QMV_ROWS 2: %s", name, pv_last_error());
+}
+
 static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
 {
     const char *msg = st == PV_OK ? "" : pv_last_error();
@@ -718,6 +752,7 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
     }
     check_gemm_modes(be, name, &rng);
     check_act16(be, name, &rng);
+    check_rows(be, name, &rng);
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/gpu-report on a fixture (tests/gpu-report: figures of the H100
 # runs and of PoCL dry runs, trimmed; the llama-bench records and the
-# PV_GEMM and PV_ACT16 tables are made up for the test): each target's figure, ratio and
+# PV_GEMM, PV_ACT16 and PV_QMV_ROWS tables are made up for the test): each target's figure, ratio and
 # verdict computed from the JSON as docs/PERFORMANCE.md quotes them.
 set -u
 here=$(dirname "$0")
@@ -30,6 +30,9 @@ has "| Q4_0 | 14336x4096 | 512 | 30065 | 240519 | f16 | 8.00x |" "PV_GEMM: GFLOP
 has "| Q4_0 | 14336x4096 | 1 | 25.8 | 16.0 | 43% | 69% | 1.61x |" "PV_ACT16: both modes' times, shares of the copy and the gain"
 has "- Q4_0 at batch 1, the faster mode: 61%-69% of the copy: met" "PV_ACT16: the Q4 target from the faster mode"
 has "- Q8_0 at batch 1, the faster mode: 67%-67% of the copy: met" "PV_ACT16: a type where f32 x is the faster"
+has "| Q4_0 | 14336x4096 | 43% | 58% | 67% | 69% | 79% | 83% | act16 1, 8 rows | 1.95x |" \
+    "PV_QMV_ROWS: each set's share of the copy, the fastest and its gain over f32 x at 2 rows"
+has "- Q4_0 at batch 1, the fastest set: 83%-83% of the copy: met" "PV_QMV_ROWS: the Q4 target from the fastest set"
 has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
 has "- pensieve-serve's forward passes: 2000, 75% as graphs, 80% of them replayed" \
     "serving: the server's graph runs and replays from /metrics"

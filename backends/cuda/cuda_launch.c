@@ -440,7 +440,7 @@ static pv_status launch_fused(pv_cuda_kernels *k, cudaStream_t stream, const cha
     const karg rest[] = {KARG(y), KARG(zero), KARG(tokens), KARG(in), KARG(out)};
     for (int i = 0; i < N_ARGS(rest); i++)
         args[n++] = rest[i];
-    return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(token_class)), 1, wg, args, n);
+    return launch(k, stream, name + 3, kernel, groups_of(n_out, pv_qmv_rows(&p, token_class)), 1, wg, args, n);
 }
 
 pv_status pv_cuda_launch_qmatmul_fused(pv_cuda_kernels *k, cudaStream_t stream, const pv_qmatmul_args *a,
@@ -481,7 +481,7 @@ pv_status pv_cuda_launch_qmatmul_group(pv_cuda_kernels *k, cudaStream_t stream, 
         ws[i] = w[j];
         ys[i] = y[j];
         outs[i] = i < n ? (int)products[i].n_out : 0;
-        groups += groups_of(outs[i], pv_qmv_rows(token_class));
+        groups += groups_of(outs[i], pv_qmv_rows(&p, token_class));
         const karg one[] = {KARG(ws[i]), KARG(zero), KARG(ys[i]), KARG(zero), KARG(outs[i])};
         for (int e = 0; e < N_ARGS(one); e++)
             args[na++] = one[e];

@@ -782,7 +782,8 @@ static pv_status fused_products(pv_backend *be, const char *base, pv_wtype t, in
     arg_int(&ka, (int32_t)n_tokens);
     arg_int(&ka, (int32_t)n_in);
     arg_int(&ka, (int32_t)n_out);
-    return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)pv_qmv_rows(token_class)), 1);
+    const pv_kernel_params p = family_params(be, PV_KERNEL_QMATMUL);
+    return launch(be, name + 3, &ka, ceil_div((uint64_t)n_out, (uint64_t)pv_qmv_rows(&p, token_class)), 1);
 }
 
 /* fused_products with x rounded first where PV_ACT16 says so, unless
@@ -964,7 +965,8 @@ static pv_status group_launch(pv_backend *be, const pv_qmatmul_args *p, int n, c
 {
     const pv_qmatmul_args *first = &p[0];
     const int token_class = pv_qmv_token_class(first->n_tokens);
-    const uint64_t rows = (uint64_t)pv_qmv_rows(token_class);
+    const pv_kernel_params params = family_params(be, PV_KERNEL_QMATMUL);
+    const uint64_t rows = (uint64_t)pv_qmv_rows(&params, token_class);
     char name[40];
     snprintf(name, sizeof name, "pv_qmatmul_group%s_%d", xq ? "16" : "", token_class);
     kernel_args ka;
