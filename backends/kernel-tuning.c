@@ -99,6 +99,18 @@ pv_kernel_params pv_kernel_tuned(const pv_kernel_tuning *t, const pv_kernel_buck
     return p;
 }
 
+int pv_qmatmul_group_rounds(const pv_kernel_tuning *t, const pv_qmatmul_args *products, int n, int64_t fused_max_t)
+{
+    if (n < 1 || products[0].n_tokens > fused_max_t)
+        return -1;
+    const pv_kernel_bucket b = {.family = PV_KERNEL_QMATMUL};
+    const pv_kernel_params p = pv_kernel_tuned(t, &b);
+    for (int i = 0; i < n; i++)
+        if (pv_qmatmul_act16(&p, (int)products[i].w_type))
+            return i;
+    return -1;
+}
+
 /* ---- text forms ---------------------------------------------------------------- */
 
 static int family_named(const char *name, size_t len, pv_kernel_family *out)

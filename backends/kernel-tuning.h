@@ -63,6 +63,12 @@ void pv_kernel_bucket_of_attention(const pv_attention_args *a, pv_kernel_bucket 
  * the launcher to fill in. */
 pv_kernel_params pv_kernel_tuned(const pv_kernel_tuning *t, const pv_kernel_bucket *b);
 
+/* Products of one x at decode sizes (n_tokens <= fused_max_t, the
+ * backend's fused kernels): the index of the first whose weight type
+ * takes x rounded under t's qmatmul set (PV_ACT16; x is then rounded once
+ * for all such products), or -1, as also for larger batches. */
+int pv_qmatmul_group_rounds(const pv_kernel_tuning *t, const pv_qmatmul_args *products, int n, int64_t fused_max_t);
+
 /* Text forms: "attention.hd64.g4.decode.short" and "PV_WG=16 PV_SPLITS=4"
  * (the tuned and launch parameters only, in table order). Parsing refuses
  * anything else with PV_ERR_INVALID_ARG naming the part at fault; a set

@@ -180,6 +180,22 @@ static int set_and_say(pv_backend *be, const char *bucket, const char *params)
 /* the broken build skips half of each context: far off */
 #define BROKEN_AT_LEAST 1e-2
 
+/* pv_qmatmul_group_rounds: the first block-type product of a decode-sized
+ * group under PV_ACT16=1; none with PV_ACT16=0, past the fused kernels'
+ * tokens, or without a block type. */
+static void test_group_rounds(void)
+{
+    pv_kernel_tuning t;
+    pv_kernel_tuning_reset(&t);
+    const pv_qmatmul_args mixed[2] = {{.w_type = PV_W_F16, .n_tokens = 4}, {.w_type = PV_W_Q4_1, .n_tokens = 4}};
+    ok(pv_qmatmul_group_rounds(&t, mixed, 2, 16) == -1, "group rounds: none under the default PV_ACT16=0");
+    pv_status st = pv_kernel_tuning_default(&t, PV_KERNEL_QMATMUL, PV_KPARAM_ACT16, 1);
+    ok(st == PV_OK && pv_qmatmul_group_rounds(&t, mixed, 2, 16) == 1,
+       "group rounds: F16 then Q4_1 under PV_ACT16=1: the Q4_1 product");
+    ok(pv_qmatmul_group_rounds(&t, mixed, 1, 16) == -1, "group rounds: F16 alone: none");
+    ok(pv_qmatmul_group_rounds(&t, mixed, 2, 3) == -1, "group rounds: 4 tokens past a fused limit of 3: none");
+}
+
 static void test_attention_routing(pv_backend *be, const char *name, uint64_t *rng)
 {
     kv_scenario sc;
@@ -370,6 +386,7 @@ int main(void)
     test_buckets();
     test_params();
     test_candidates();
+    test_group_rounds();
 
     pv_backend *cpu = NULL;
     if (pv_backend_init(&cpu, "cpu", 0) == PV_OK) {

@@ -1242,26 +1242,14 @@ static pv_status cuda_qmatmul(pv_backend *be, const pv_qmatmul_args *a)
     return qmatmul_large(be, a, mode, x);
 }
 
-/* The index of a product of the group that takes x rounded (PV_ACT16: x
- * is then rounded once for all such products), or -1. */
-static int group_rounds(const pv_backend *be, const pv_qmatmul_args *products, int n)
-{
-    if (products[0].n_tokens > QMATMUL_FUSED_MAX_T)
-        return -1;
-    for (int i = 0; i < n; i++)
-        if (act16(be, products[i].w_type))
-            return i;
-    return -1;
-}
-
 /* Products of one x (Q, K and V). At decode sizes, products of one weight
  * type go three to a launch (pv_cuda_launch_qmatmul_group: K and V's few
  * rows beside Q's instead of launches that leave most SMs idle), x rounded
  * once first where PV_ACT16 says so; products of mixed types one by one, x
  * still rounded once for all the block-type ones. Larger batches one by
  * one, x narrowed once for all in PV_GEMM's 16-bit modes. `rounded` (not
- * NULL) holds x rounded already where group_rounds says the group takes
- * it so. */
+ * NULL) holds x rounded already where pv_qmatmul_group_rounds says the
+ * group takes it so. */
 static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n, const pv_cuda_xq16 *rounded)
 {
     cuda_impl *cu = impl_of(be);
@@ -1278,7 +1266,7 @@ static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n
     int one_type = 1;
     for (int i = 1; i < n; i++)
         one_type &= products[i].w_type == first->w_type;
-    const int shared = group_rounds(be, products, n);
+    const int shared = pv_qmatmul_group_rounds(be->tuning, products, n, QMATMUL_FUSED_MAX_T);
     pv_cuda_xq16 xq = rounded ? *rounded : (pv_cuda_xq16){0};
     const float *x = dev_ptr(first->x, first->x_off, 4);
     if (shared >= 0 && !rounded)
@@ -1377,7 +1365,7 @@ static pv_status cuda_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_arg
 {
     PV_TRY(enter(impl_of(be)));
     pv_cuda_xq16 xq;
-    const int rounds = group_rounds(be, products, n) >= 0;
+    const int rounds = pv_qmatmul_group_rounds(be->tuning, products, n, QMATMUL_FUSED_MAX_T) >= 0;
     if (rounds)
         PV_TRY(xq16_reserve(be, norm->rows, norm->dim, &xq));
     PV_TRY(add_rmsnorm_of(be, norm, rounds ? &xq : NULL));

@@ -990,24 +990,12 @@ static pv_status group_launch(pv_backend *be, const pv_qmatmul_args *p, int n, c
     return launch(be, name + 3, &ka, groups, 1);
 }
 
-/* The index of a product of the group that takes x rounded (PV_ACT16: x
- * is then rounded once for all such products), or -1. */
-static int group_rounds(const pv_backend *be, const pv_qmatmul_args *products, int n)
-{
-    if (products[0].n_tokens > PV_OPENCL_QMATMUL_FUSED_MAX_T)
-        return -1;
-    for (int i = 0; i < n; i++)
-        if (act16(be, products[i].w_type))
-            return i;
-    return -1;
-}
-
 /* Products of one x (Q, K and V). At decode sizes, products of one weight
  * type go three to a launch (group_launch), x rounded once first where
  * PV_ACT16 says so; products of mixed types one by one, x still rounded
  * once for all the block-type ones. Larger batches one by one. `rounded`
- * (not NULL) holds x rounded already where group_rounds says the group
- * takes it so. */
+ * (not NULL) holds x rounded already where pv_qmatmul_group_rounds says
+ * the group takes it so. */
 static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n, const xq16 *rounded)
 {
     const pv_qmatmul_args *first = &products[0];
@@ -1015,7 +1003,7 @@ static pv_status group_of(pv_backend *be, const pv_qmatmul_args *products, int n
     int one_type = 1;
     for (int i = 1; i < n; i++)
         one_type &= products[i].w_type == first->w_type;
-    const int shared = group_rounds(be, products, n);
+    const int shared = pv_qmatmul_group_rounds(be->tuning, products, n, PV_OPENCL_QMATMUL_FUSED_MAX_T);
     xq16 xq = rounded ? *rounded : (xq16){0};
     pv_status st = shared >= 0 && !rounded ? round_x16(be, products[shared].w_type, first->x, first->x_off,
                                                        first->n_tokens, first->n_in, &xq)
@@ -1074,7 +1062,7 @@ pv_status pv_opencl_add_rmsnorm_group(pv_backend *be, const pv_add_rmsnorm_args 
                                       int n)
 {
     xq16 xq;
-    const int rounds = group_rounds(be, products, n) >= 0;
+    const int rounds = pv_qmatmul_group_rounds(be->tuning, products, n, PV_OPENCL_QMATMUL_FUSED_MAX_T) >= 0;
     pv_status st = rounds ? xq16_reserve(be, norm->rows, norm->dim, &xq) : PV_OK;
     if (st == PV_OK)
         st = add_rmsnorm_of(be, norm, rounds ? &xq : NULL);
