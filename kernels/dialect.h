@@ -74,6 +74,12 @@ typedef half pv_half; /* storage only: loads and stores go through vload_half/vs
 #define PV_GROUP_ID(d) ((pv_long)get_group_id(d))
 
 #define PV_LOAD_HALF(p, i) vload_half((size_t)(i), (p))
+/* The IEEE half in the low 16 bits of u (loaded earlier), as a float. */
+PV_FUNC float pv_half_bits(pv_u32 u)
+{
+    const pv_u16 h = (pv_u16)u;
+    return vload_half(0, (const private half *)&h);
+}
 #define PV_STORE_HALF(x, p, i) vstore_half((x), (size_t)(i), (p))
 #define PV_AS_FLOAT(u) as_float(u)
 #define PV_AS_U32(f) as_uint(f)
@@ -146,6 +152,10 @@ PV_FUNC pv_half pv_float_to_half(float f) /* round to nearest even */
 }
 
 #define PV_LOAD_HALF(p, i) pv_half_to_float((p)[i])
+PV_FUNC float pv_half_bits(pv_u32 u)
+{
+    return pv_half_to_float((pv_half)u);
+}
 #define PV_STORE_HALF(x, p, i) ((p)[i] = pv_float_to_half(x))
 #define PV_AS_FLOAT(u) __uint_as_float(u)
 #define PV_AS_U32(f) __float_as_uint(f)

@@ -89,7 +89,10 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
  * each work-item loads the 8 x values of its octet once per token for all
  * its rows: x, which every row reads, costs rows times fewer loads than W
  * bytes would suggest. Each weight byte crosses the memory bus once per
- * call. The per-(row, token) sums are then reduced over the group:
+ * call. At one token a work-item loads several octets of its rows in a
+ * pass before it sums the pass before (PV_QMV_FLIGHT), so that enough
+ * bytes are in flight to cover a GPU's memory latency. The per-(row,
+ * token) sums are then reduced over the group:
  * through warp shuffles and one exchange of the warps' sums on CUDA, a
  * tree in local memory on OpenCL. The token loops run to the constant
  * PV_QMAX_T and unroll; max_t and rows are literals in each kernel below,
@@ -128,56 +131,109 @@ PV_FUNC float pv_small_int(pv_u32 n, float bias)
     return PV_AS_FLOAT(0x4B000000u | n) - (8388608.0f + bias);
 }
 
-/* Octet o of the row starting at word `row`: weight k is d * q[k] + m,
- * q[k] a small integer (the block types) or the weight itself (the float
- * types: d = 1, m = 0, elements past n_in 0); *xa and *xb get the row
- * elements of q[0..3] and q[4..7] (4 consecutive each). */
-PV_FUNC void pv_w_octet(const PV_GLOBAL pv_u16 *row, int o, int n_in, float *q, float *d, float *m, int *xa,
-                        int *xb)
+/* An octet's bits as loaded (pv_w_octet_load), PV_W_RAW words: the float
+ * types' 8 elements (F32 one a word, F16 and BF16 two), the block types'
+ * scale d (and Q4_1's minimum m) and quant bytes. Loading them apart from
+ * widening them lets a pass load all its octets before it waits for any. */
+#if PV_WTYPE == 0
+#define PV_W_RAW 8
+#elif PV_W_UNIT == 1
+#define PV_W_RAW 4
+#elif PV_WTYPE == 2 /* d, 4 bytes of nibbles */
+#define PV_W_RAW 2
+#else /* Q8_0: d, 8 bytes; Q4_1: d, m, 4 bytes of nibbles */
+#define PV_W_RAW 3
+#endif
+
+/* The bits of octet o of the row starting at word `row` (elements past
+ * n_in 0, which widen to 0). */
+PV_FUNC void pv_w_octet_load(const PV_GLOBAL pv_u16 *row, int o, int n_in, pv_u32 raw[PV_W_RAW])
 {
 #if PV_W_UNIT == 1
-    *xa = 8 * o;
-    *xb = 8 * o + 4;
-    *d = 1.0f;
-    *m = 0.0f;
     #pragma unroll
     for (int k = 0; k < 8; k++) {
         const int e = 8 * o + k;
-        q[k] = e < n_in ? pv_w_elem(row, e) : 0.0f;
+#if PV_WTYPE == 0
+        raw[k] = e < n_in ? (pv_u32)row[2 * e] | ((pv_u32)row[2 * e + 1] << 16) : 0u;
+#else
+        const pv_u32 h = e < n_in ? (pv_u32)row[e] : 0u;
+        raw[k / 2] = k % 2 ? raw[k / 2] | (h << 16) : h;
+#endif
     }
 #else
     const int u = o >> 2, quarter = o & 3;
     const PV_GLOBAL pv_u16 *b = row + (pv_long)u * PV_W_UNIT_WORDS;
-    *d = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-#if PV_WTYPE == 8 /* bytes 8q .. 8q + 7: elements 8q .. 8q + 7, signed */
+    raw[0] = b[0];
+#if PV_WTYPE == 8 /* bytes 8 quarter .. + 7 */
+    raw[1] = (pv_u32)b[1 + 4 * quarter] | ((pv_u32)b[2 + 4 * quarter] << 16);
+    raw[2] = (pv_u32)b[3 + 4 * quarter] | ((pv_u32)b[4 + 4 * quarter] << 16);
+#elif PV_WTYPE == 2 /* bytes 4 quarter .. + 3 */
+    raw[1] = (pv_u32)b[1 + 2 * quarter] | ((pv_u32)b[2 + 2 * quarter] << 16);
+#else
+    raw[1] = b[1];
+    raw[2] = (pv_u32)b[2 + 2 * quarter] | ((pv_u32)b[3 + 2 * quarter] << 16);
+#endif
+#endif
+}
+
+/* The loaded octet widened: weight k is d * q[k] + m, q[k] a small integer
+ * (the block types) or the weight itself (the float types: d = 1, m = 0). */
+PV_FUNC void pv_w_octet_widen(const pv_u32 raw[PV_W_RAW], float *q, float *d, float *m)
+{
+#if PV_W_UNIT == 1
+    *d = 1.0f;
     *m = 0.0f;
-    *xa = 32 * u + 8 * quarter;
-    *xb = *xa + 4;
+    #pragma unroll
+    for (int k = 0; k < 8; k++)
+#if PV_WTYPE == 0
+        q[k] = PV_AS_FLOAT(raw[k]);
+#elif PV_WTYPE == 1
+        q[k] = pv_half_bits(raw[k / 2] >> (16 * (k % 2)));
+#else
+        q[k] = PV_AS_FLOAT(k % 2 ? raw[k / 2] & 0xffff0000u : raw[k / 2] << 16);
+#endif
+#else
+    *d = pv_half_bits(raw[0]);
+#if PV_WTYPE == 8 /* elements 8 quarter .. + 7, signed */
+    *m = 0.0f;
     #pragma unroll
     for (int k = 0; k < 4; k++) {
-        const pv_u32 word = (pv_u32)b[1 + 4 * quarter + k] ^ 0x8080u; /* byte + 128 */
+        const pv_u32 word = ((raw[1 + k / 2] >> (16 * (k % 2))) & 0xffffu) ^ 0x8080u; /* byte + 128 */
         q[2 * k] = pv_small_int(word & 0xffu, 128.0f);
         q[2 * k + 1] = pv_small_int(word >> 8, 128.0f);
     }
-#else /* Q4_0, Q4_1: bytes 4q .. 4q + 3, low nibbles elements 4q .., high 4q + 16 .. */
+#else /* Q4_0, Q4_1: low nibbles elements 4 quarter .., high 4 quarter + 16 .. */
 #if PV_WTYPE == 2 /* d * (nibble - 8) */
     const float bias = 8.0f;
+    const pv_u32 bits = raw[1];
     *m = 0.0f;
-    const PV_GLOBAL pv_u16 *qs = b + 1;
 #else
     const float bias = 0.0f;
-    *m = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
-    const PV_GLOBAL pv_u16 *qs = b + 2;
+    const pv_u32 bits = raw[2];
+    *m = pv_half_bits(raw[1]);
 #endif
-    *xa = 32 * u + 4 * quarter;
-    *xb = *xa + 16;
-    const pv_u32 bits = (pv_u32)qs[2 * quarter] | ((pv_u32)qs[2 * quarter + 1] << 16);
     #pragma unroll
     for (int k = 0; k < 4; k++) {
         q[k] = pv_small_int((bits >> (8 * k)) & 15u, bias);
         q[k + 4] = pv_small_int((bits >> (8 * k + 4)) & 15u, bias);
     }
 #endif
+#endif
+}
+
+/* The row elements that octet o's q[0..3] and q[4..7] weigh: *xa .. + 3
+ * and *xb .. + 3. */
+PV_FUNC void pv_w_octet_x(int o, int *xa, int *xb)
+{
+#if PV_W_UNIT == 1
+    *xa = 8 * o;
+    *xb = 8 * o + 4;
+#elif PV_WTYPE == 8
+    *xa = 8 * o;
+    *xb = 8 * o + 4;
+#else
+    *xa = 32 * (o >> 2) + 4 * (o & 3);
+    *xb = *xa + 16;
 #endif
 }
 
@@ -222,6 +278,261 @@ PV_FUNC void pv_qmv_begin(const PV_GLOBAL pv_u16 *w, pv_long w_off, pv_long row0
     }
 }
 
+/* x as a product takes it: f32 (x from x_off; x4 as pv_qmv says) or,
+ * under PV_ACT16, rounded to 16 bits (xq, xs: the section below). */
+typedef struct pv_qmv_x {
+    const PV_GLOBAL float *x;
+    pv_long x_off;
+    int x4;
+    const PV_GLOBAL pv_u32 *xq;
+    pv_long xq_off;
+    const PV_GLOBAL float *xs;
+    pv_long xs_off;
+} pv_qmv_x;
+
+/* v[0..7] = the x of a token's row xt that octet o weighs (past n_in: 0). */
+PV_FUNC void pv_x_octet(const PV_GLOBAL float *xt, int o, const int x4, int n_in, float *v)
+{
+    int xa, xb;
+    pv_w_octet_x(o, &xa, &xb);
+#if PV_W_UNIT == 1 /* a row's last octet may be short */
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[k] = xa + k < n_in ? xt[xa + k] : 0.0f;
+        v[k + 4] = xb + k < n_in ? xt[xb + k] : 0.0f;
+    }
+#else
+    pv_x4(xt + xa, x4, v);
+    pv_x4(xt + xb, x4, v + 4);
+#endif
+}
+
+/* The loaded octets of the rows widened (wq, wd, wm; pv_w_octet_widen),
+ * or under PV_ACT16 as pv_dot16 takes them: the 8 weights' signed bytes
+ * (a Q4 nibble in each byte) in qa, qb; the scale in wd, Q4_1's minimum
+ * in wm. */
+typedef struct pv_qmv_w {
+    float wq[PV_QMV_MAX_ROWS][8], wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
+    pv_u32 qa[PV_QMV_MAX_ROWS], qb[PV_QMV_MAX_ROWS];
+} pv_qmv_w;
+
+PV_FUNC void pv_qmv_widen(const int rows, const int act16, pv_u32 raw[PV_QMV_MAX_ROWS][PV_W_RAW], pv_qmv_w *w)
+{
+    #pragma unroll
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+        if (r < rows) {
+#if PV_W_UNIT == 32
+            if (act16) {
+                w->wd[r] = pv_half_bits(raw[r][0]);
+#if PV_WTYPE == 8 /* elements 8 quarter .. + 7 */
+                w->wm[r] = 0.0f;
+                w->qa[r] = raw[r][1];
+                w->qb[r] = raw[r][2];
+#else /* low nibbles elements 4 quarter .., high + 16 */
+#if PV_WTYPE == 2
+                const pv_u32 bits = raw[r][1];
+                w->wm[r] = 0.0f;
+#else
+                const pv_u32 bits = raw[r][2];
+                w->wm[r] = pv_half_bits(raw[r][1]);
+#endif
+                w->qa[r] = bits & 0x0f0f0f0fu;
+                w->qb[r] = (bits >> 4) & 0x0f0f0f0fu;
+#endif
+                continue;
+            }
+#endif
+            pv_w_octet_widen(raw[r], w->wq[r], &w->wd[r], &w->wm[r]);
+        }
+    }
+}
+
+#if PV_W_UNIT == 32
+/* *hi, *lo = pair `pair` of xq (8-byte aligned). */
+PV_FUNC void pv_x16_pair(const PV_GLOBAL pv_u32 *xq, pv_long pair, pv_u32 *hi, pv_u32 *lo)
+{
+#if defined(__CUDACC__)
+    const uint2 v = ((const uint2 *)xq)[pair];
+#else
+    const uint2 v = vload2((size_t)pair, xq);
+#endif
+    *hi = v.x;
+    *lo = v.y;
+}
+
+/* 256 (q . hi) + (q . lo) over 8 weights' signed bytes qa, qb and their
+ * activations' pairs (ha, la), (hb, lb): below 2^25 in magnitude. */
+PV_FUNC int pv_dot16(pv_u32 qa, pv_u32 qb, pv_u32 ha, pv_u32 la, pv_u32 hb, pv_u32 lb)
+{
+    const int hi = PV_DP4A(qb, hb, PV_DP4A(qa, ha, 0));
+    return PV_DP4A(qb, lb, PV_DP4A(qa, la, 256 * hi));
+}
+
+#endif
+
+/* acc[r][t] += row r's octet o (w, widened) times token t's x, for r <
+ * rows. */
+PV_FUNC void pv_qmv_octet_sums(const int rows, const int act16, const pv_qmv_w *w, int o, const pv_qmv_x xr,
+                               int n_in, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T], const int t)
+{
+#if PV_W_UNIT == 32
+    if (act16) {
+        const int u = o >> 2, quarter = o & 3;
+#if PV_WTYPE == 8
+        const int pa = 8 * u + 2 * quarter, pb = pa + 1;
+#else
+        const int pa = 8 * u + quarter, pb = pa + 4;
+#endif
+        const PV_GLOBAL pv_u32 *xt = xr.xq + xr.xq_off + (pv_long)t * (n_in / 2);
+        pv_u32 ha, la, hb, lb;
+        pv_x16_pair(xt, pa, &ha, &la);
+        pv_x16_pair(xt, pb, &hb, &lb);
+        const pv_long at = xr.xs_off + 2 * ((pv_long)t * (n_in / 32) + u);
+        const float xd = xr.xs[at], x_sum = xr.xs[at + 1];
+        #pragma unroll
+        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+            if (r < rows) {
+                const float dot = (float)pv_dot16(w->qa[r], w->qb[r], ha, la, hb, lb);
+#if PV_WTYPE == 8
+                acc[r][t] += w->wd[r] * (xd * dot);
+#elif PV_WTYPE == 2 /* nibble - 8: a quarter's share of 8 S, exact */
+                acc[r][t] += w->wd[r] * (xd * (dot - 2.0f * x_sum));
+#else /* and the minimum times a quarter of the block's sum */
+                acc[r][t] += w->wd[r] * (xd * dot) + w->wm[r] * (xd * (0.25f * x_sum));
+#endif
+            }
+        }
+        return;
+    }
+#endif
+    float xv[8];
+    pv_x_octet(xr.x + xr.x_off + (pv_long)t * n_in, o, xr.x4, n_in, xv);
+#if PV_WTYPE == 3 /* the minimum times the sum of x, once for all rows */
+    const float x_sum = ((xv[0] + xv[1]) + (xv[2] + xv[3])) + ((xv[4] + xv[5]) + (xv[6] + xv[7]));
+#endif
+    #pragma unroll
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
+        if (r < rows) {
+            float s = 0.0f;
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                s += w->wq[r][k] * xv[k];
+#if PV_WTYPE == 3
+            acc[r][t] += w->wd[r] * s + w->wm[r] * x_sum;
+#elif PV_W_UNIT == 1
+            acc[r][t] += s;
+#else
+            acc[r][t] += w->wd[r] * s;
+#endif
+        }
+    }
+}
+
+/* acc[r][t] += octet o of row r (w_rows[r]) times token t's x, for r < rows
+ * and t < max_t and n_tokens (one token at max_t 1: the host launches
+ * nothing for none): the rows' octets widened once for all tokens. */
+PV_FUNC void pv_qmv_octet(const int max_t, const int rows, const int act16,
+                          const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS], int o, const pv_qmv_x xr, int n_tokens,
+                          int n_in, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    pv_u32 raw[PV_QMV_MAX_ROWS][PV_W_RAW];
+    #pragma unroll
+    for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
+        if (r < rows)
+            pv_w_octet_load(w_rows[r], o, n_in, raw[r]);
+    pv_qmv_w w;
+    pv_qmv_widen(rows, act16, raw, &w);
+    #pragma unroll
+    for (int t = 0; t < PV_QMAX_T; t++)
+        if (t < max_t && (max_t == 1 || t < n_tokens))
+            pv_qmv_octet_sums(rows, act16, &w, o, xr, n_in, acc, t);
+}
+
+/* Row-octets a work-item of the one-token kernels loads in one pass:
+ * PV_QMV_FLIGHT / rows octets of its rows, PV_WG apart, 36 to 68 bytes of
+ * W, issued before the sums of the pass before. A pass of one octet waited
+ * for its few bytes (4.5 of a Q4_0 row, 9 at 2 rows) and then for x before
+ * it could load the next: at a GPU's memory latency, too few bytes in
+ * flight to keep its memory busy (docs/PERFORMANCE.md, "Bytes in flight").
+ * F32 rows bring 64 bytes an octet at 2 rows: no passes. The larger token
+ * classes need those registers for their sums. */
+#if PV_W_UNIT == 32
+#define PV_QMV_FLIGHT 8
+#elif PV_WTYPE == 0
+#define PV_QMV_FLIGHT 2
+#else
+#define PV_QMV_FLIGHT 4
+#endif
+PV_FUNC int pv_qmv_per_pass(const int max_t, const int rows)
+{
+    return max_t == 1 && rows < PV_QMV_FLIGHT ? PV_QMV_FLIGHT / rows : 1;
+}
+
+/* A one-token pass's weight loads: per_pass octets from o of the rows. */
+PV_FUNC void pv_qmv_pass_load(const int rows, const int per_pass, const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS],
+                              int o, int n_in, pv_u32 raw[PV_QMV_FLIGHT][PV_QMV_MAX_ROWS][PV_W_RAW])
+{
+    #pragma unroll
+    for (int k = 0; k < PV_QMV_FLIGHT; k++) {
+        if (k < per_pass) {
+            #pragma unroll
+            for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
+                if (r < rows)
+                    pv_w_octet_load(w_rows[r], o + k * PV_WG, n_in, raw[k][r]);
+        }
+    }
+}
+
+/* ... and its sums, with x (which every group reads, so mostly from cache). */
+PV_FUNC void pv_qmv_pass_sums(const int rows, const int per_pass, const int act16,
+                              pv_u32 raw[PV_QMV_FLIGHT][PV_QMV_MAX_ROWS][PV_W_RAW], int o, const pv_qmv_x xr,
+                              int n_in, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    #pragma unroll
+    for (int k = 0; k < PV_QMV_FLIGHT; k++) {
+        if (k < per_pass) {
+            pv_qmv_w w;
+            pv_qmv_widen(rows, act16, raw[k], &w);
+            pv_qmv_octet_sums(rows, act16, &w, o + k * PV_WG, xr, n_in, acc, 0);
+        }
+    }
+}
+
+/* The work-item's octets: whole passes of per_pass, each pass's loads
+ * issued before the previous pass's sums (so that they wait together),
+ * then the rest one at a time; per_pass, act16 and xr.x4 literals after
+ * inlining where the caller makes them so. */
+PV_FUNC void pv_qmv_octets(const int max_t, const int rows, const int per_pass,
+                           const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS], const pv_qmv_x xr, const int act16,
+                           int n_tokens, int n_in, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
+{
+    const int n_octets = PV_OCTETS(n_in), last = (per_pass - 1) * PV_WG;
+    int o = PV_LOCAL_ID();
+    if (per_pass > 1 && o + last < n_octets) {
+        pv_u32 raw[2][PV_QMV_FLIGHT][PV_QMV_MAX_ROWS][PV_W_RAW];
+        pv_qmv_pass_load(rows, per_pass, w_rows, o, n_in, raw[0]);
+        for (;;) { /* the two buffers in turn */
+            const int step = per_pass * PV_WG;
+            int more = o + step + last < n_octets;
+            if (more)
+                pv_qmv_pass_load(rows, per_pass, w_rows, o + step, n_in, raw[1]);
+            pv_qmv_pass_sums(rows, per_pass, act16, raw[0], o, xr, n_in, acc);
+            o += step;
+            if (!more)
+                break;
+            more = o + step + last < n_octets;
+            if (more)
+                pv_qmv_pass_load(rows, per_pass, w_rows, o + step, n_in, raw[0]);
+            pv_qmv_pass_sums(rows, per_pass, act16, raw[1], o, xr, n_in, acc);
+            o += step;
+            if (!more)
+                break;
+        }
+    }
+    for (; o < n_octets; o += PV_WG)
+        pv_qmv_octet(max_t, rows, act16, w_rows, o, xr, n_tokens, n_in, acc);
+}
+
 /* acc[r][t] += this work-item's share of row row0 + r's product with token
  * t, for r < rows and t < max_t and n_tokens. */
 PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
@@ -230,50 +541,15 @@ PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_
 {
     const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
     pv_qmv_begin(w, w_off, row0, n_in, n_out, w_rows, acc);
-    const int n_octets = PV_OCTETS(n_in);
-    for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
-        float wq[PV_QMV_MAX_ROWS][8], wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
-        int xa = 0, xb = 0;
-        #pragma unroll
-        for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
-            if (r < rows)
-                pv_w_octet(w_rows[r], o, n_in, wq[r], &wd[r], &wm[r], &xa, &xb);
-        #pragma unroll
-        for (int t = 0; t < PV_QMAX_T; t++) {
-            if (t < max_t && t < n_tokens) {
-                const PV_GLOBAL float *xt = x + x_off + (pv_long)t * n_in;
-                float xv[8];
-#if PV_W_UNIT == 1 /* a row's last octet may be short */
-                #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    xv[k] = xa + k < n_in ? xt[xa + k] : 0.0f;
-                    xv[k + 4] = xb + k < n_in ? xt[xb + k] : 0.0f;
-                }
-#else
-                pv_x4(xt + xa, x4, xv);
-                pv_x4(xt + xb, x4, xv + 4);
-#endif
-#if PV_WTYPE == 3 /* the minimum times the sum of x, once for all rows */
-                const float x_sum = ((xv[0] + xv[1]) + (xv[2] + xv[3])) + ((xv[4] + xv[5]) + (xv[6] + xv[7]));
-#endif
-                #pragma unroll
-                for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
-                    if (r < rows) {
-                        float s = 0.0f;
-                        #pragma unroll
-                        for (int k = 0; k < 8; k++)
-                            s += wq[r][k] * xv[k];
-#if PV_WTYPE == 3
-                        acc[r][t] += wd[r] * s + wm[r] * x_sum;
-#elif PV_W_UNIT == 1
-                        acc[r][t] += s;
-#else
-                        acc[r][t] += wd[r] * s;
-#endif
-                    }
-                }
-            }
-        }
+    const int per_pass = pv_qmv_per_pass(max_t, rows);
+    /* x's 16-byte loads a literal in a one-token pass, so that no branch
+     * parts its loads from the weights' */
+    if (per_pass > 1 && x4) {
+        const pv_qmv_x xr = {x, x_off, 1, 0, 0, 0, 0};
+        pv_qmv_octets(max_t, rows, per_pass, w_rows, xr, 0, n_tokens, n_in, acc);
+    } else {
+        const pv_qmv_x xr = {x, x_off, x4, 0, 0, 0, 0};
+        pv_qmv_octets(max_t, rows, per_pass, w_rows, xr, 0, n_tokens, n_in, acc);
     }
 }
 
@@ -503,28 +779,9 @@ PV_KERNEL pv_qmatmul_round16(const PV_GLOBAL float *x, pv_long x_off, pv_long n_
     pv_round16_block(x + x_off + 32 * b, xq + xq_off + 16 * b, xs + xs_off + 2 * b);
 }
 
-/* *hi, *lo = pair `pair` of xq (8-byte aligned). */
-PV_FUNC void pv_x16_pair(const PV_GLOBAL pv_u32 *xq, pv_long pair, pv_u32 *hi, pv_u32 *lo)
-{
-#if defined(__CUDACC__)
-    const uint2 v = ((const uint2 *)xq)[pair];
-#else
-    const uint2 v = vload2((size_t)pair, xq);
-#endif
-    *hi = v.x;
-    *lo = v.y;
-}
-
-/* 256 (q . hi) + (q . lo) over 8 weights' signed bytes qa, qb and their
- * activations' pairs (ha, la), (hb, lb): below 2^25 in magnitude. */
-PV_FUNC int pv_dot16(pv_u32 qa, pv_u32 qb, pv_u32 ha, pv_u32 la, pv_u32 hb, pv_u32 lb)
-{
-    const int hi = PV_DP4A(qb, hb, PV_DP4A(qa, ha, 0));
-    return PV_DP4A(qb, lb, PV_DP4A(qa, la, 256 * hi));
-}
-
-/* pv_qmv_partial's sums from the rounded activations: each work-item an
- * octet of a block at a time, as there. */
+/* pv_qmv_partial's sums from the rounded activations (xq, xs), each
+ * work-item an octet of a block at a time and passes at one token, as
+ * there. */
 PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL pv_u16 *w, pv_long w_off,
                               const PV_GLOBAL pv_u32 *xq, pv_long xq_off, const PV_GLOBAL float *xs,
                               pv_long xs_off, pv_long row0, int n_tokens, int n_in, int n_out,
@@ -532,65 +789,8 @@ PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL p
 {
     const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS];
     pv_qmv_begin(w, w_off, row0, n_in, n_out, w_rows, acc);
-    const int n_octets = n_in / 8, n_blocks = n_in / 32;
-    for (int o = PV_LOCAL_ID(); o < n_octets; o += PV_WG) {
-        const int u = o >> 2, quarter = o & 3;
-        pv_u32 qa[PV_QMV_MAX_ROWS], qb[PV_QMV_MAX_ROWS];
-        float wd[PV_QMV_MAX_ROWS], wm[PV_QMV_MAX_ROWS];
-        #pragma unroll
-        for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
-            if (r < rows) {
-                const PV_GLOBAL pv_u16 *b = w_rows[r] + (pv_long)u * PV_W_UNIT_WORDS;
-                wd[r] = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 0);
-#if PV_WTYPE == 8 /* bytes 8 quarter .. + 7: elements 8 quarter .. + 7 */
-                const PV_GLOBAL pv_u16 *q = b + 1 + 4 * quarter;
-                wm[r] = 0.0f;
-                qa[r] = (pv_u32)q[0] | ((pv_u32)q[1] << 16);
-                qb[r] = (pv_u32)q[2] | ((pv_u32)q[3] << 16);
-#else /* bytes 4 quarter .. + 3: low nibbles elements 4 quarter .., high + 16 */
-#if PV_WTYPE == 2
-                const PV_GLOBAL pv_u16 *qs = b + 1;
-                wm[r] = 0.0f;
-#else
-                const PV_GLOBAL pv_u16 *qs = b + 2;
-                wm[r] = PV_LOAD_HALF((const PV_GLOBAL pv_half *)b, 1);
-#endif
-                const pv_u32 bits = (pv_u32)qs[2 * quarter] | ((pv_u32)qs[2 * quarter + 1] << 16);
-                qa[r] = bits & 0x0f0f0f0fu;
-                qb[r] = (bits >> 4) & 0x0f0f0f0fu;
-#endif
-            }
-        }
-#if PV_WTYPE == 8
-        const int pa = 8 * u + 2 * quarter, pb = pa + 1;
-#else
-        const int pa = 8 * u + quarter, pb = pa + 4;
-#endif
-        #pragma unroll
-        for (int t = 0; t < PV_QMAX_T; t++) {
-            if (t < max_t && t < n_tokens) {
-                const PV_GLOBAL pv_u32 *xt = xq + xq_off + (pv_long)t * (n_in / 2);
-                pv_u32 ha, la, hb, lb;
-                pv_x16_pair(xt, pa, &ha, &la);
-                pv_x16_pair(xt, pb, &hb, &lb);
-                const pv_long at = xs_off + 2 * ((pv_long)t * n_blocks + u);
-                const float xd = xs[at], x_sum = xs[at + 1];
-                #pragma unroll
-                for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
-                    if (r < rows) {
-                        const float dot = (float)pv_dot16(qa[r], qb[r], ha, la, hb, lb);
-#if PV_WTYPE == 8
-                        acc[r][t] += wd[r] * (xd * dot);
-#elif PV_WTYPE == 2 /* nibble - 8: a quarter's share of 8 S, exact */
-                        acc[r][t] += wd[r] * (xd * (dot - 2.0f * x_sum));
-#else /* and the minimum times a quarter of the block's sum */
-                        acc[r][t] += wd[r] * (xd * dot) + wm[r] * (xd * (0.25f * x_sum));
-#endif
-                    }
-                }
-            }
-        }
-    }
+    const pv_qmv_x xr = {0, 0, 0, xq, xq_off, xs, xs_off};
+    pv_qmv_octets(max_t, rows, pv_qmv_per_pass(max_t, rows), w_rows, xr, 1, n_tokens, n_in, acc);
 }
 
 #define PV_QMV16_KERNELS(max_t, rows)                                                                       \

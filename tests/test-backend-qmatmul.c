@@ -9,7 +9,8 @@
  * batches in every tensor-core GEMM mode a backend runs, alone, grouped and
  * in the SwiGLU product; the block types' decode-sized products again with
  * x rounded to 16 bits (PV_ACT16); the one-token kernels with 4 and 8 rows
- * a work-group (PV_QMV_ROWS). Usage: test-backend-qmatmul [backend] */
+ * a work-group (PV_QMV_ROWS), and over rows long enough for their passes.
+ * Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
 #include "backends/kernel-params.h"
@@ -326,10 +327,18 @@ static void check_embed(pv_backend *be, const char *name, pv_wtype t, uint64_t *
 
 /* pv_qmatmul_group: every product's y the same bits as pv_qmatmul gives it
  * alone, the outputs side by side in one buffer with guards around them. */
+/* check_group_n at rows of 160: five blocks, an odd number. */
+static void check_group_n(pv_backend *be, const char *name, const pv_wtype *ts, const int64_t *n_outs, int n,
+                          int64_t n_in, uint64_t *rng);
 static void check_group(pv_backend *be, const char *name, const pv_wtype *ts, const int64_t *n_outs, int n,
                         uint64_t *rng)
 {
-    const int64_t n_in = 160;
+    check_group_n(be, name, ts, n_outs, n, 160, rng);
+}
+
+static void check_group_n(pv_backend *be, const char *name, const pv_wtype *ts, const int64_t *n_outs, int n,
+                          int64_t n_in, uint64_t *rng)
+{
     char what[128];
     int len = snprintf(what, sizeof what, "%d products", n);
     for (int i = 0; i < n; i++)
@@ -610,6 +619,114 @@ static void check_rows(pv_backend *be, const char *name, uint64_t *rng)
         ok(0, "%s: back to PV_QMV_ROWS 2: %s", name, pv_last_error());
 }
 
+/* One token's product of type t, n_out x n_in, with x shift floats past a
+ * 16-byte boundary (CUDA loads x 16 bytes at a time only at 0) and
+ * followed by 8 more, not zeros: a kernel that reads past the row's end
+ * adds them. */
+static void check_one_token(pv_backend *be, const char *name, pv_wtype t, int64_t n_out, int64_t n_in, int shift,
+                            uint64_t *rng)
+{
+    weights w = {0};
+    const int64_t x_n = n_in + shift + 8;
+    float *xs = xmalloc((size_t)x_n * sizeof *xs), *got = xmalloc((size_t)n_out * sizeof *got);
+    float *xq = xmalloc((size_t)n_in * sizeof *xq);
+    double *want = xmalloc((size_t)n_out * sizeof *want);
+    float *x = xs + shift;
+    rng_fill(rng, xs, (size_t)x_n, -1.0f, 1.0f);
+    if (act16_pass)
+        spike_blocks(x, (size_t)n_in);
+    memcpy(xq, x, (size_t)n_in * sizeof *xq);
+    const int rounds = rounds_x(be, t, 1);
+    if (rounds)
+        llama_ref_round16(x, xq, (size_t)n_in);
+    tensor tx = {0}, ty = {0};
+    pv_status st = make_weights(be, t, n_out, n_in, rng, &w) ? PV_OK : PV_ERR_BACKEND;
+    for (int64_t o = 0; st == PV_OK && o < n_out; o++) {
+        double sum = 0;
+        for (int64_t k = 0; k < n_in; k++)
+            sum += (double)xq[k] * (double)w.deq[o * n_in + k];
+        want[o] = sum;
+    }
+    if (st == PV_OK)
+        st = tensor_init(&tx, be, PV_MEM_DEVICE, 4, (uint64_t)x_n, xs);
+    if (st == PV_OK)
+        st = tensor_init(&ty, be, PV_MEM_DEVICE, 4, (uint64_t)n_out, NULL);
+    if (st == PV_OK) {
+        pv_qmatmul_args a = {.w_type = t, .n_tokens = 1, .n_in = n_in, .n_out = n_out, .w = w.buf, .w_off = w.off,
+                             .x = tx.buf, .x_off = tx.off + (uint64_t)shift, .y = ty.buf, .y_off = ty.off};
+        st = pv_qmatmul(be, &a);
+    }
+    if (st == PV_OK)
+        st = tensor_read(&ty, got);
+    const double err = st == PV_OK ? normalized_error_f64(got, want, (size_t)n_out) : INFINITY;
+    ok(st == PV_OK && err <= ERROR_LIMIT && guards_intact(&ty),
+       "%s: qmatmul %s T 1 x n_in %lld -> n_out %lld, x %d floats past 16 bytes: error %.3g against %s x "
+       "(limit %.3g)%s",
+       name, pv_wtype_name(t), (long long)n_in, (long long)n_out, shift, err, rounds ? "rounded" : "f32",
+       ERROR_LIMIT, st == PV_OK ? "" : pv_last_error());
+    tensor_free(&tx);
+    tensor_free(&ty);
+    free_weights(&w);
+    free(xs);
+    free(xq);
+    free(got);
+    free(want);
+}
+
+/* The one-token kernels' passes (kernels/qmatmul.cl, PV_QMV_FLIGHT): with
+ * PV_WG work-items a group, a pass covers 32 PV_WG elements of a block
+ * type's row at 2 rows and 16 PV_WG at 4, 16 PV_WG of F16 and BF16 at 2
+ * rows. The rows below, sized from the backend's PV_WG (whose programs the
+ * checks before have built), give work-items no pass, one, or several
+ * (each of the two buffers in turn) followed by octets one at a time, and
+ * odd float rows a short last octet; f32 x at both alignments, and x
+ * rounded (PV_ACT16); a SwiGLU product and a group over such rows. F32
+ * rows take no passes. */
+static void check_passes(pv_backend *be, const char *name, uint64_t *rng)
+{
+    static const char *const sets[] = {"PV_QMV_ROWS=2", "PV_QMV_ROWS=4", "PV_QMV_ROWS=2 PV_ACT16=1"};
+    char before[256];
+    const char *wg_at = NULL;
+    if (pv_backend_kernel_get(be, "qmatmul", before, sizeof before) == PV_OK)
+        wg_at = strstr(before, "PV_WG=");
+    if (!wg_at) {
+        ok(!pv_backend_kernels_tunable(be), "%s: the qmatmul set names PV_WG where kernels are tunable (%s)", name,
+           pv_backend_kernels_tunable(be) ? before : "none");
+        return;
+    }
+    const int64_t wg = atoi(wg_at + strlen("PV_WG="));
+    /* 56 PV_WG + 32 and 24 PV_WG + 21: a work-item whose last pass ends on
+     * the row's last octet exactly (at 2 and at 4 rows) */
+    const int64_t block_rows[] = {31 * wg, 32 * wg, 56 * wg + 32, 3 * 32 * wg + 160},
+                  float_rows[] = {16 * wg - 3, 24 * wg + 21, 3 * 16 * wg + 9};
+    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+        if (pv_backend_kernel_set(be, "qmatmul", sets[si]) != PV_OK) {
+            ok(0, "%s: %s: %s", name, sets[si], pv_last_error());
+            break;
+        }
+        act16_pass = strstr(sets[si], "PV_ACT16=1") != NULL;
+        tap_diag("%s: the checks up to the next such line run with %s at PV_WG %lld", name, sets[si], (long long)wg);
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const pv_wtype t = types[ti];
+            uint32_t block = 1;
+            pv_wtype_block(t, &block, NULL);
+            if (t == PV_W_F32 || !pv_backend_supports_weights(be, PV_OP_QMATMUL, t) || (act16_pass && block == 1))
+                continue;
+            const int64_t *rows = block == 1 ? float_rows : block_rows;
+            const int n_rows = block == 1 ? 3 : 4;
+            for (int ri = 0; ri < n_rows; ri++)
+                check_one_token(be, name, t, 9, rows[ri], ri % 2, rng);
+        }
+        if (pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, PV_W_Q4_1))
+            check_swiglu(be, name, PV_W_Q4_1, 9, block_rows[3], rng);
+        check_group_n(be, name, (const pv_wtype[]){PV_W_Q8_0, PV_W_Q8_0, PV_W_Q8_0}, (const int64_t[]){9, 3, 5}, 3,
+                      block_rows[3], rng);
+        act16_pass = 0;
+    }
+    if (pv_backend_kernel_set(be, "qmatmul", before) != PV_OK)
+        ok(0, "%s: back to %s: %s", name, before, pv_last_error());
+}
+
 static void expect_refused(const char *name, const char *what, pv_status st, pv_status want, const char *needle)
 {
     const char *msg = st == PV_OK ? "" : pv_last_error();
@@ -753,6 +870,7 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
     check_gemm_modes(be, name, &rng);
     check_act16(be, name, &rng);
     check_rows(be, name, &rng);
+    check_passes(be, name, &rng);
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);
