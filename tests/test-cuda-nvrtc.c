@@ -1,8 +1,11 @@
 /* The CUDA kernels through NVRTC, with no GPU: every family of kernels/
  * compiles, for the architectures of --with-cuda-arch (PV_CUDA_TEST_ARCHS),
  * with every parameter set of backends/kernel-params.h that the backend
- * may build, and holds the kernels the launchers look up; compile errors
- * are caught and reported with NVRTC's log (checked by planted bugs); the
+ * may build, and holds the kernels the launchers look up, with no
+ * register spills at the tuned defaults and no local memory at all in
+ * qmatmul's (ptxas's report);
+ * compile errors are caught and reported with NVRTC's log (checked by
+ * planted bugs); the
  * on-disk cache keys, writes, reads back and rejects damaged entries.
  *
  * Which sets compile where: on the first architecture, the full cartesian
@@ -95,6 +98,7 @@ typedef struct job {
     int arch_index;
     int ok;
     char message[1024];
+    char note[600]; /* a spill in a tuned candidate, reported, not failed */
 } job;
 
 typedef struct job_list {
@@ -209,24 +213,71 @@ static int image_has(const pv_cuda_image *image, const char *name)
     return 0;
 }
 
+/* Whether p's tuned parameters are all at their family's defaults. */
+static int is_default_tuned(const pv_kernel_params *p)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(p->family);
+    for (int i = 0; i < spec->n_params; i++)
+        if (spec->params[i].role == PV_KPARAM_TUNED && p->value[spec->params[i].param] != spec->params[i].def)
+            return 0;
+    return 1;
+}
+
+/* The first kernel in ptxas's report (NVRTC's log under
+ * --ptxas-options=-v) that keeps something in local memory, in name; 0 if
+ * none: spilled registers, or (unless spills_only) a stack frame, an array
+ * indexed at run time. Local memory costs a GPU a memory round trip per
+ * access, which nothing here could see without one. *n_kernels counts the
+ * reports read. */
+static int local_memory_user(const char *log, int spills_only, char *name, size_t size, int *n_kernels)
+{
+    static const char props[] = "Function properties for ";
+    *n_kernels = 0;
+    for (const char *p = log ? strstr(log, props) : NULL; p; p = strstr(p, props)) {
+        p += strlen(props);
+        const size_t len = strcspn(p, "\r\n");
+        const char *line = p + len;
+        unsigned stack = 0, spill_st = 0, spill_ld = 0;
+        const char *stats = strstr(line, "bytes stack frame");
+        if (!stats)
+            break;
+        while (stats > line && stats[-1] == ' ')
+            stats--;
+        while (stats > line && stats[-1] >= '0' && stats[-1] <= '9')
+            stats--;
+        if (sscanf(stats, "%u bytes stack frame, %u bytes spill stores, %u bytes spill loads", &stack, &spill_st,
+                   &spill_ld) != 3)
+            break;
+        ++*n_kernels;
+        if ((stack && !spills_only) || spill_st || spill_ld) {
+            snprintf(name, size, "%.*s (%u bytes stack frame, %u spill stores, %u spill loads)", (int)len, p, stack,
+                     spill_st, spill_ld);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static void run_job(job *j)
 {
-    char *source = NULL;
+    char *source = NULL, *log = NULL;
     char options[256];
     pv_cuda_image image = {NULL, 0};
     pv_status st = pv_cuda_family_source(j->params.family, &source);
     if (st == PV_OK)
         st = pv_cuda_build_options(&j->params, j->target, options, sizeof options);
     if (st == PV_OK) {
-        char what[64];
+        char what[64], verbose[300];
         snprintf(what, sizeof what, "kernels/%s.cl", pv_kernel_family_spec_of(j->params.family)->name);
-        st = pv_cuda_compile(what, source, options, j->target, &image);
+        snprintf(verbose, sizeof verbose, "%s --ptxas-options=-v", options);
+        st = pv_cuda_compile_logged(what, source, verbose, j->target, &image, &log);
     }
     if (st != PV_OK) {
         snprintf(j->message, sizeof j->message, "%s", pv_last_error());
     } else {
         const char *names[MAX_KERNEL_NAMES];
-        char storage[MAX_KERNEL_NAMES][40];
+        char storage[MAX_KERNEL_NAMES][40], user[200];
+        int n_kernels = 0;
         expected_kernels(&j->params, names, storage);
         j->ok = 1;
         for (int i = 0; names[i] && j->ok; i++)
@@ -235,8 +286,29 @@ static void run_job(job *j)
                 snprintf(j->message, sizeof j->message, "\"%s\": the cubin (%zu bytes) has no kernel %s", options,
                          image.size, names[i]);
             }
+        /* qmatmul's decode kernels keep their sums and a pass's loads in
+         * registers in every set (kernels/qmatmul.cl): no local memory at
+         * all. The other families: no spills at the tuned defaults. A
+         * stack frame there is CUDA's sin and cos reducing a huge argument
+         * (pv_rope, 40 bytes, never reached at RoPE's angles), and a
+         * tuned set that spills (attention at PV_WG=16 and head_dim 256:
+         * 128 sums a work-item) is a slow candidate pensieve-tune times
+         * and passes over, named here as a diagnostic. */
+        const int strict = j->params.family == PV_KERNEL_QMATMUL || is_default_tuned(&j->params);
+        if (j->ok && local_memory_user(log, j->params.family != PV_KERNEL_QMATMUL, user, sizeof user, &n_kernels)) {
+            if (strict) {
+                j->ok = 0;
+                snprintf(j->message, sizeof j->message, "\"%s\": %s uses local memory", options, user);
+            } else {
+                snprintf(j->note, sizeof j->note, "\"%s\": %s (a tuned candidate)", options, user);
+            }
+        } else if (j->ok && n_kernels == 0) {
+            j->ok = 0;
+            snprintf(j->message, sizeof j->message, "\"%s\": no kernel's resources in ptxas's report", options);
+        }
     }
     pv_cuda_image_free(&image);
+    free(log);
     free(source);
 }
 
@@ -305,10 +377,14 @@ static void test_matrix(void)
                     failed++;
                     tap_diag("%s", j->message);
                 }
+                if (j->note[0])
+                    tap_diag("spills in %s", j->note);
             }
-            ok(total > 0 && failed == 0, "matrix: kernels/%s.cl for sm_%d: %d of %d parameter sets (%s) compile",
+            ok(total > 0 && failed == 0,
+               "matrix: kernels/%s.cl for sm_%d: %d of %d parameter sets (%s) compile, %s",
                pv_kernel_family_spec_of((pv_kernel_family)f)->name, archs[a], total - failed, total,
-               a == 0 && full ? "every value of every parameter" : "every variant, tuned values at their defaults");
+               a == 0 && full ? "every value of every parameter" : "every variant, tuned values at their defaults",
+               f == PV_KERNEL_QMATMUL ? "no kernel in local memory" : "no spills at the tuned defaults");
         }
     free(list.jobs);
 }
@@ -402,6 +478,24 @@ static void test_planted(void)
         pv_cuda_build_options(&p, t, options, sizeof options) == PV_OK)
         expect_failure("attention at PV_WG=128", "kernels/attention.cl", source, options, "too much shared data");
     free(source);
+
+    /* A kernel that keeps an array in local memory (indexed at run time),
+     * and one that does not: the matrix's local-memory check tells them
+     * apart by name. */
+    static const char local_array[] =
+        "extern \"C\" __global__ void pv_clean(float *x) { x[threadIdx.x] *= 2.0f; }\n"
+        "extern \"C\" __global__ void pv_stack(float *x, int i)\n"
+        "{ float a[64]; for (int k = 0; k < 64; k++) a[k] = x[k]; a[i & 63] += 1.0f; x[0] = a[(i >> 6) & 63]; }\n";
+    pv_cuda_image image = {NULL, 0};
+    char *log = NULL, user[200] = "";
+    int n_kernels = 0;
+    const pv_status st = pv_cuda_compile_logged("planted", local_array, "--gpu-architecture=sm_80 --ptxas-options=-v",
+                                                t, &image, &log);
+    const int found = st == PV_OK && local_memory_user(log, 0, user, sizeof user, &n_kernels);
+    ok(found && strstr(user, "pv_stack") && !strstr(user, "pv_clean") && n_kernels >= 1,
+       "planted: an array indexed at run time is found in local memory: %s", user[0] ? user : pv_last_error());
+    pv_cuda_image_free(&image);
+    free(log);
 }
 
 /* ---- the cache ------------------------------------------------------------------------------ */

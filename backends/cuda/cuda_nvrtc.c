@@ -141,18 +141,28 @@ static void log_excerpt(const char *log, char *buf, size_t size)
     }
 }
 
+/* NVRTC's log of prog, or NULL if empty or out of memory. */
+static char *program_log(nvrtcProgram prog)
+{
+    size_t size = 0;
+    if (nvrtcGetProgramLogSize(prog, &size) != NVRTC_SUCCESS || size <= 1)
+        return NULL;
+    char *log = malloc(size);
+    if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) {
+        log[size - 1] = '\0';
+        return log;
+    }
+    free(log);
+    return NULL;
+}
+
 static pv_status compile_failure(const char *what, const char *options, nvrtcResult r, nvrtcProgram prog)
 {
     char excerpt[LOG_CHARS] = "";
-    size_t size = 0;
-    if (nvrtcGetProgramLogSize(prog, &size) == NVRTC_SUCCESS && size > 1) {
-        char *log = malloc(size);
-        if (log && nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS) {
-            log[size - 1] = '\0';
-            log_excerpt(log, excerpt, sizeof excerpt);
-        }
-        free(log);
-    }
+    char *log = program_log(prog);
+    if (log)
+        log_excerpt(log, excerpt, sizeof excerpt);
+    free(log);
     return pv_error(r == NVRTC_ERROR_OUT_OF_MEMORY ? PV_ERR_OUT_OF_MEMORY : PV_ERR_BACKEND,
                     "cuda: NVRTC cannot compile %s with \"%s\": %s; log: %s", what, options,
                     nvrtcGetErrorString(r), excerpt[0] ? excerpt : "(empty)");
@@ -185,8 +195,16 @@ static pv_status fetch_image(const char *what, const char *options, pv_cuda_targ
 pv_status pv_cuda_compile(const char *what, const char *source, const char *options, pv_cuda_target target,
                           pv_cuda_image *out)
 {
+    return pv_cuda_compile_logged(what, source, options, target, out, NULL);
+}
+
+pv_status pv_cuda_compile_logged(const char *what, const char *source, const char *options, pv_cuda_target target,
+                                 pv_cuda_image *out, char **log)
+{
     out->data = NULL;
     out->size = 0;
+    if (log)
+        *log = NULL;
     /* NVRTC takes the options as an argv: split a copy at the spaces. */
     char *copy = strdup(options);
     if (!copy)
@@ -213,6 +231,8 @@ pv_status pv_cuda_compile(const char *what, const char *source, const char *opti
     r = nvrtcCompileProgram(prog, argc, argv);
     pv_status st = r == NVRTC_SUCCESS ? fetch_image(what, options, target, prog, out)
                                       : compile_failure(what, options, r, prog);
+    if (st == PV_OK && log)
+        *log = program_log(prog);
     nvrtcDestroyProgram(&prog);
     free(copy);
     return st;

@@ -50,6 +50,12 @@ pv_status pv_cuda_build_options(const pv_kernel_params *params, pv_cuda_target t
 pv_status pv_cuda_compile(const char *what, const char *source, const char *options, pv_cuda_target target,
                           pv_cuda_image *out);
 
+/* pv_cuda_compile, and *log = NVRTC's log of a successful build (free()
+ * it; NULL if empty): with --ptxas-options=-v, each kernel's registers,
+ * stack frame and spills, which tests/test-cuda-nvrtc.c checks. */
+pv_status pv_cuda_compile_logged(const char *what, const char *source, const char *options, pv_cuda_target target,
+                                 pv_cuda_image *out, char **log);
+
 /* ---- the on-disk cache ---------------------------------------------------------- */
 
 /* The cache directory: $PV_CUDA_CACHE_DIR, else
