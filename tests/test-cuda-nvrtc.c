@@ -3,10 +3,9 @@
  * with every parameter set of backends/kernel-params.h that the backend
  * may build, and holds the kernels the launchers look up, with no
  * register spills at the tuned defaults and no local memory at all in
- * qmatmul's (ptxas's report);
- * compile errors are caught and reported with NVRTC's log (checked by
- * planted bugs); the
- * on-disk cache keys, writes, reads back and rejects damaged entries.
+ * qmatmul's (ptxas's report); compile errors are caught and reported with
+ * NVRTC's log (checked by planted bugs); the on-disk cache keys, writes,
+ * reads back and rejects damaged entries.
  *
  * Which sets compile where: on the first architecture, the full cartesian
  * product of every parameter's values per family (156 sets); on the
