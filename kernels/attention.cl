@@ -255,9 +255,9 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(PV_ATT_ARGS)
  * PV_MAX_HEAD_DIM / 8 adjacent work-items holds one K or V row, member k
  * its dims 8k..8k+7, read by one 16-byte load (f16; two for f32); members
  * past head_dim idle. The group's PV_ATT_TEAMS teams take different
- * positions, PV_ATT_ROWS each per step, all loaded before any is used, so
- * a work-item has 2 * PV_ATT_ROWS loads in flight and one load instruction
- * of the group covers PV_ATT_TEAMS rows. Each member dots its 8 dims with
+ * positions, PV_ATT_ROWS each per step, all loaded before any is used
+ * (pv_att_fetch), so a work-item has 2 * PV_ATT_ROWS loads in flight and
+ * one load instruction of the group covers PV_ATT_TEAMS rows. Each member dots its 8 dims with
  * every query head's, the team sums them (pv_team_sums: warp shuffles on
  * CUDA), and each team keeps its own online softmax (running max and sum,
  * and its members' 8 output dims of every head) over the positions it
@@ -272,6 +272,97 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(PV_ATT_ARGS)
  * queries and outputs of PV_ATT_MAX_GROUP heads. */
 #define PV_ATT_ROWS (PV_ATT_MAX_GROUP <= 4 ? 4 : 2)
 #define PV_ATT_SUMS (PV_ATT_ROWS * PV_ATT_MAX_GROUP) /* a step's scores: [row][head] */
+
+/* A step's rows fetched (PV_ATT_ROWS positions a team from p0, its K and
+ * V slices at dims as raw words, widened where they are used). A row past
+ * end loads position begin (begin < end), which the step then ignores: no
+ * branch, so that the step's slot loads go out together, then its K and V
+ * loads. A row loaded and widened behind a branch of its own waited for
+ * its slot, then for its K and V, before the next row's loads went out
+ * (ptxas, sm_90): 8 round trips a step of 4 rows, now 2 or 3. */
+PV_FUNC void pv_att_fetch(int p0, int team, int begin, int end, const PV_GLOBAL int *slots, int chunk_tokens,
+                          pv_long row_elems, pv_long v_from_k, pv_long slot_elems, pv_long dims,
+                          const PV_GLOBAL PV_STORE_T *kv, pv_u32 k_raw[PV_ATT_ROWS][PV_STORE_WORDS8],
+                          pv_u32 v_raw[PV_ATT_ROWS][PV_STORE_WORDS8])
+{
+    int pos[PV_ATT_ROWS], slot[PV_ATT_ROWS];
+    #pragma unroll
+    for (int r = 0; r < PV_ATT_ROWS; r++) {
+        const int p = p0 + team + r * PV_ATT_TEAMS;
+        pos[r] = p < end ? p : begin;
+        slot[r] = slots[pos[r] / chunk_tokens];
+    }
+    #pragma unroll
+    for (int r = 0; r < PV_ATT_ROWS; r++) {
+        const pv_long at = (pv_long)slot[r] * slot_elems + (pv_long)(pos[r] % chunk_tokens) * row_elems + dims;
+        PV_STORE_FETCH8(kv + at, k_raw[r]);
+        PV_STORE_FETCH8(kv + at + v_from_k, v_raw[r]);
+    }
+}
+
+/* One step over the fetched rows: scores, the team's sums, the online
+ * softmax. Rows at or past end and idle members count as zeros. V is
+ * widened after the sums, so that its loads wait there. */
+PV_FUNC void pv_att_step(int p0, int team, int end, int active, int n_g,
+                         pv_u32 k_raw[PV_ATT_ROWS][PV_STORE_WORDS8], pv_u32 v_raw[PV_ATT_ROWS][PV_STORE_WORDS8],
+                         float q_reg[PV_ATT_MAX_GROUP][8], float acc[PV_ATT_MAX_GROUP][8], float *m, float *l,
+                         PV_LOCAL float *merged)
+{
+    int valid[PV_ATT_ROWS]; /* row r's position is before end; rows grow with r */
+    float score[PV_ATT_SUMS], value[PV_ATT_ROWS][8];
+    #pragma unroll
+    for (int r = 0; r < PV_ATT_ROWS; r++) {
+        valid[r] = p0 + team + r * PV_ATT_TEAMS < end;
+        const int used = valid[r] && active;
+        float key[8];
+        PV_STORE_WIDEN8(k_raw[r], key);
+        #pragma unroll
+        for (int k = 0; k < 8; k++)
+            key[k] = used ? key[k] : 0.0f;
+        #pragma unroll
+        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+            float dot = 0.0f;
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                dot += q_reg[g][k] * key[k];
+            score[r * PV_ATT_MAX_GROUP + g] = dot;
+        }
+    }
+    pv_team_sums(merged, score, PV_ATT_SUMS, PV_ATT_TEAM);
+    #pragma unroll
+    for (int r = 0; r < PV_ATT_ROWS; r++) {
+        PV_STORE_WIDEN8(v_raw[r], value[r]);
+        #pragma unroll
+        for (int k = 0; k < 8; k++)
+            value[r][k] = valid[r] && active ? value[r][k] : 0.0f;
+    }
+    #pragma unroll
+    for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
+        if (g < n_g && valid[0]) { /* else no row of this step is valid */
+            float m_new = m[g];
+            #pragma unroll
+            for (int r = 0; r < PV_ATT_ROWS; r++)
+                if (valid[r])
+                    m_new = PV_FMAX(m_new, score[r * PV_ATT_MAX_GROUP + g]);
+            const float rescale = PV_EXP(m[g] - m_new); /* m_new is finite: row 0 is valid */
+            l[g] *= rescale;
+            #pragma unroll
+            for (int k = 0; k < 8; k++)
+                acc[g][k] *= rescale;
+            #pragma unroll
+            for (int r = 0; r < PV_ATT_ROWS; r++) {
+                if (valid[r]) {
+                    const float w = PV_EXP(score[r * PV_ATT_MAX_GROUP + g] - m_new);
+                    l[g] += w;
+                    #pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        acc[g][k] += w * value[r][k];
+                }
+            }
+            m[g] = m_new;
+        }
+    }
+}
 
 PV_KERNEL PV_STORE_NAME(pv_attention_teams)(PV_ATT_ARGS)
 {
@@ -304,63 +395,13 @@ PV_KERNEL PV_STORE_NAME(pv_attention_teams)(PV_ATT_ARGS)
     }
 
     /* Every team runs the same steps (OpenCL's team sums hold barriers). */
-    for (int p0 = begin; p0 < end; p0 += PV_ATT_ROWS * PV_ATT_TEAMS) {
-        float key[PV_ATT_ROWS][8], value[PV_ATT_ROWS][8];
-        int valid[PV_ATT_ROWS]; /* row r's position is before end; rows grow with r */
-        #pragma unroll
-        for (int r = 0; r < PV_ATT_ROWS; r++) {
-            const int p = p0 + team + r * PV_ATT_TEAMS;
-            valid[r] = p < end;
-            if (valid[r] && active) {
-                const pv_long at = (pv_long)slots[p / chunk_tokens] * slot_elems +
-                                   (pv_long)(p % chunk_tokens) * row_elems + my_dims;
-                PV_STORE_LOAD8(kv + at, key[r]);
-                PV_STORE_LOAD8(kv + at + v_from_k, value[r]);
-            } else {
-                #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    key[r][k] = value[r][k] = 0.0f;
-            }
-        }
-        float score[PV_ATT_SUMS];
-        #pragma unroll
-        for (int r = 0; r < PV_ATT_ROWS; r++) {
-            #pragma unroll
-            for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
-                float dot = 0.0f;
-                #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    dot += q_reg[g][k] * key[r][k];
-                score[r * PV_ATT_MAX_GROUP + g] = dot;
-            }
-        }
-        pv_team_sums(merged, score, PV_ATT_SUMS, PV_ATT_TEAM);
-        #pragma unroll
-        for (int g = 0; g < PV_ATT_MAX_GROUP; g++) {
-            if (g < n_g && valid[0]) { /* else no row of this step is valid */
-                float m_new = m[g];
-                #pragma unroll
-                for (int r = 0; r < PV_ATT_ROWS; r++)
-                    if (valid[r])
-                        m_new = PV_FMAX(m_new, score[r * PV_ATT_MAX_GROUP + g]);
-                const float rescale = PV_EXP(m[g] - m_new); /* m_new is finite: row 0 is valid */
-                l[g] *= rescale;
-                #pragma unroll
-                for (int k = 0; k < 8; k++)
-                    acc[g][k] *= rescale;
-                #pragma unroll
-                for (int r = 0; r < PV_ATT_ROWS; r++) {
-                    if (valid[r]) {
-                        const float w = PV_EXP(score[r * PV_ATT_MAX_GROUP + g] - m_new);
-                        l[g] += w;
-                        #pragma unroll
-                        for (int k = 0; k < 8; k++)
-                            acc[g][k] += w * value[r][k];
-                    }
-                }
-                m[g] = m_new;
-            }
-        }
+    const int stride = PV_ATT_ROWS * PV_ATT_TEAMS;
+    const pv_long dims = active ? my_dims : (pv_long)kv_head * head_dim;
+    pv_u32 k_raw[PV_ATT_ROWS][PV_STORE_WORDS8], v_raw[PV_ATT_ROWS][PV_STORE_WORDS8];
+    for (int p0 = begin; p0 < end; p0 += stride) {
+        pv_att_fetch(p0, team, begin, end, slots, chunk_tokens, row_elems, v_from_k, slot_elems, dims, kv, k_raw,
+                     v_raw);
+        pv_att_step(p0, team, end, active, n_g, k_raw, v_raw, q_reg, acc, m, l, merged);
     }
 
     /* The teams' states merged, as pv_attention_combine merges splits. */

@@ -269,6 +269,41 @@ PV_FUNC void pv_load8_float(const float *p, float *v)
 }
 #endif
 
+/* The same 8 values in two steps, so that a kernel can issue the loads of
+ * several rows before it waits for any: pv_fetch8_* loads the raw words
+ * (4 for halves, 8 for floats), pv_widen8_* makes floats of them later. */
+PV_FUNC void pv_fetch8_half(const PV_GLOBAL pv_half *p, pv_u32 *w)
+{
+#if defined(__OPENCL_VERSION__)
+    const uint4 raw = vload4(0, (const PV_GLOBAL pv_u32 *)p);
+#else
+    const uint4 raw = *(const uint4 *)p;
+#endif
+    w[0] = raw.x; w[1] = raw.y; w[2] = raw.z; w[3] = raw.w;
+}
+PV_FUNC void pv_widen8_half(const pv_u32 *w, float *v)
+{
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] = pv_half_bits(w[k] & 0xffffu);
+        v[2 * k + 1] = pv_half_bits(w[k] >> 16);
+    }
+}
+PV_FUNC void pv_fetch8_float(const PV_GLOBAL float *p, pv_u32 *w)
+{
+    float v[8];
+    pv_load8_float(p, v);
+    #pragma unroll
+    for (int k = 0; k < 8; k++)
+        w[k] = PV_AS_U32(v[k]);
+}
+PV_FUNC void pv_widen8_float(const pv_u32 *w, float *v)
+{
+    #pragma unroll
+    for (int k = 0; k < 8; k++)
+        v[k] = PV_AS_FLOAT(w[k]);
+}
+
 /* Sums across teams: the group's work-items form teams of `team` adjacent
  * ones (a power of two, at most 32 and PV_WG), and v[j] (j < n) becomes
  * the sum of v[j] over the caller's team, the same bits in every member.
@@ -365,6 +400,9 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #undef PV_STORE_WORD
 #undef PV_STORE_LOAD
 #undef PV_STORE_LOAD8
+#undef PV_STORE_WORDS8
+#undef PV_STORE_FETCH8
+#undef PV_STORE_WIDEN8
 #undef PV_STORE_SAVE
 #undef PV_STORE_NAME
 #if defined(PV_STORE_F16) && PV_STORE_F16
@@ -372,6 +410,9 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #define PV_STORE_WORD pv_u16 /* bit-exact copies */
 #define PV_STORE_LOAD(p, i) PV_LOAD_HALF(p, i)
 #define PV_STORE_LOAD8(p, v) pv_load8_half(p, v)
+#define PV_STORE_WORDS8 4
+#define PV_STORE_FETCH8(p, w) pv_fetch8_half(p, w)
+#define PV_STORE_WIDEN8(w, v) pv_widen8_half(w, v)
 #define PV_STORE_SAVE(x, p, i) PV_STORE_HALF(x, p, i)
 #define PV_STORE_NAME(base) PV_CAT(base, _f16)
 #else
@@ -379,6 +420,9 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #define PV_STORE_WORD pv_u32
 #define PV_STORE_LOAD(p, i) ((p)[i])
 #define PV_STORE_LOAD8(p, v) pv_load8_float(p, v)
+#define PV_STORE_WORDS8 8
+#define PV_STORE_FETCH8(p, w) pv_fetch8_float(p, w)
+#define PV_STORE_WIDEN8(w, v) pv_widen8_float(w, v)
 #define PV_STORE_SAVE(x, p, i) ((p)[i] = (x))
 #define PV_STORE_NAME(base) PV_CAT(base, _f32)
 #endif

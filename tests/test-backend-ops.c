@@ -1231,12 +1231,16 @@ static void check_attention_splits(ctx *c)
  * cases set every work-group size the tuner may pick on their buckets, with
  * and without split-K, so both kernels meet 1 to 8 teams a group: head dims
  * filling their class (128 at Llama 3's 4 query heads a KV head; 256, a
- * team of 32), and 96 and 48, which leave team members idle. */
+ * team of 32), 96 and 48, which leave team members idle, and chunks
+ * smaller than a step. */
 static const attention_case work_group_cases[] = {
     {"decode, Llama 3 grouping", 8, 2, 128, 32, QUERY_DECODE, 1, 3, {1, 300, 1100}},
     {"decode, head_dim 256, chunk 16", 4, 1, 256, 16, QUERY_DECODE, 1, 2, {500, 47}},
     {"prefill, head_dim 96", 6, 2, 96, 32, QUERY_PREFILL, 20, 2, {33, 90}},
     {"decode, head_dim 48", 9, 3, 48, 32, QUERY_DECODE, 1, 2, {700, 5}},
+    /* chunks of 8: a team's rows of one step lie in different chunks
+     * (4 of them at PV_WG 64), each found through its own slot */
+    {"decode, chunk 8", 4, 1, 64, 8, QUERY_DECODE, 1, 2, {300, 29}},
 };
 
 static void check_attention_work_groups(ctx *c)
