@@ -257,13 +257,13 @@ PV_KERNEL PV_STORE_NAME(pv_attention)(PV_ATT_ARGS)
  * past head_dim idle. The group's PV_ATT_TEAMS teams take different
  * positions, PV_ATT_ROWS each per step, all loaded before any is used
  * (pv_att_fetch), so a work-item has 2 * PV_ATT_ROWS loads in flight and
- * one load instruction of the group covers PV_ATT_TEAMS rows. Each member dots its 8 dims with
- * every query head's, the team sums them (pv_team_sums: warp shuffles on
- * CUDA), and each team keeps its own online softmax (running max and sum,
- * and its members' 8 output dims of every head) over the positions it
- * took, in registers; no barrier on CUDA until the end, where the teams'
- * states merge through local memory as pv_attention_combine merges
- * splits. Local memory: PV_WG * 8 * PV_ATT_MAX_GROUP floats (16 KiB at
+ * one load instruction of the group covers PV_ATT_TEAMS rows. Each member
+ * dots its 8 dims with every query head's, the team sums them
+ * (pv_team_sums: warp shuffles on CUDA), and each team keeps its own
+ * online softmax (running max and sum, and its members' 8 output dims of
+ * every head) over the positions it took, in registers; no barrier on CUDA
+ * until the end, where the teams' states merge through local memory as
+ * pv_attention_combine merges splits. Local memory: PV_WG * 8 * PV_ATT_MAX_GROUP floats (16 KiB at
  * PV_WG = 64 and 8 heads), which OpenCL's team sums borrow as scratch. */
 #define PV_ATT_TEAM (PV_MAX_HEAD_DIM / 8)
 #if PV_WG >= PV_ATT_TEAM

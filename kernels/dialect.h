@@ -233,45 +233,12 @@ PV_FUNC int pv_group_min_max_int(PV_LOCAL int *scratch, int v, int take_max)
     return result;
 }
 
-/* 16-byte loads: v[0..7] = the 8 halves (one 16-byte load) or 8 floats
- * (two) at p, as floats; p is aligned to its load's size. OpenCL: vload8
- * forms, which GPUs issue as vector loads; CUDA: uint4 / float4 through a
- * cast. */
-#if defined(__OPENCL_VERSION__)
-PV_FUNC void pv_load8_half(const PV_GLOBAL pv_half *p, float *v)
-{
-    const float8 f = vload_half8(0, p);
-    v[0] = f.s0; v[1] = f.s1; v[2] = f.s2; v[3] = f.s3;
-    v[4] = f.s4; v[5] = f.s5; v[6] = f.s6; v[7] = f.s7;
-}
-PV_FUNC void pv_load8_float(const PV_GLOBAL float *p, float *v)
-{
-    const float8 f = vload8(0, p);
-    v[0] = f.s0; v[1] = f.s1; v[2] = f.s2; v[3] = f.s3;
-    v[4] = f.s4; v[5] = f.s5; v[6] = f.s6; v[7] = f.s7;
-}
-#else
-PV_FUNC void pv_load8_half(const pv_half *p, float *v)
-{
-    const uint4 raw = *(const uint4 *)p;
-    const unsigned int w[4] = {raw.x, raw.y, raw.z, raw.w};
-    #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        v[2 * k] = pv_half_to_float((pv_half)(w[k] & 0xffffu));
-        v[2 * k + 1] = pv_half_to_float((pv_half)(w[k] >> 16));
-    }
-}
-PV_FUNC void pv_load8_float(const float *p, float *v)
-{
-    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-#endif
-
-/* The same 8 values in two steps, so that a kernel can issue the loads of
- * several rows before it waits for any: pv_fetch8_* loads the raw words
- * (4 for halves, 8 for floats), pv_widen8_* makes floats of them later. */
+/* 16-byte loads of 8 values at p (aligned to its load's size) in two
+ * steps, so that a kernel can issue the loads of several rows before it
+ * waits for any: pv_fetch8_* loads the raw words (the 8 halves in 4, one
+ * 16-byte load; 8 floats in two), pv_widen8_* makes floats of them. OpenCL:
+ * vload forms, which GPUs issue as vector loads; CUDA: uint4 / float4
+ * through a cast. */
 PV_FUNC void pv_fetch8_half(const PV_GLOBAL pv_half *p, pv_u32 *w)
 {
 #if defined(__OPENCL_VERSION__)
@@ -291,11 +258,15 @@ PV_FUNC void pv_widen8_half(const pv_u32 *w, float *v)
 }
 PV_FUNC void pv_fetch8_float(const PV_GLOBAL float *p, pv_u32 *w)
 {
-    float v[8];
-    pv_load8_float(p, v);
-    #pragma unroll
-    for (int k = 0; k < 8; k++)
-        w[k] = PV_AS_U32(v[k]);
+#if defined(__OPENCL_VERSION__)
+    const uint8 raw = vload8(0, (const PV_GLOBAL pv_u32 *)p);
+    w[0] = raw.s0; w[1] = raw.s1; w[2] = raw.s2; w[3] = raw.s3;
+    w[4] = raw.s4; w[5] = raw.s5; w[6] = raw.s6; w[7] = raw.s7;
+#else
+    const uint4 a = ((const uint4 *)p)[0], b = ((const uint4 *)p)[1];
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+#endif
 }
 PV_FUNC void pv_widen8_float(const pv_u32 *w, float *v)
 {
@@ -399,7 +370,6 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #undef PV_STORE_T
 #undef PV_STORE_WORD
 #undef PV_STORE_LOAD
-#undef PV_STORE_LOAD8
 #undef PV_STORE_WORDS8
 #undef PV_STORE_FETCH8
 #undef PV_STORE_WIDEN8
@@ -409,7 +379,6 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #define PV_STORE_T pv_half
 #define PV_STORE_WORD pv_u16 /* bit-exact copies */
 #define PV_STORE_LOAD(p, i) PV_LOAD_HALF(p, i)
-#define PV_STORE_LOAD8(p, v) pv_load8_half(p, v)
 #define PV_STORE_WORDS8 4
 #define PV_STORE_FETCH8(p, w) pv_fetch8_half(p, w)
 #define PV_STORE_WIDEN8(w, v) pv_widen8_half(w, v)
@@ -419,7 +388,6 @@ PV_FUNC void pv_round16_block(const PV_GLOBAL float *xb, PV_GLOBAL pv_u32 *q, PV
 #define PV_STORE_T float
 #define PV_STORE_WORD pv_u32
 #define PV_STORE_LOAD(p, i) ((p)[i])
-#define PV_STORE_LOAD8(p, v) pv_load8_float(p, v)
 #define PV_STORE_WORDS8 8
 #define PV_STORE_FETCH8(p, w) pv_fetch8_float(p, w)
 #define PV_STORE_WIDEN8(w, v) pv_widen8_float(w, v)
