@@ -104,6 +104,15 @@ typedef enum pv_kparam {
      * rows share each x load among more of them, fewer leave more groups
      * to fill the device. */
     PV_KPARAM_QMV_ROWS,
+    /* PV_QMV_LANES, tuned: the row lanes of a work-group of qmatmul's
+     * decode-sized kernels, each taking its token class's rows
+     * (pv_qmv_rows), the lanes of an octet neighbours in a warp. Their
+     * loads of x are one, so x's traffic from L2 falls by the lanes, with
+     * no more registers for the sums: at 8 tokens and 2 rows a Q4 product
+     * reads some 28 times more x than weight bytes (run A: 102 us for
+     * 14336 x 4096 Q4_0 at 8 tokens, the time L2 takes for those bytes);
+     * 8 lanes make it 3.6. A row's run per warp shrinks by as much. */
+    PV_KPARAM_QMV_LANES,
     PV_KPARAM_COUNT
 } pv_kparam;
 
@@ -128,7 +137,7 @@ static inline const char *pv_gemm_mode_name(int mode)
 typedef enum pv_kparam_role { PV_KPARAM_TUNED, PV_KPARAM_VARIANT, PV_KPARAM_LAUNCH } pv_kparam_role;
 
 #define PV_KPARAM_MAX_VALUES 8
-#define PV_KPARAM_MAX_PER_FAMILY 5
+#define PV_KPARAM_MAX_PER_FAMILY 6
 
 typedef struct pv_kparam_spec {
     pv_kparam param;
@@ -156,7 +165,7 @@ static inline const char *pv_kparam_define(pv_kparam p)
 {
     static const char *const names[PV_KPARAM_COUNT] = {
         "PV_WG", "PV_ITEM_ELEMS", "PV_STORE_F16", "PV_MAX_HEAD_DIM", "PV_ATT_MAX_GROUP", "PV_WTYPE", "PV_SPLITS",
-        "PV_GEMM", "PV_ACT16", "PV_QMV_ROWS",
+        "PV_GEMM", "PV_ACT16", "PV_QMV_ROWS", "PV_QMV_LANES",
     };
     return (unsigned)p < PV_KPARAM_COUNT ? names[p] : "?";
 }
@@ -178,9 +187,10 @@ static inline const pv_kernel_family_spec *pv_kernel_family_spec_of(pv_kernel_fa
             {PV_KPARAM_ITEM_ELEMS, PV_KPARAM_TUNED, 8, 5, {1, 2, 4, 8, 16}},
             {PV_KPARAM_STORE_F16, PV_KPARAM_VARIANT, 0, 2, {0, 1}},
         }},
-        [PV_KERNEL_QMATMUL] = {"qmatmul", 5, {
+        [PV_KERNEL_QMATMUL] = {"qmatmul", 6, {
             {PV_KPARAM_WG, PV_KPARAM_TUNED, 64, 4, {32, 64, 128, 256}},
             {PV_KPARAM_QMV_ROWS, PV_KPARAM_TUNED, 2, 3, {2, 4, 8}},
+            {PV_KPARAM_QMV_LANES, PV_KPARAM_TUNED, 1, 2, {1, 8}},
             {PV_KPARAM_GEMM, PV_KPARAM_LAUNCH, PV_GEMM_F32, 4, {PV_GEMM_F32, PV_GEMM_F16, PV_GEMM_BF16, PV_GEMM_TF32}},
             {PV_KPARAM_ACT16, PV_KPARAM_LAUNCH, 0, 2, {0, 1}},
             /* F32, F16, Q4_0, Q4_1, Q8_0, BF16; the kernel has no default */
@@ -282,17 +292,19 @@ static inline int pv_qmatmul_act16(const pv_kernel_params *p, int wtype)
 /* kernels/qmatmul.cl's decode-sized products: the token class of a call
  * of n_tokens (<= 16), the kernel "pv_qmatmul_fused_<class>" or
  * "pv_qmatmul_swiglu_<class>", and (pv_qmv_rows) the rows of W each of its
- * work-groups takes (as the kernels are instantiated there). */
+ * work-groups takes (as the kernels are instantiated there, times the row
+ * lanes). */
 static inline int pv_qmv_token_class(int64_t n_tokens)
 {
     return n_tokens <= 1 ? 1 : n_tokens <= 4 ? 4 : 16;
 }
 
 /* Under the parameter set p: PV_QMV_ROWS at one token, 4 at up to 4, 2
- * at up to 16. */
+ * at up to 16, for each of PV_QMV_LANES lanes. */
 static inline int pv_qmv_rows(const pv_kernel_params *p, int token_class)
 {
-    return token_class == 1 ? p->value[PV_KPARAM_QMV_ROWS] : token_class == 4 ? 4 : 2;
+    const int lane_rows = token_class == 1 ? p->value[PV_KPARAM_QMV_ROWS] : token_class == 4 ? 4 : 2;
+    return lane_rows * p->value[PV_KPARAM_QMV_LANES];
 }
 
 #endif

@@ -15,8 +15,8 @@
  *
  * Usage: bench-qmatmul [--backend cpu|opencl|cuda] [--types q4_1,q8_0,...]
  *                      [--shapes 576x576,1536x576,...] [--tokens 1,4,16,64]
- *                      [--gemm f32,f16,bf16,tf32] [--act16 0,1] [--rows 2,4,8] [--reps 5] [--hot]
- *                      [--json]
+ *                      [--gemm f32,f16,bf16,tf32] [--act16 0,1] [--rows 2,4,8] [--lanes 1,8]
+ *                      [--reps 5] [--hot] [--json]
  * A shape is n_out x n_in. The defaults are SmolLM2-135M's projections
  * (attention 576x576 and 192x576, FFN 1536x576 and 576x1536, output
  * 49152x576). --gemm runs the whole table once per PV_GEMM mode
@@ -25,7 +25,8 @@
  * it the backend keeps its own. --act16 does the same for PV_ACT16 (the
  * decode-sized products of the block types from x rounded to 16 bits) and
  * --rows for PV_QMV_ROWS (the rows of W a work-group of the one-token
- * kernels takes), the lists crossed. */
+ * kernels takes) and --lanes for PV_QMV_LANES (the row lanes of a
+ * work-group of every decode-sized kernel), the lists crossed. */
 #include "config.h"
 
 #include "backends/kernel-params.h"
@@ -58,6 +59,8 @@ typedef struct options {
     int n_act16; /* 0: the backend's own */
     int rows[3];
     int n_rows; /* 0: the backend's own */
+    int lanes[2];
+    int n_lanes; /* 0: the backend's own */
     int reps;
     int hot; /* two copies only: the weights come from cache */
     int json;
@@ -67,6 +70,7 @@ typedef struct result {
     int gemm;  /* -1: the backend's own */
     int act16; /* -1: the backend's own */
     int rows;  /* -1: the backend's own */
+    int lanes; /* -1: the backend's own */
     pv_wtype type;
     int64_t n_out, n_in, n_tokens;
     double weight_bytes, us_per_call, gbps, gflops;
@@ -280,25 +284,16 @@ static int parse_gemm(const char *s, options *o)
     return *s ? -1 : 0;
 }
 
-static int parse_act16(const char *s, options *o)
+/* A comma-separated list of single digits from `allowed`, at most max of
+ * them, into out; the count, or -1 for anything else. */
+static int parse_digits(const char *s, const char *allowed, int *out, int max)
 {
-    o->n_act16 = 0;
-    while ((s[0] == '0' || s[0] == '1') && (s[1] == ',' || !s[1]) && o->n_act16 < 2) {
-        o->act16[o->n_act16++] = s[0] - '0';
+    int n = 0;
+    while (s[0] && strchr(allowed, s[0]) && (s[1] == ',' || !s[1]) && n < max) {
+        out[n++] = s[0] - '0';
         s += s[1] ? 2 : 1;
     }
-    return *s || !o->n_act16 ? -1 : 0;
-}
-
-/* A list of PV_QMV_ROWS values: 2, 4, 8. */
-static int parse_rows(const char *s, options *o)
-{
-    o->n_rows = 0;
-    while ((s[0] == '2' || s[0] == '4' || s[0] == '8') && (s[1] == ',' || !s[1]) && o->n_rows < 3) {
-        o->rows[o->n_rows++] = s[0] - '0';
-        s += s[1] ? 2 : 1;
-    }
-    return *s || !o->n_rows ? -1 : 0;
+    return *s || !n ? -1 : n;
 }
 
 static int usage(const char *argv0)
@@ -306,7 +301,7 @@ static int usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--backend cpu|opencl|cuda] [--types f32,f16,bf16,q8_0,q4_0,q4_1]\n"
             "          [--shapes N_OUTxN_IN,...] [--tokens 1,4,16,64] [--gemm f32,f16,bf16,tf32]\n"
-            "          [--act16 0,1] [--rows 2,4,8] [--reps N] [--hot] [--json]\n",
+            "          [--act16 0,1] [--rows 2,4,8] [--lanes 1,8] [--reps N] [--hot] [--json]\n",
             argv0);
     return 2;
 }
@@ -341,9 +336,11 @@ int main(int argc, char **argv)
         else if (strcmp(arg, "--gemm") == 0)
             ok = parse_gemm(value, &opt) == 0 && opt.n_gemm > 0;
         else if (strcmp(arg, "--act16") == 0)
-            ok = parse_act16(value, &opt) == 0;
+            ok = (opt.n_act16 = parse_digits(value, "01", opt.act16, 2)) > 0;
         else if (strcmp(arg, "--rows") == 0)
-            ok = parse_rows(value, &opt) == 0;
+            ok = (opt.n_rows = parse_digits(value, "248", opt.rows, 3)) > 0;
+        else if (strcmp(arg, "--lanes") == 0)
+            ok = (opt.n_lanes = parse_digits(value, "18", opt.lanes, 2)) > 0;
         else if (strcmp(arg, "--reps") == 0)
             ok = (opt.reps = atoi(value)) >= 1 && opt.reps <= MAX_REPS;
         else
@@ -374,15 +371,16 @@ int main(int argc, char **argv)
         pv_backend_free(be);
         return 1;
     }
-    const int max_results = 3 * 2 * PV_GEMM_MODES * MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
+    const int max_results = 2 * 3 * 2 * PV_GEMM_MODES * MAX_ITEMS * MAX_ITEMS * MAX_ITEMS;
     result *res = calloc((size_t)max_results, sizeof *res);
     int n_res = 0;
     const int n_gemm = opt.n_gemm ? opt.n_gemm : 1, n_act16 = opt.n_act16 ? opt.n_act16 : 1;
-    const int n_rows = opt.n_rows ? opt.n_rows : 1;
-    for (int mi = 0; mi < n_gemm * n_act16 * n_rows && st == PV_OK && res; mi++) {
+    const int n_rows = opt.n_rows ? opt.n_rows : 1, n_lanes = opt.n_lanes ? opt.n_lanes : 1;
+    for (int mi = 0; mi < n_gemm * n_act16 * n_rows * n_lanes && st == PV_OK && res; mi++) {
         const int gemm = opt.n_gemm ? opt.gemm[mi % n_gemm] : -1;
         const int act16 = opt.n_act16 ? opt.act16[mi / n_gemm % n_act16] : -1;
-        const int rows = opt.n_rows ? opt.rows[mi / (n_gemm * n_act16)] : -1;
+        const int rows = opt.n_rows ? opt.rows[mi / (n_gemm * n_act16) % n_rows] : -1;
+        const int lanes = opt.n_lanes ? opt.lanes[mi / (n_gemm * n_act16 * n_rows)] : -1;
         char set[32];
         snprintf(set, sizeof set, "PV_GEMM=%d", gemm);
         if (gemm >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
@@ -393,6 +391,9 @@ int main(int argc, char **argv)
         snprintf(set, sizeof set, "PV_QMV_ROWS=%d", rows);
         if (rows >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
             break;
+        snprintf(set, sizeof set, "PV_QMV_LANES=%d", lanes);
+        if (lanes >= 0 && (st = pv_backend_kernel_set(be, "qmatmul", set)) != PV_OK)
+            break;
         for (int ti = 0; ti < opt.n_types && st == PV_OK; ti++) {
             if (!pv_backend_supports_weights(be, PV_OP_QMATMUL, opt.types[ti]))
                 continue;
@@ -402,6 +403,7 @@ int main(int argc, char **argv)
                     res[n_res + k].gemm = gemm;
                     res[n_res + k].act16 = act16;
                     res[n_res + k].rows = rows;
+                    res[n_res + k].lanes = lanes;
                 }
                 n_res += opt.n_tokens;
             }
@@ -434,10 +436,12 @@ int main(int argc, char **argv)
         }
         printf(", \"results\": [");
         for (int i = 0; i < n_res; i++)
-            printf("%s\n  {\"gemm\": \"%s\", \"act16\": %d, \"rows\": %d, \"type\": \"%s\", \"n_out\": %lld, \"n_in\": %lld, "
+            printf("%s\n  {\"gemm\": \"%s\", \"act16\": %d, \"rows\": %d, \"lanes\": %d, \"type\": \"%s\", "
+                   "\"n_out\": %lld, \"n_in\": %lld, "
                    "\"tokens\": %lld, \"weight_bytes\": %.0f, \"us_per_call\": %.3f, \"weight_gbps\": %.3f, "
                    "\"%s\": %.4f, \"gflops\": %.3f}",
-                   i ? "," : "", gemm_label(res[i].gemm), res[i].act16, res[i].rows, pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
+                   i ? "," : "", gemm_label(res[i].gemm), res[i].act16, res[i].rows, res[i].lanes,
+                   pv_wtype_name(res[i].type), (long long)res[i].n_out, (long long)res[i].n_in,
                    (long long)res[i].n_tokens, res[i].weight_bytes, res[i].us_per_call, res[i].gbps, ref_key,
                    read > 0 ? res[i].gbps / read : 0.0, res[i].gflops);
         printf("\n]}\n");
@@ -452,17 +456,20 @@ int main(int argc, char **argv)
                        : "weights are read from memory on every call (copies filling 4x the last-level cache); "
                          "median of %d passes\n\n",
                opt.reps);
-        printf("%-7s %-5s %-4s %-5s %13s %6s %10s %10s %9s %10s %8s\n", "gemm", "act16", "rows", "type", "n_out x n_in",
+        printf("%-7s %-5s %-4s %-5s %-5s %13s %6s %10s %10s %9s %10s %8s\n", "gemm", "act16", "rows", "lanes", "type",
+               "n_out x n_in",
                "tokens",
                "us/call",
                "weight GB/s", "of ref", "GFLOP/s", "of peak");
         for (int i = 0; i < n_res; i++) {
             char shape[40];
             snprintf(shape, sizeof shape, "%lldx%lld", (long long)res[i].n_out, (long long)res[i].n_in);
-            char rows[8];
+            char rows[8], lanes[8];
             snprintf(rows, sizeof rows, "%d", res[i].rows);
-            printf("%-7s %-5s %-4s %-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", gemm_label(res[i].gemm),
+            snprintf(lanes, sizeof lanes, "%d", res[i].lanes);
+            printf("%-7s %-5s %-4s %-5s %-5s %13s %6lld %10.1f %10.2f %8.0f%% %10.1f", gemm_label(res[i].gemm),
                    res[i].act16 < 0 ? "own" : res[i].act16 ? "1" : "0", res[i].rows < 0 ? "own" : rows,
+                   res[i].lanes < 0 ? "own" : lanes,
                    pv_wtype_name(res[i].type), shape,
                    (long long)res[i].n_tokens, res[i].us_per_call, res[i].gbps,
                    read > 0 ? 100.0 * res[i].gbps / read : 0.0, res[i].gflops);

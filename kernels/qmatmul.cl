@@ -80,39 +80,52 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
 #define PV_QMAX_T 16 /* the largest token class */
 
 /* ---- Decode-sized products (T <= max_t <= PV_QMAX_T) ----------------------
- * A work-group takes `rows` consecutive rows of W (pv_qmv_rows below) and
- * its work-items stride together over those rows' octets: 8 weights a
- * work-item decodes at a time, a quarter of a block of 32 for the block
- * types (its 4 bytes of nibbles, or 8 of Q8_0's bytes), 8 consecutive
- * elements for the float types. Neighbouring work-items take neighbouring
- * octets, so a group's loads cover whole runs of the row (coalesced), and
- * each work-item loads the 8 x values of its octet once per token for all
- * its rows: x, which every row reads, costs rows times fewer loads than W
- * bytes would suggest. Each weight byte crosses the memory bus once per
- * call. At one token a work-item loads several octets of its rows in a
- * pass before it sums the pass before (PV_QMV_FLIGHT), so that enough
- * bytes are in flight to cover a GPU's memory latency. The per-(row,
- * token) sums are then reduced over the group:
+ * A work-group takes `rows` consecutive rows of W (pv_qmv_rows below) for
+ * each of its PV_QMV_LANES row lanes, and the work-items of a lane stride
+ * together over those rows' octets: 8 weights a work-item decodes at a
+ * time, a quarter of a block of 32 for the block types (its 4 bytes of
+ * nibbles, or 8 of Q8_0's bytes), 8 consecutive elements for the float
+ * types. Neighbouring work-items of a lane take neighbouring octets, so a
+ * group's loads cover runs of each row (coalesced), and each work-item
+ * loads the 8 x values of its octet once per token for all its rows: x,
+ * which every row reads, costs rows times fewer loads than W bytes would
+ * suggest, and rows x lanes times fewer from L2 where the lanes' loads of
+ * an octet are one (a warp's). Each weight byte crosses the memory bus
+ * once per call. At one token a work-item loads several octets of its
+ * rows in a pass before it sums the pass before (PV_QMV_FLIGHT), so that
+ * enough bytes are in flight to cover a GPU's memory latency. The
+ * per-(row, token) sums are then reduced over each lane's work-items:
  * through warp shuffles and one exchange of the warps' sums on CUDA, a
  * tree in local memory on OpenCL. The token loops run to the constant
  * PV_QMAX_T and unroll; max_t and rows are literals in each kernel below,
  * so after inlining the iterations past them fold away and the sums stay
  * in registers.
- * groups {ceil(n_out / rows), 1}
+ * groups {ceil(n_out / (rows PV_QMV_LANES)), 1}
  * w  [n_out][n_in] in PV_WTYPE, from word w_off
  * x  [T][n_in] f32 from x_off; x4 != 0 lets CUDA load x 16 bytes at a time
  *    (the host sets it where x + x_off is 16-byte aligned and n_in a
  *    multiple of 4)
  * y  [T][n_out] f32 from y_off
- * Local memory: max_t * rows floats per warp on CUDA, per work-item on
- * OpenCL (PV_QMV_RED). */
+ * Local memory: max_t * rows floats per warp and lane on CUDA, per
+ * work-item on OpenCL (PV_QMV_RED). */
 
 #ifndef PV_QMV_ROWS
 #define PV_QMV_ROWS 2 /* the one-token kernels' rows (kernel-params.h) */
 #endif
 #define PV_QMV_MAX_ROWS (PV_QMV_ROWS > 4 ? PV_QMV_ROWS : 4)
+#ifndef PV_QMV_LANES
+#define PV_QMV_LANES 1 /* row lanes of a work-group (kernel-params.h) */
+#endif
+/* A work-group's rows: `rows` for each of its PV_QMV_LANES row lanes.
+ * Work-item i is in lane i % PV_QMV_LANES and takes the octets i /
+ * PV_QMV_LANES, PV_QMV_STRIDE apart, of its lane's rows: the lanes of
+ * one octet are neighbours in a warp, so that their loads of its x are one
+ * load (a broadcast), and each x load serves rows x lanes rows where a
+ * work-item's registers hold the sums of `rows`. */
+#define PV_QMV_STRIDE (PV_WG / PV_QMV_LANES)
+#define PV_QMV_GROUP_ROWS(rows) ((rows) * PV_QMV_LANES)
 #if defined(__CUDACC__)
-#define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * (PV_WG / 32))
+#define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * PV_QMV_LANES * (PV_WG / 32))
 #else
 #define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * PV_WG)
 #endif
@@ -260,6 +273,13 @@ PV_FUNC void pv_x4(const PV_GLOBAL float *p, int x4, float *v)
     v[2] = f.z;
     v[3] = f.w;
 #endif
+}
+
+/* The first of this work-item's rows in a group whose rows start at
+ * group_row0: its lane's run of `rows`. */
+PV_FUNC pv_long pv_qmv_item_row0(pv_long group_row0, const int rows)
+{
+    return group_row0 + (pv_long)(PV_LOCAL_ID() % PV_QMV_LANES) * rows;
 }
 
 /* w_rows[r] = the start of row row0 + r of W (rows past n_out: the last
@@ -449,13 +469,13 @@ PV_FUNC void pv_qmv_octet(const int max_t, const int rows, const int act16,
 }
 
 /* Row-octets a work-item of the one-token kernels loads in one pass:
- * PV_QMV_FLIGHT / rows octets of its rows, PV_WG apart, 36 to 68 bytes of
- * W, issued before the sums of the pass before. A pass of one octet waited
- * for its few bytes (4.5 of a Q4_0 row, 9 at 2 rows) and then for x before
- * it could load the next: at a GPU's memory latency, too few bytes in
- * flight to keep its memory busy (docs/PERFORMANCE.md, "Bytes in flight").
- * F32 rows bring 64 bytes an octet at 2 rows: no passes. The larger token
- * classes need those registers for their sums. */
+ * PV_QMV_FLIGHT / rows octets of its rows, PV_QMV_STRIDE apart, 36 to 68
+ * bytes of W, issued before the sums of the pass before. A pass of one
+ * octet waited for its few bytes (4.5 of a Q4_0 row, 9 at 2 rows) and then
+ * for x before it could load the next: at a GPU's memory latency, too few
+ * bytes in flight to keep its memory busy (docs/PERFORMANCE.md, "Bytes in
+ * flight"). F32 rows bring 64 bytes an octet at 2 rows: no passes. The
+ * larger token classes need those registers for their sums. */
 #if PV_W_UNIT == 32
 #define PV_QMV_FLIGHT 8
 #elif PV_WTYPE == 0
@@ -478,7 +498,7 @@ PV_FUNC void pv_qmv_pass_load(const int rows, const int per_pass, const PV_GLOBA
             #pragma unroll
             for (int r = 0; r < PV_QMV_MAX_ROWS; r++)
                 if (r < rows)
-                    pv_w_octet_load(w_rows[r], o + k * PV_WG, n_in, raw[k][r]);
+                    pv_w_octet_load(w_rows[r], o + k * PV_QMV_STRIDE, n_in, raw[k][r]);
         }
     }
 }
@@ -493,7 +513,7 @@ PV_FUNC void pv_qmv_pass_sums(const int rows, const int per_pass, const int act1
         if (k < per_pass) {
             pv_qmv_w w;
             pv_qmv_widen(rows, act16, raw[k], &w);
-            pv_qmv_octet_sums(rows, act16, &w, o + k * PV_WG, xr, n_in, acc, 0);
+            pv_qmv_octet_sums(rows, act16, &w, o + k * PV_QMV_STRIDE, xr, n_in, acc, 0);
         }
     }
 }
@@ -506,13 +526,13 @@ PV_FUNC void pv_qmv_octets(const int max_t, const int rows, const int per_pass,
                            const PV_GLOBAL pv_u16 *w_rows[PV_QMV_MAX_ROWS], const pv_qmv_x xr, const int act16,
                            int n_tokens, int n_in, float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
 {
-    const int n_octets = PV_OCTETS(n_in), last = (per_pass - 1) * PV_WG;
-    int o = PV_LOCAL_ID();
+    const int n_octets = PV_OCTETS(n_in), last = (per_pass - 1) * PV_QMV_STRIDE;
+    int o = PV_LOCAL_ID() / PV_QMV_LANES;
     if (per_pass > 1 && o + last < n_octets) {
         pv_u32 raw[2][PV_QMV_FLIGHT][PV_QMV_MAX_ROWS][PV_W_RAW];
         pv_qmv_pass_load(rows, per_pass, w_rows, o, n_in, raw[0]);
         for (;;) { /* the two buffers in turn */
-            const int step = per_pass * PV_WG;
+            const int step = per_pass * PV_QMV_STRIDE;
             int more = o + step + last < n_octets;
             if (more)
                 pv_qmv_pass_load(rows, per_pass, w_rows, o + step, n_in, raw[1]);
@@ -529,7 +549,7 @@ PV_FUNC void pv_qmv_octets(const int max_t, const int rows, const int per_pass,
                 break;
         }
     }
-    for (; o < n_octets; o += PV_WG)
+    for (; o < n_octets; o += PV_QMV_STRIDE)
         pv_qmv_octet(max_t, rows, act16, w_rows, o, xr, n_tokens, n_in, acc);
 }
 
@@ -553,16 +573,17 @@ PV_FUNC void pv_qmv_partial(const int max_t, const int rows, const PV_GLOBAL pv_
     }
 }
 
-/* Sums acc[r][t] over the group; work-item 0 gets the totals in its acc.
- * Every work-item calls it; red (PV_QMV_RED floats) may be used again only
- * after a barrier. */
+/* Sums acc[r][t] over the work-items of each row lane; work-item i <
+ * PV_QMV_LANES gets lane i's totals in its acc. Every work-item calls it;
+ * red (PV_QMV_RED floats) may be used again only after a barrier. */
 PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
                            float acc[PV_QMV_MAX_ROWS][PV_QMAX_T])
 {
     const int lid = PV_LOCAL_ID();
 #if defined(__CUDACC__)
-    /* Within each warp by shuffles, then warp 0 sums the warps' totals
-     * (PV_WG is a multiple of 32 for this family). */
+    /* Within each warp by shuffles over the work-items of a lane (xor by
+     * multiples of PV_QMV_LANES), then the first PV_QMV_LANES work-items
+     * sum the warps' totals (PV_WG is a multiple of 32 for this family). */
     const int n_warps = PV_WG / 32, warp = lid / 32, lane = lid % 32;
     #pragma unroll
     for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
@@ -571,15 +592,15 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
             if (r < rows && t < max_t) {
                 float v = acc[r][t];
                 #pragma unroll
-                for (int step = 16; step > 0; step >>= 1)
+                for (int step = 16; step >= PV_QMV_LANES; step >>= 1)
                     v += __shfl_xor_sync(0xffffffffu, v, step);
-                if (lane == 0)
-                    red[(r * max_t + t) * n_warps + warp] = v;
+                if (lane < PV_QMV_LANES)
+                    red[((r * max_t + t) * PV_QMV_LANES + lane) * n_warps + warp] = v;
             }
         }
     }
     PV_BARRIER();
-    if (lid == 0) {
+    if (lid < PV_QMV_LANES) {
         #pragma unroll
         for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
             #pragma unroll
@@ -587,7 +608,7 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
                 if (r < rows && t < max_t) {
                     float v = 0.0f;
                     for (int k = 0; k < n_warps; k++)
-                        v += red[(r * max_t + t) * n_warps + k];
+                        v += red[((r * max_t + t) * PV_QMV_LANES + lid) * n_warps + k];
                     acc[r][t] = v;
                 }
             }
@@ -602,7 +623,7 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
                 red[(r * max_t + t) * PV_WG + lid] = acc[r][t];
     }
     PV_BARRIER();
-    for (int stride = PV_WG / 2; stride > 0; stride >>= 1) {
+    for (int stride = PV_WG / 2; stride >= PV_QMV_LANES; stride >>= 1) {
         if (lid < stride) {
             #pragma unroll
             for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
@@ -625,13 +646,13 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
 }
 
 /* Reduces acc over the group and stores row row0 + r's sum for token t at
- * y[t][row0 + r]. */
+ * y[t][row0 + r], row0 this work-item's first row. */
 PV_FUNC void pv_qmv_store(const int max_t, const int rows, PV_LOCAL float *red,
                           float acc[PV_QMV_MAX_ROWS][PV_QMAX_T], PV_GLOBAL float *y, pv_long y_off, pv_long row0,
                           int n_tokens, int n_out)
 {
     pv_qmv_reduce(max_t, rows, red, acc);
-    if (PV_LOCAL_ID() == 0) {
+    if (PV_LOCAL_ID() < PV_QMV_LANES) {
         #pragma unroll
         for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
             #pragma unroll
@@ -652,7 +673,7 @@ PV_FUNC void pv_qmv_store_swiglu(const int max_t, const int rows, PV_LOCAL float
     pv_qmv_reduce(max_t, rows, red, gate);
     PV_BARRIER();
     pv_qmv_reduce(max_t, rows, red, up);
-    if (PV_LOCAL_ID() == 0) {
+    if (PV_LOCAL_ID() < PV_QMV_LANES) {
         #pragma unroll
         for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
             #pragma unroll
@@ -668,7 +689,7 @@ PV_FUNC void pv_qmv(const int max_t, const int rows, PV_LOCAL float *red, const 
                     const PV_GLOBAL float *x, pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,
                     int n_tokens, int n_in, int n_out)
 {
-    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    const pv_long row0 = pv_qmv_item_row0(PV_GROUP_ID(0) * PV_QMV_GROUP_ROWS(rows), rows);
     float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];
     pv_qmv_partial(max_t, rows, w, w_off, x, x_off, x4, row0, n_tokens, n_in, n_out, acc);
     pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);
@@ -682,7 +703,7 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
                            pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in,
                            int n_out)
 {
-    const pv_long row0 = PV_GROUP_ID(0) * rows;
+    const pv_long row0 = pv_qmv_item_row0(PV_GROUP_ID(0) * PV_QMV_GROUP_ROWS(rows), rows);
     float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];
     pv_qmv_partial(max_t, rows, wg, wg_off, x, x_off, x4, row0, n_tokens, n_in, n_out, gate);
     pv_qmv_partial(max_t, rows, wu, wu_off, x, x_off, x4, row0, n_tokens, n_in, n_out, up);
@@ -691,21 +712,22 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
 
 /* Up to three products of one x in one launch (pv_qmatmul_group: Q, K
  * and V): groups [0, g0) take product 0's rows, [g0, g0 + g1) product 1's,
- * the rest product 2's (n_out2 0: none), g_i = ceil(n_out_i / rows); each
+ * the rest product 2's (n_out2 0: none), g_i = ceil(n_out_i / (rows PV_QMV_LANES)); each
  * row is summed as its product's own kernel sums it. A small product (K
  * and V of a grouped-query model) so shares one launch with a large one
  * instead of leaving most of the device idle in a launch of its own.
  * Declares w, w_off, y, y_off, n_out and row0 for this group. */
 #define PV_QMV_PICK3(rows)                                                                                 \
-    const pv_long g_ = PV_GROUP_ID(0), g0_ = (n_out0 + (rows) - 1) / (rows),                             \
-                  g1_ = (n_out1 + (rows) - 1) / (rows);                                                  \
+    const pv_long g_ = PV_GROUP_ID(0), g0_ = (n_out0 + PV_QMV_GROUP_ROWS(rows) - 1) / PV_QMV_GROUP_ROWS(rows), \
+                  g1_ = (n_out1 + PV_QMV_GROUP_ROWS(rows) - 1) / PV_QMV_GROUP_ROWS(rows);               \
     const int p_ = g_ < g0_ ? 0 : g_ < g0_ + g1_ ? 1 : 2;                                                \
     const PV_GLOBAL pv_u16 *w = p_ == 0 ? w0 : p_ == 1 ? w1 : w2;                                        \
     const pv_long w_off = p_ == 0 ? w0_off : p_ == 1 ? w1_off : w2_off;                                  \
     PV_GLOBAL float *y = p_ == 0 ? y0 : p_ == 1 ? y1 : y2;                                               \
     const pv_long y_off = p_ == 0 ? y0_off : p_ == 1 ? y1_off : y2_off;                                  \
     const int n_out = p_ == 0 ? n_out0 : p_ == 1 ? n_out1 : n_out2;                                      \
-    const pv_long row0 = (g_ - (p_ == 0 ? 0 : p_ == 1 ? g0_ : g0_ + g1_)) * (rows)
+    const pv_long row0 = pv_qmv_item_row0((g_ - (p_ == 0 ? 0 : p_ == 1 ? g0_ : g0_ + g1_)) * PV_QMV_GROUP_ROWS(rows), \
+                                          rows)
 /* The three products' arguments, as the launchers pass them. */
 #define PV_QMV_GROUP_ARGS                                                                                  \
     const PV_GLOBAL pv_u16 *w0, pv_long w0_off, PV_GLOBAL float *y0, pv_long y0_off, int n_out0,          \
@@ -713,7 +735,7 @@ PV_FUNC void pv_qmv_swiglu(const int max_t, const int rows, PV_LOCAL float *red,
         const PV_GLOBAL pv_u16 *w2, pv_long w2_off, PV_GLOBAL float *y2, pv_long y2_off, int n_out2
 
 /* One kernel per token class: the host picks the smallest max_t >= T and
- * launches ceil(n_out / rows) groups, rows as pv_qmv_rows says. */
+ * launches ceil(n_out / (rows PV_QMV_LANES)) groups, as pv_qmv_rows says. */
 #define PV_QMV_KERNELS(max_t, rows)                                                                       \
     PV_KERNEL pv_qmatmul_fused_##max_t(const PV_GLOBAL pv_u16 *w, pv_long w_off, const PV_GLOBAL float *x, \
                                        pv_long x_off, int x4, PV_GLOBAL float *y, pv_long y_off,           \
@@ -799,7 +821,7 @@ PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL p
                                          PV_GLOBAL float *y, pv_long y_off, int n_tokens, int n_in, int n_out)  \
     {                                                                                                        \
         PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                 \
-        const pv_long row0 = PV_GROUP_ID(0) * rows;                                                          \
+        const pv_long row0 = pv_qmv_item_row0(PV_GROUP_ID(0) * PV_QMV_GROUP_ROWS(rows), rows);              \
         float acc[PV_QMV_MAX_ROWS][PV_QMAX_T];                                                               \
         pv_qmv16_partial(max_t, rows, w, w_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, acc);   \
         pv_qmv_store(max_t, rows, red, acc, y, y_off, row0, n_tokens, n_out);                                \
@@ -811,7 +833,7 @@ PV_FUNC void pv_qmv16_partial(const int max_t, const int rows, const PV_GLOBAL p
                                           pv_long y_off, int n_tokens, int n_in, int n_out)                   \
     {                                                                                                        \
         PV_LOCAL_ARRAY(float, red, PV_QMV_RED(max_t, rows));                                                 \
-        const pv_long row0 = PV_GROUP_ID(0) * rows;                                                          \
+        const pv_long row0 = pv_qmv_item_row0(PV_GROUP_ID(0) * PV_QMV_GROUP_ROWS(rows), rows);              \
         float gate[PV_QMV_MAX_ROWS][PV_QMAX_T], up[PV_QMV_MAX_ROWS][PV_QMAX_T];                              \
         pv_qmv16_partial(max_t, rows, wg, wg_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, gate); \
         pv_qmv16_partial(max_t, rows, wu, wu_off, xq, xq_off, xs, xs_off, row0, n_tokens, n_in, n_out, up);   \

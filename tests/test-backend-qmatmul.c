@@ -9,7 +9,8 @@
  * batches in every tensor-core GEMM mode a backend runs, alone, grouped and
  * in the SwiGLU product; the block types' decode-sized products again with
  * x rounded to 16 bits (PV_ACT16); the one-token kernels with 4 and 8 rows
- * a work-group (PV_QMV_ROWS), and over rows long enough for their passes.
+ * a work-group (PV_QMV_ROWS), and over rows long enough for their passes;
+ * every decode-sized kernel with 8 row lanes a work-group (PV_QMV_LANES).
  * Usage: test-backend-qmatmul [backend] */
 #define _POSIX_C_SOURCE 200809L
 #include "backend-check.h"
@@ -586,6 +587,20 @@ static void check_act16(pv_backend *be, const char *name, uint64_t *rng)
         ok(0, "%s: back to PV_ACT16 0: %s", name, pv_last_error());
 }
 
+/* Under a kernel set just made: every weight type at every batch over 67
+ * rows (a last group with fewer rows than the others), a Q4_0 SwiGLU
+ * product and a group of Q, K and V shapes. */
+static void check_decode_kernels(pv_backend *be, const char *name, uint64_t *rng)
+{
+    for (int ti = 0; ti < N_TYPES; ti++)
+        if (pv_backend_supports_weights(be, PV_OP_QMATMUL, types[ti]))
+            check_qmatmul(be, name, types[ti], 67, types[ti] == PV_W_F32 || types[ti] == PV_W_F16 ? 37 : 160, rng);
+    if (pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, PV_W_Q4_0))
+        check_swiglu(be, name, PV_W_Q4_0, 37, 160, rng);
+    check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
+                rng);
+}
+
 /* The one-token kernels again with 4 and 8 rows a work-group (PV_QMV_ROWS;
  * the other classes keep theirs), f32 x and, with 8, x rounded
  * (PV_ACT16): every weight type alone, a SwiGLU product and a group of
@@ -604,15 +619,7 @@ static void check_rows(pv_backend *be, const char *name, uint64_t *rng)
         }
         act16_pass = strstr(sets[si], "PV_ACT16=1") != NULL;
         tap_diag("%s: the checks up to the next such line run with %s", name, sets[si]);
-        for (int ti = 0; ti < N_TYPES; ti++)
-            if (pv_backend_supports_weights(be, PV_OP_QMATMUL, types[ti]))
-                /* 67 rows: a last group with fewer rows than the others */
-                check_qmatmul(be, name, types[ti], 67, types[ti] == PV_W_F32 || types[ti] == PV_W_F16 ? 37 : 160,
-                              rng);
-        if (pv_backend_supports_weights(be, PV_OP_QMATMUL_SWIGLU, PV_W_Q4_0))
-            check_swiglu(be, name, PV_W_Q4_0, 37, 160, rng);
-        check_group(be, name, (const pv_wtype[]){PV_W_Q4_0, PV_W_Q4_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
-                    rng);
+        check_decode_kernels(be, name, rng);
         act16_pass = 0;
     }
     if (pv_backend_kernel_set(be, "qmatmul", "PV_QMV_ROWS=2 PV_ACT16=0") != PV_OK)
@@ -674,38 +681,30 @@ static void check_one_token(pv_backend *be, const char *name, pv_wtype t, int64_
 }
 
 /* The one-token kernels' passes (kernels/qmatmul.cl, PV_QMV_FLIGHT): with
- * PV_WG work-items a group, a pass covers 32 PV_WG elements of a block
- * type's row at 2 rows and 16 PV_WG at 4, 16 PV_WG of F16 and BF16 at 2
- * rows. The rows below, sized from the backend's PV_WG (whose programs the
- * checks before have built), give work-items no pass, one, or several
+ * a work-item's octets `stride` apart (PV_WG / PV_QMV_LANES), a pass covers
+ * 32 stride elements of a block type's row at 2 rows and 16 stride at 4,
+ * 16 stride of F16 and BF16 at 2 rows. The rows below, sized from the
+ * stride (a multiple of 32), give work-items no pass, one, or several
  * (each of the two buffers in turn) followed by octets one at a time, and
  * odd float rows a short last octet; f32 x at both alignments, and x
  * rounded (PV_ACT16); a SwiGLU product and a group over such rows. F32
- * rows take no passes. */
-static void check_passes(pv_backend *be, const char *name, uint64_t *rng)
+ * rows take no passes. Each of sets runs the checks (its programs the
+ * checks before have built, where PoCL's compiles are slow). */
+static void check_passes_at(pv_backend *be, const char *name, const char *const *sets, int n_sets, int64_t stride,
+                            uint64_t *rng)
 {
-    static const char *const sets[] = {"PV_QMV_ROWS=2", "PV_QMV_ROWS=4", "PV_QMV_ROWS=2 PV_ACT16=1"};
-    char before[256];
-    const char *wg_at = NULL;
-    if (pv_backend_kernel_get(be, "qmatmul", before, sizeof before) == PV_OK)
-        wg_at = strstr(before, "PV_WG=");
-    if (!wg_at) {
-        ok(!pv_backend_kernels_tunable(be), "%s: the qmatmul set names PV_WG where kernels are tunable (%s)", name,
-           pv_backend_kernels_tunable(be) ? before : "none");
-        return;
-    }
-    const int64_t wg = atoi(wg_at + strlen("PV_WG="));
-    /* 56 PV_WG + 32 and 24 PV_WG + 21: a work-item whose last pass ends on
-     * the row's last octet exactly (at 2 and at 4 rows) */
-    const int64_t block_rows[] = {31 * wg, 32 * wg, 56 * wg + 32, 3 * 32 * wg + 160},
-                  float_rows[] = {16 * wg - 3, 24 * wg + 21, 3 * 16 * wg + 9};
-    for (size_t si = 0; si < sizeof sets / sizeof sets[0]; si++) {
+    /* 56 stride + 32 and 24 stride + 21: a work-item whose last pass ends
+     * on the row's last octet exactly (at 2 and at 4 rows) */
+    const int64_t block_rows[] = {31 * stride, 32 * stride, 56 * stride + 32, 3 * 32 * stride + 160},
+                  float_rows[] = {16 * stride - 3, 24 * stride + 21, 3 * 16 * stride + 9};
+    for (int si = 0; si < n_sets; si++) {
         if (pv_backend_kernel_set(be, "qmatmul", sets[si]) != PV_OK) {
             ok(0, "%s: %s: %s", name, sets[si], pv_last_error());
             break;
         }
         act16_pass = strstr(sets[si], "PV_ACT16=1") != NULL;
-        tap_diag("%s: the checks up to the next such line run with %s at PV_WG %lld", name, sets[si], (long long)wg);
+        tap_diag("%s: the checks up to the next such line run with %s, octets %lld apart", name, sets[si],
+                 (long long)stride);
         for (int ti = 0; ti < N_TYPES; ti++) {
             const pv_wtype t = types[ti];
             uint32_t block = 1;
@@ -723,6 +722,53 @@ static void check_passes(pv_backend *be, const char *name, uint64_t *rng)
                       block_rows[3], rng);
         act16_pass = 0;
     }
+}
+
+/* The passes at the backend's own PV_WG and one lane, octets PV_WG apart. */
+static void check_passes(pv_backend *be, const char *name, uint64_t *rng)
+{
+    static const char *const sets[] = {"PV_QMV_ROWS=2", "PV_QMV_ROWS=4", "PV_QMV_ROWS=2 PV_ACT16=1"};
+    char before[256];
+    const char *wg_at = NULL;
+    if (pv_backend_kernel_get(be, "qmatmul", before, sizeof before) == PV_OK)
+        wg_at = strstr(before, "PV_WG=");
+    if (!wg_at) {
+        ok(!pv_backend_kernels_tunable(be), "%s: the qmatmul set names PV_WG where kernels are tunable (%s)", name,
+           pv_backend_kernels_tunable(be) ? before : "none");
+        return;
+    }
+    check_passes_at(be, name, sets, 3, atoi(wg_at + strlen("PV_WG=")), rng);
+    if (pv_backend_kernel_set(be, "qmatmul", before) != PV_OK)
+        ok(0, "%s: back to %s: %s", name, before, pv_last_error());
+}
+
+/* Every decode-sized kernel again with 8 row lanes a work-group
+ * (PV_QMV_LANES), at PV_WG 256 so that a lane's octets are 32 apart: every
+ * weight type at every batch (the token classes 1, 4 and 16, whose groups
+ * take 16, 32 and 16 rows: 67 rows leave a last group with lanes past the
+ * end, some partly), a SwiGLU product, groups of products (5 rows: one
+ * group, its lanes 3 to 7 idle), the one-token passes; f32 x and x rounded
+ * (PV_ACT16). One program a weight type (PoCL compiles each for seconds). */
+static void check_lanes(pv_backend *be, const char *name, uint64_t *rng)
+{
+    static const char *const sets[] = {"PV_WG=256 PV_QMV_LANES=8 PV_QMV_ROWS=2 PV_ACT16=0",
+                                       "PV_WG=256 PV_QMV_LANES=8 PV_QMV_ROWS=2 PV_ACT16=1"};
+    char before[256];
+    if (pv_backend_kernel_get(be, "qmatmul", before, sizeof before) != PV_OK) {
+        ok(!pv_backend_kernels_tunable(be), "%s: a backend with tunable kernels has a qmatmul set (%s)", name,
+           pv_last_error());
+        return;
+    }
+    for (int si = 0; si < 2; si++) {
+        const pv_status st = pv_backend_kernel_set(be, "qmatmul", sets[si]);
+        if (!ok(st == PV_OK, "%s: qmatmul takes %s (%s)", name, sets[si], st == PV_OK ? "" : pv_last_error()))
+            return;
+        act16_pass = si == 1;
+        tap_diag("%s: the checks up to the next such line run with %s", name, sets[si]);
+        check_decode_kernels(be, name, rng);
+        act16_pass = 0;
+    }
+    check_passes_at(be, name, sets, 2, 256 / 8, rng);
     if (pv_backend_kernel_set(be, "qmatmul", before) != PV_OK)
         ok(0, "%s: back to %s: %s", name, before, pv_last_error());
 }
@@ -871,6 +917,7 @@ static void run_backend(pv_backend *be, const char *name, uint64_t seed)
     check_act16(be, name, &rng);
     check_rows(be, name, &rng);
     check_passes(be, name, &rng);
+    check_lanes(be, name, &rng);
     /* The block types only (the CPU runs them in one pass), and with F16 */
     check_group(be, name, (const pv_wtype[]){PV_W_Q4_1, PV_W_Q8_0, PV_W_Q4_0}, (const int64_t[]){67, 5, 192}, 3,
                 &rng);

@@ -1,8 +1,9 @@
 #!/bin/sh
 # scripts/gpu-report on a fixture (tests/gpu-report: figures of the H100
 # runs and of PoCL dry runs, trimmed; the llama-bench records and the
-# PV_GEMM, PV_ACT16 and PV_QMV_ROWS tables are made up for the test): each target's figure, ratio and
-# verdict computed from the JSON as docs/PERFORMANCE.md quotes them.
+# PV_GEMM, PV_ACT16, PV_QMV_ROWS and PV_QMV_LANES tables are made up for
+# the test): each target's figure, ratio and verdict computed from the JSON
+# as docs/PERFORMANCE.md quotes them.
 set -u
 here=$(dirname "$0")
 . "$here/tap.sh"
@@ -33,6 +34,9 @@ has "- Q8_0 at batch 1, the faster mode: 67%-67% of the copy: met" "PV_ACT16: a 
 has "| Q4_0 | 14336x4096 | 43% | 58% | 67% | 69% | 79% | 83% | act16 1, 8 rows | 1.95x |" \
     "PV_QMV_ROWS: each set's share of the copy, the fastest and its gain over f32 x at 2 rows"
 has "- Q4_0 at batch 1, the fastest set: 83%-83% of the copy: met" "PV_QMV_ROWS: the Q4 target from the fastest set"
+has "| Q4_0 | 14336x4096 | 8 | 102.0 | 34.0 | 11% | 32% | 3.00x |" \
+    "PV_QMV_LANES: both lanes' times and shares of the copy, and the speedup"
+has "- Q4_0 at 8 tokens, the faster lanes: 32%-32% of the copy" "PV_QMV_LANES: a decode batch's share from the faster"
 has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
 has "- pensieve-serve's forward passes: 2000, 75% as graphs, 80% of them replayed" \
     "serving: the server's graph runs and replays from /metrics"

@@ -112,10 +112,10 @@ static void test_candidates(void)
         {"attention.hd128.g2.prefill.long", 32, 0, 2 * 6},
         {"gather", 0, 0, 4 * 5},
         {"gather", 64, 0, 2 * 5},
-        /* PV_WG x PV_QMV_ROWS x PV_GEMM x PV_ACT16 */
-        {"qmatmul", 0, PV_GEMM_F32, 4 * 3 * 2},
-        {"qmatmul", 64, PV_GEMM_F16, 2 * 3 * 2 * 2},
-        {"qmatmul", 0, PV_GEMM_TF32, 4 * 3 * 4 * 2},
+        /* PV_WG x PV_QMV_ROWS x PV_QMV_LANES x PV_GEMM x PV_ACT16 */
+        {"qmatmul", 0, PV_GEMM_F32, 4 * 3 * 2 * 2},
+        {"qmatmul", 64, PV_GEMM_F16, 2 * 3 * 2 * 2 * 2},
+        {"qmatmul", 0, PV_GEMM_TF32, 4 * 3 * 2 * 4 * 2},
         {"recompute", 128, 0, 3 * 5},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {

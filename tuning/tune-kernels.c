@@ -31,7 +31,12 @@
  * percent of the pass, within the timing's spread, so the decode
  * kernels' parameters (PV_ACT16, PV_QMV_ROWS) were kept by chance. */
 #define QMATMUL_DECODE_STEPS 64
-#define DECODE_STEPS_TEXT "64" /* QMATMUL_DECODE_STEPS, for the workload's name */
+/* ... and a serving step's product, the decode of that many conversations
+ * at once, this many times: the batched kernels (PV_QMV_LANES) weigh in
+ * too, at some of a GPU's one-token products' time together. */
+#define QMATMUL_BATCH_DECODE 8
+#define QMATMUL_BATCH_STEPS 16
+#define DECODE_STEPS_TEXT "64 one-token products, 16 of 8 tokens" /* the two above, for the workload's name */
 
 #define MAX_BUFFERS 8
 
@@ -181,7 +186,7 @@ static pv_status output_buffer(workload_buffers *b, uint64_t bytes, pv_buffer **
 typedef struct workload_ops {
     pv_attention_args attention;
     pv_slot_copy_args gather;
-    pv_qmatmul_args qmatmul[2];
+    pv_qmatmul_args qmatmul[3]; /* one token, the larger batch, the decode batch */
     pv_rmsnorm_args rmsnorm;
     pv_swiglu_args swiglu;
     pv_add_args add;
@@ -197,7 +202,7 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
     const int32_t T = w->n_tokens, C = s->chunk_tokens;
     const uint64_t row = (uint64_t)s->n_kv_heads * (uint64_t)s->head_dim;
     const uint64_t embd = (uint64_t)s->n_heads * (uint64_t)s->head_dim;
-    pv_buffer *in[4] = {NULL};
+    pv_buffer *in[5] = {NULL};
     pv_status st = PV_OK;
     switch (w->family) {
     case TUNE_ATTENTION: {
@@ -250,8 +255,9 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
     }
     case TUNE_QMATMUL: {
         /* a layer's up projection (4x wider) in Q4_0, the block types'
-         * decode (PV_ACT16) and prefill (PV_GEMM) paths: one token, and a
-         * prefill batch; F16 for rows that are not whole blocks */
+         * decode (PV_ACT16, PV_QMV_ROWS, PV_QMV_LANES) and prefill (PV_GEMM)
+         * paths: one token, a prefill batch, a decode batch; F16 for rows
+         * that are not whole blocks */
         const uint64_t n_out = 4 * embd;
         const pv_wtype wt = embd % 32 == 0 ? PV_W_Q4_0 : PV_W_F16;
         st = random_weights(b, wt, n_out, embd, &state, &in[0]);
@@ -261,8 +267,11 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
             st = output_buffer(b, n_out * sizeof(float), &in[2]);
         if (st == PV_OK)
             st = output_buffer(b, (uint64_t)T * n_out * sizeof(float), &in[3]);
-        for (int k = 0; k < 2; k++)
-            ops->qmatmul[k] = (pv_qmatmul_args){.w_type = wt, .n_tokens = k ? T : 1, .n_in = (int64_t)embd,
+        if (st == PV_OK)
+            st = output_buffer(b, (uint64_t)QMATMUL_BATCH_DECODE * n_out * sizeof(float), &in[4]);
+        const int32_t tokens[3] = {1, T, QMATMUL_BATCH_DECODE};
+        for (int k = 0; k < 3; k++)
+            ops->qmatmul[k] = (pv_qmatmul_args){.w_type = wt, .n_tokens = tokens[k], .n_in = (int64_t)embd,
                                                 .n_out = (int64_t)n_out, .w = in[0], .x = in[1], .y = in[2 + k]};
         return st;
     }
@@ -304,6 +313,8 @@ static pv_status run(const workload *w, pv_backend *be, const workload_ops *ops)
         st = PV_OK;
         for (int i = 0; i < QMATMUL_DECODE_STEPS && st == PV_OK; i++)
             st = pv_qmatmul(be, &ops->qmatmul[0]);
+        for (int i = 0; i < QMATMUL_BATCH_STEPS && st == PV_OK; i++)
+            st = pv_qmatmul(be, &ops->qmatmul[2]);
         return st == PV_OK ? pv_qmatmul(be, &ops->qmatmul[1]) : st;
     case TUNE_RECOMPUTE:
         st = pv_rmsnorm(be, &ops->rmsnorm);
@@ -538,7 +549,7 @@ pv_status tune_kernels(const tune_setup *s, pv_backend *ref, unsigned families, 
                             .seed = 17u + (unsigned)n};
             snprintf(w->what, sizeof w->what,
                      f == TUNE_GATHER    ? "slot_gather, a quarter of a 64 MiB pool"
-                     : f == TUNE_QMATMUL ? "qmatmul Q4_0: " DECODE_STEPS_TEXT " one-token products, one of %d tokens"
+                     : f == TUNE_QMATMUL ? "qmatmul Q4_0: " DECODE_STEPS_TEXT ", one of %d tokens"
                                          : "rmsnorm, swiglu, add of %d tokens",
                      w->n_tokens);
         }

@@ -84,7 +84,7 @@ pv_status tune_keep_kernel_sets(const char *path, pv_backend *be, unsigned famil
 typedef enum tune_family { TUNE_ATTENTION, TUNE_GATHER, TUNE_QMATMUL, TUNE_RECOMPUTE, TUNE_FAMILY_COUNT } tune_family;
 const char *tune_family_name(tune_family f);
 
-#define TUNE_MAX_CANDIDATES 100 /* the most any bucket has: 96 (qmatmul where every PV_GEMM runs) */
+#define TUNE_MAX_CANDIDATES 200 /* the most any bucket has: 192 (qmatmul where every PV_GEMM runs) */
 #define TUNE_MAX_BUCKETS 8     /* 4 of attention, one of each other family */
 
 typedef struct tune_candidate {
