@@ -1,20 +1,22 @@
 /* The CUDA kernels through NVRTC, with no GPU: every family of kernels/
  * compiles, for the architectures of --with-cuda-arch (PV_CUDA_TEST_ARCHS),
- * with every parameter set of backends/kernel-params.h that the backend
- * may build, and holds the kernels the launchers look up, with no
+ * with the parameter sets of backends/kernel-params.h that the backend
+ * may build (below), and holds the kernels the launchers look up, with no
  * register spills at the tuned defaults and no local memory at all in
  * qmatmul's (ptxas's report); compile errors are caught and reported with
  * NVRTC's log (checked by planted bugs); the on-disk cache keys, writes,
  * reads back and rejects damaged entries.
  *
  * Which sets compile where: on the first architecture, the full cartesian
- * product of every parameter's values per family (156 sets); on the
- * others, every combination of the variants with the tuned parameters at
- * their defaults (33 sets). With PV_CUDA_TEST_MATRIX=variants the first
+ * product of every parameter's values per family, but for qmatmul's
+ * PV_WG, crossed with the rest instead (wg_crossed: each work-group size
+ * meets each value of every other parameter), 168 sets; on the others,
+ * every combination of the variants with the tuned parameters at their
+ * defaults (33 sets). With PV_CUDA_TEST_MATRIX=variants the first
  * architecture gets only those too: CI's sanitizer build, where the
  * compiles are NVRTC's, which the sanitizers do not see, and the full
- * product (some 140 s on 2 cores) is the plain build's. The compiles run
- * on up to 4 threads. */
+ * product (some 6 minutes on 2 cores) is the plain build's. The compiles
+ * run on up to 4 threads. */
 #include "config.h"
 
 #include "backends/attention-split.h"
@@ -124,26 +126,46 @@ static int push_job(job_list *list, const pv_kernel_params *p, pv_cuda_target t,
     return 1;
 }
 
+/* Whether family f's full sets cross PV_WG with its other parameters
+ * instead of multiplying it in: qmatmul's, where a compile takes some 6 s
+ * (the others' 1-2) and its 24 kernels' registers, what its check is
+ * about, differ by a few between work-group sizes (ptxas allots them
+ * without launch bounds; the sums and the passes fill them). Set k of the
+ * other parameters' combinations takes PV_WG's value k mod its count, so
+ * that each value of PV_WG meets each value of every other parameter
+ * (test_matrix checks it): 36 sets, not 144. */
+static int wg_crossed(pv_kernel_family f)
+{
+    return f == PV_KERNEL_QMATMUL;
+}
+
 /* Every set of family f: variants over all their values, tuned parameters
- * over theirs too (all_tuned) or at their defaults; launch parameters at
- * their defaults (they build no program of their own). A mixed-radix count. */
+ * over theirs too (all_tuned; PV_WG crossed where wg_crossed says) or at
+ * their defaults; launch parameters at their defaults (they build no
+ * program of their own). A mixed-radix count. */
 static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int arch_index, int all_tuned)
 {
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(f);
     int digit[PV_KPARAM_MAX_PER_FAMILY] = {0};
-    for (;;) {
+    const int crossed = all_tuned && wg_crossed(f);
+    for (int combo = 0;; combo++) {
         pv_kernel_params p;
         pv_kernel_params_default(f, &p);
-        for (int i = 0; i < spec->n_params; i++)
-            if (spec->params[i].role == PV_KPARAM_VARIANT || (all_tuned && spec->params[i].role == PV_KPARAM_TUNED))
-                p.value[spec->params[i].param] = spec->params[i].values[digit[i]];
+        for (int i = 0; i < spec->n_params; i++) {
+            const pv_kparam_spec *ps = &spec->params[i];
+            if (crossed && ps->param == PV_KPARAM_WG)
+                p.value[ps->param] = ps->values[combo % ps->n_values];
+            else if (ps->role == PV_KPARAM_VARIANT || (all_tuned && ps->role == PV_KPARAM_TUNED))
+                p.value[ps->param] = ps->values[digit[i]];
+        }
         if (!push_job(list, &p, t, arch_index))
             return 0;
         int i = 0;
         for (; i < spec->n_params; i++) {
             const pv_kparam_spec *ps = &spec->params[i];
-            const int radix =
-                ps->role == PV_KPARAM_VARIANT || (all_tuned && ps->role == PV_KPARAM_TUNED) ? ps->n_values : 1;
+            const int multiplied = ps->role == PV_KPARAM_VARIANT ||
+                                   (all_tuned && ps->role == PV_KPARAM_TUNED && !(crossed && ps->param == PV_KPARAM_WG));
+            const int radix = multiplied ? ps->n_values : 1;
             if (++digit[i] < radix)
                 break;
             digit[i] = 0;
@@ -319,6 +341,41 @@ static void *worker(void *arg)
     return NULL;
 }
 
+/* Whether the sets of family f for architecture a (n of them in *n_sets)
+ * pair each value of PV_WG with each value of every other tuned or variant
+ * parameter; the first pair missing in missing otherwise. */
+static int wg_meets_all(const job_list *list, pv_kernel_family f, int a, int *n_sets, char *missing, size_t size)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(f);
+    const pv_kparam_spec *wg = NULL;
+    *n_sets = 0;
+    for (int i = 0; i < spec->n_params; i++)
+        if (spec->params[i].param == PV_KPARAM_WG)
+            wg = &spec->params[i];
+    for (int i = 0; i < list->n; i++)
+        *n_sets += list->jobs[i].arch_index == a && list->jobs[i].params.family == f;
+    for (int i = 0; wg && i < spec->n_params; i++) {
+        const pv_kparam_spec *ps = &spec->params[i];
+        if (ps == wg || ps->role == PV_KPARAM_LAUNCH)
+            continue;
+        for (int w = 0; w < wg->n_values; w++)
+            for (int v = 0; v < ps->n_values; v++) {
+                int met = 0;
+                for (int j = 0; j < list->n && !met; j++) {
+                    const pv_kernel_params *p = &list->jobs[j].params;
+                    met = list->jobs[j].arch_index == a && p->family == f &&
+                          p->value[PV_KPARAM_WG] == wg->values[w] && p->value[ps->param] == ps->values[v];
+                }
+                if (!met) {
+                    snprintf(missing, size, "no set has PV_WG=%d with %s=%d", wg->values[w],
+                             pv_kparam_define(ps->param), ps->values[v]);
+                    return 0;
+                }
+            }
+    }
+    return wg != NULL;
+}
+
 static int parse_archs(const char *text, int archs[MAX_ARCHS])
 {
     int n = 0;
@@ -350,6 +407,16 @@ static void test_matrix(void)
     }
     if (!ok(built, "matrix: %d parameter sets listed", list.n))
         return;
+    for (int f = 0; full && f < PV_KERNEL_FAMILY_COUNT; f++) {
+        char missing[128] = "";
+        int n_sets = 0;
+        if (!wg_crossed((pv_kernel_family)f))
+            continue;
+        const int met = wg_meets_all(&list, (pv_kernel_family)f, 0, &n_sets, missing, sizeof missing);
+        ok(met, "matrix: kernels/%s.cl's %d sets for sm_%d pair each PV_WG with each value of every other "
+           "parameter%s%s",
+           pv_kernel_family_spec_of((pv_kernel_family)f)->name, n_sets, archs[0], missing[0] ? ": " : "", missing);
+    }
 
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int n_threads = cpus < 1 ? 1 : cpus > MAX_THREADS ? MAX_THREADS : (int)cpus;
@@ -382,7 +449,9 @@ static void test_matrix(void)
             ok(total > 0 && failed == 0,
                "matrix: kernels/%s.cl for sm_%d: %d of %d parameter sets (%s) compile, %s",
                pv_kernel_family_spec_of((pv_kernel_family)f)->name, archs[a], total - failed, total,
-               a == 0 && full ? "every value of every parameter" : "every variant, tuned values at their defaults",
+               a == 0 && full ? (wg_crossed((pv_kernel_family)f) ? "every value of every parameter, PV_WG crossed"
+                                                                  : "every value of every parameter")
+                              : "every variant, tuned values at their defaults",
                f == PV_KERNEL_QMATMUL ? "no kernel in local memory" : "no spills at the tuned defaults");
         }
     free(list.jobs);
