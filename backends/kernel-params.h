@@ -241,6 +241,45 @@ static inline void pv_kernel_params_default(pv_kernel_family family, pv_kernel_p
         out->value[spec->params[i].param] = spec->params[i].def;
 }
 
+/* The parameter sets of a family in which the parameters whose bit is set
+ * in `varied` (bit i: the family's parameter i in the table) take each of
+ * their values and the others their defaults: how many there are, and set
+ * `index` of them (0 <= index < that count; a mixed-radix number, the
+ * table's first parameter fastest). */
+static inline int pv_kernel_sets_count(pv_kernel_family family, unsigned varied)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    int count = spec ? 1 : 0;
+    for (int i = 0; spec && i < spec->n_params; i++)
+        if (varied & (1u << i))
+            count *= spec->params[i].n_values;
+    return count;
+}
+
+static inline void pv_kernel_sets_nth(pv_kernel_family family, unsigned varied, int index, pv_kernel_params *out)
+{
+    pv_kernel_params_default(family, out);
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    for (int i = 0; spec && i < spec->n_params; i++)
+        if (varied & (1u << i)) {
+            out->value[spec->params[i].param] = spec->params[i].values[index % spec->params[i].n_values];
+            index /= spec->params[i].n_values;
+        }
+}
+
+/* The `varied` bits of a family's parameters of the given roles (bit r set
+ * in roles: role r of pv_kparam_role). The sets a backend may build:
+ * PV_KPARAM_TUNED and PV_KPARAM_VARIANT (launch parameters build none). */
+static inline unsigned pv_kernel_params_of_roles(pv_kernel_family family, unsigned roles)
+{
+    const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(family);
+    unsigned bits = 0;
+    for (int i = 0; spec && i < spec->n_params; i++)
+        if (roles & (1u << spec->params[i].role))
+            bits |= 1u << i;
+    return bits;
+}
+
 /* The build options of a parameter set: "-DPV_WG=64 -DPV_ITEM_ELEMS=8 ...",
  * every parameter of the family in table order but the launch ones. Returns
  * the length, as snprintf does (>= size: truncated). */

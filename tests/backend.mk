@@ -118,7 +118,10 @@ tests_test_cuda_nvrtc_SOURCES = tests/test-cuda-nvrtc.c backends/cuda/cuda_nvrtc
 nodist_tests_test_cuda_nvrtc_SOURCES = kernels/kernel-sources.c
 tests_test_cuda_nvrtc_CPPFLAGS = $(PV_TEST_INCLUDES) $(CUDA_CFLAGS)
 tests_test_cuda_nvrtc_LDADD = $(PV_LINK) $(CUDA_LIBS) $(PTHREAD_LIBS)
+# pensieve-cuda-warm fills and checks a kernel cache.
+TESTS += tests/test-cuda-warm.sh
 endif
+EXTRA_DIST += tests/test-cuda-warm.sh
 
 # The backend modules: a CPU run maps no GPU runtime; the registry's search
 # and its failures, with a module that must not load (tests/fake-module.c,

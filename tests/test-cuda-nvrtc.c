@@ -142,37 +142,27 @@ static int wg_crossed(pv_kernel_family f)
 /* Every set of family f: variants over all their values, tuned parameters
  * over theirs too (all_tuned; PV_WG crossed where wg_crossed says) or at
  * their defaults; launch parameters at their defaults (they build no
- * program of their own). A mixed-radix count. */
+ * program of their own). */
 static int add_sets(job_list *list, pv_kernel_family f, pv_cuda_target t, int arch_index, int all_tuned)
 {
     const pv_kernel_family_spec *spec = pv_kernel_family_spec_of(f);
-    int digit[PV_KPARAM_MAX_PER_FAMILY] = {0};
-    const int crossed = all_tuned && wg_crossed(f);
-    for (int combo = 0;; combo++) {
-        pv_kernel_params p;
-        pv_kernel_params_default(f, &p);
-        for (int i = 0; i < spec->n_params; i++) {
-            const pv_kparam_spec *ps = &spec->params[i];
-            if (crossed && ps->param == PV_KPARAM_WG)
-                p.value[ps->param] = ps->values[combo % ps->n_values];
-            else if (ps->role == PV_KPARAM_VARIANT || (all_tuned && ps->role == PV_KPARAM_TUNED))
-                p.value[ps->param] = ps->values[digit[i]];
+    unsigned varied = pv_kernel_params_of_roles(f, (1u << PV_KPARAM_VARIANT) | (all_tuned ? 1u << PV_KPARAM_TUNED : 0));
+    const pv_kparam_spec *wg = NULL;
+    for (int i = 0; all_tuned && wg_crossed(f) && i < spec->n_params; i++)
+        if (spec->params[i].param == PV_KPARAM_WG) {
+            wg = &spec->params[i];
+            varied &= ~(1u << i);
         }
+    const int n = pv_kernel_sets_count(f, varied);
+    for (int combo = 0; combo < n; combo++) {
+        pv_kernel_params p;
+        pv_kernel_sets_nth(f, varied, combo, &p);
+        if (wg)
+            p.value[PV_KPARAM_WG] = wg->values[combo % wg->n_values];
         if (!push_job(list, &p, t, arch_index))
             return 0;
-        int i = 0;
-        for (; i < spec->n_params; i++) {
-            const pv_kparam_spec *ps = &spec->params[i];
-            const int multiplied = ps->role == PV_KPARAM_VARIANT ||
-                                   (all_tuned && ps->role == PV_KPARAM_TUNED && !(crossed && ps->param == PV_KPARAM_WG));
-            const int radix = multiplied ? ps->n_values : 1;
-            if (++digit[i] < radix)
-                break;
-            digit[i] = 0;
-        }
-        if (i == spec->n_params)
-            return 1;
     }
+    return 1;
 }
 
 /* The kernels the launchers (backends/cuda/cuda_launch.c) look up in a

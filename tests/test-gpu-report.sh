@@ -37,6 +37,8 @@ has "- Q4_0 at batch 1, the fastest set: 83%-83% of the copy: met" "PV_QMV_ROWS:
 has "| Q4_0 | 14336x4096 | 8 | 102.0 | 34.0 | 11% | 32% | 3.00x |" \
     "PV_QMV_LANES: both lanes' times and shares of the copy, and the speedup"
 has "- Q4_0 at 8 tokens, the faster lanes: 32%-32% of the copy" "PV_QMV_LANES: a decode batch's share from the faster"
+has "- 276 of 276 parameter sets present for this GPU and NVRTC; 0 compiled on first use" \
+    "kernel cache: the packed sets the GPU run found"
 has "102 MB against a 86 MB file: 1.18x: met" "resident memory against the model file"
 has "- pensieve-serve's forward passes: 2000, 75% as graphs, 80% of them replayed" \
     "serving: the server's graph runs and replays from /metrics"

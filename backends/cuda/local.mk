@@ -18,4 +18,11 @@ nodist_backends_pensieve_cuda_la_SOURCES = kernels/kernel-sources.c
 backends_pensieve_cuda_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CFLAGS)
 backends_pensieve_cuda_la_LDFLAGS = $(PV_MODULE_LDFLAGS)
 backends_pensieve_cuda_la_LIBADD = $(PV_MODULE_LIBADD) $(CUDA_LIBS)
+# pensieve-cuda-warm: the kernel cache filled ahead of a run (NVRTC only,
+# no GPU needed), as scripts/gpu-pack does for a GPU machine.
+bin_PROGRAMS += backends/cuda/pensieve-cuda-warm
+backends_cuda_pensieve_cuda_warm_SOURCES = backends/cuda/pensieve-cuda-warm.c backends/cuda/cuda_nvrtc.c
+nodist_backends_cuda_pensieve_cuda_warm_SOURCES = kernels/kernel-sources.c
+backends_cuda_pensieve_cuda_warm_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CFLAGS)
+backends_cuda_pensieve_cuda_warm_LDADD = $(PV_LINK) $(CUDA_LIBS) $(PTHREAD_LIBS)
 endif
