@@ -110,8 +110,9 @@ typedef enum pv_kparam {
      * loads of x are one, so x's traffic from L2 falls by the lanes, with
      * no more registers for the sums: at 8 tokens and 2 rows a Q4 product
      * reads some 28 times more x than weight bytes (run A: 102 us for
-     * 14336 x 4096 Q4_0 at 8 tokens, the time L2 takes for those bytes);
-     * 8 lanes make it 3.6. A row's run per warp shrinks by as much. */
+     * 14336 x 4096 Q4_0 at 8 tokens, a cache's rate for those bytes, by
+     * my reading); 8 lanes make it 3.6. A row's run per warp shrinks by
+     * as much. */
     PV_KPARAM_QMV_LANES,
     PV_KPARAM_COUNT
 } pv_kparam;
