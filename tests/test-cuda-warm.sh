@@ -3,7 +3,8 @@
 # GPU needed): one family's sets compile into a new directory, a second run
 # finds every one there and compiles none, --check counts another family's
 # as missing (status 1), an entry whose image is damaged is compiled again,
-# and bad options are refused with status 2. Prints TAP.
+# a directory that cannot be written fails after one set, and bad options
+# are refused with status 2. Prints TAP.
 set -u
 
 tool=${PV_CUDA_WARM_TOOL:-./backends/cuda/pensieve-cuda-warm}
@@ -47,6 +48,13 @@ st=$?
 [ $st -eq 0 ] && [ "$(field present "$tmp/third")" -eq 19 ] && [ "$(field compiled "$tmp/third")" -eq 1 ] &&
     cmp -s "$entry" "$tmp/before"
 check $? "a damaged entry is compiled again and rewritten as it was (exit $st: $(cat "$tmp/third"))"
+
+# a directory that cannot be made: the first set fails alone, exit 1
+"$tool" --arch 90 --dir /proc/pv-no-such/cache --families recompute >"$tmp/ro" 2>"$tmp/err"
+st=$?
+[ $st -eq 1 ] && [ "$(field failed "$tmp/ro")" -eq 1 ] && [ "$(field compiled "$tmp/ro")" -eq 0 ] &&
+    grep -q "cannot be written" "$tmp/err"
+check $? "a cache that cannot be written fails after the first set, exit 1 (exit $st: $(cat "$tmp/ro" "$tmp/err"))"
 
 for bad in "" "--arch" "--arch 9x" "--arch 90 --families nosuch" "--arch 90 --jobs 0" "--arch 90 --what"; do
     # shellcheck disable=SC2086

@@ -33,6 +33,7 @@ typedef struct warm_job {
     pv_kernel_params params;
     pv_cuda_target target;
     int present; /* in the cache before */
+    int compiled; /* and stored there */
     int failed;
     char message[512];
 } warm_job;
@@ -67,21 +68,31 @@ static int in_cache(const char *dir, const warm_job *j)
     return present;
 }
 
+/* One set: found in the cache, or (unless checking) compiled and stored
+ * there; a set that compiles but cannot be stored fails too. */
+static void warm_one(const warm_run *run, warm_job *j)
+{
+    j->present = in_cache(run->dir, j);
+    if (j->present || run->check)
+        return;
+    pv_cuda_image image = {NULL, 0};
+    if (pv_cuda_program_image(run->dir, &j->params, j->target, &image) != PV_OK) {
+        j->failed = 1;
+        snprintf(j->message, sizeof j->message, "%s", pv_last_error());
+    } else if (!in_cache(run->dir, j)) {
+        j->failed = 1;
+        snprintf(j->message, sizeof j->message, "compiled, but the cache in %s cannot be written", run->dir);
+    } else {
+        j->compiled = 1;
+    }
+    pv_cuda_image_free(&image);
+}
+
 static void *worker(void *arg)
 {
     warm_run *run = arg;
-    for (int i; (i = atomic_fetch_add(&run->next, 1)) < run->n;) {
-        warm_job *j = &run->jobs[i];
-        j->present = in_cache(run->dir, j);
-        if (j->present || run->check)
-            continue;
-        pv_cuda_image image = {NULL, 0};
-        if (pv_cuda_program_image(run->dir, &j->params, j->target, &image) != PV_OK) {
-            j->failed = 1;
-            snprintf(j->message, sizeof j->message, "%s", pv_last_error());
-        }
-        pv_cuda_image_free(&image);
-    }
+    for (int i; (i = atomic_fetch_add(&run->next, 1)) < run->n;)
+        warm_one(run, &run->jobs[i]);
     return NULL;
 }
 
@@ -214,10 +225,16 @@ int main(int argc, char **argv)
         }
     }
 
+    /* The first set alone: a cache that cannot be written fails before
+     * the rest are compiled for nothing. */
     const double t0 = now();
     pthread_t threads[MAX_THREADS];
     int started = 0;
-    for (int i = 0; i < n_threads; i++)
+    if (run.n) {
+        warm_one(&run, &run.jobs[0]);
+        atomic_store(&run.next, run.jobs[0].failed ? run.n : 1);
+    }
+    for (int i = 0; i < n_threads && atomic_load(&run.next) < run.n; i++)
         started += pthread_create(&threads[started], NULL, worker, &run) == 0;
     if (!started)
         worker(&run);
@@ -225,9 +242,10 @@ int main(int argc, char **argv)
         pthread_join(threads[i], NULL);
     const double seconds = now() - t0;
 
-    int present = 0, failed = 0;
+    int present = 0, compiled = 0, failed = 0;
     for (int i = 0; i < run.n; i++) {
         present += run.jobs[i].present;
+        compiled += run.jobs[i].compiled;
         failed += run.jobs[i].failed;
         if (run.jobs[i].failed)
             fprintf(stderr, "pensieve-cuda-warm: %s\n", run.jobs[i].message);
@@ -237,7 +255,7 @@ int main(int argc, char **argv)
     print_json_text(dir);
     printf("\", \"sets\": %d, \"present\": %d, \"compiled\": %d, \"failed\": %d, \"missing\": %d, "
            "\"threads\": %d, \"seconds\": %.1f}\n",
-           run.n, present, check ? 0 : run.n - present - failed, failed, missing, started ? started : 1,
+           run.n, present, compiled, failed, missing, started ? started : 1,
            seconds);
     free(run.jobs);
     return failed || missing ? 1 : 0;
