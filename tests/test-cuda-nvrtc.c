@@ -15,7 +15,7 @@
  * defaults (33 sets). With PV_CUDA_TEST_MATRIX=variants the first
  * architecture gets only those too: CI's sanitizer build, where the
  * compiles are NVRTC's, which the sanitizers do not see, and the full
- * product (some 6 minutes on 2 cores) is the plain build's. The compiles
+ * matrix (some 3 minutes on 2 cores) is the plain build's. The compiles
  * run on up to 4 threads. */
 #include "config.h"
 
