@@ -13,10 +13,7 @@ bench=$top_builddir/bench/pensieve-bench
 serve=$top_builddir/apps/pensieve-serve
 . "$(dirname "$0")/tap.sh"
 
-if [ ! -x "$serve" ]; then
-    echo "1..0 # SKIP $serve not built"
-    exit 0
-fi
+need_program "$serve"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pv-test-bench-http.XXXXXX") || exit 99
 pid=
 

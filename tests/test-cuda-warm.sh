@@ -12,10 +12,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-cuda-warm.XXXXXX") || exit 99
 trap 'rm -rf "$tmp"' EXIT INT TERM
 . "$(dirname "$0")/tap.sh"
 
-if [ ! -x "$tool" ]; then
-    echo "1..0 # SKIP $tool not built"
-    exit 0
-fi
+need_program "$tool"
 field() { # field NAME FILE: a number of the tool's JSON line
     sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$2"
 }

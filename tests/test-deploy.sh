@@ -17,10 +17,7 @@ run_replicas=$here/../deploy/run-replicas
 client=$here/deploy-client.py
 . "$here/tap.sh"
 
-if [ ! -x "$serve" ]; then
-    echo "1..0 # SKIP $serve not built"
-    exit 0
-fi
+need_program "$serve"
 nginx=${PV_NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 if [ ! -x "$nginx" ]; then
     echo "1..0 # SKIP nginx is not installed (Debian: apt-get install nginx; scripts/install-deps)"

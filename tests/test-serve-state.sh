@@ -10,10 +10,7 @@ top_builddir=${top_builddir:-.}
 serve=$top_builddir/apps/pensieve-serve
 . "$(dirname "$0")/tap.sh"
 
-if [ ! -x "$serve" ]; then
-    echo "1..0 # SKIP $serve not built"
-    exit 0
-fi
+need_program "$serve"
 if ! command -v python3 >/dev/null 2>&1; then
     echo "1..0 # SKIP no python3"
     exit 0

@@ -11,10 +11,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/test-synth-cli.XXXXXX") || exit 99
 trap 'rm -rf "$tmp"' EXIT INT TERM
 . "$(dirname "$0")/tap.sh"
 
-if [ ! -x "$tool" ]; then
-    echo "1..0 # SKIP $tool not built"
-    exit 0
-fi
+need_program "$tool"
 
 "$tool" synth "$tmp/default.gguf" > "$tmp/out" 2>&1
 st=$?
