@@ -769,7 +769,10 @@ uint64_t pv_backend_copies(const pv_backend *be);
  * the ops) and the key's next step is recorded again. What runs and in
  * which order is exactly what the ops would have run.
  * Between the two calls only ops on COMPUTE, pv_copy_async on COMPUTE,
- * pv_queue_wait and pv_marker_record belong: pv_slot_transfer (COPY),
+ * pv_queue_wait and pv_marker_record belong (a step that waits for an
+ * event runs once: its graph is not kept, since such events are the
+ * step's own), and pv_buffer_free, whose memory goes at
+ * pv_backend_graph_end behind the step's work: pv_slot_transfer (COPY),
  * blocking reads and writes,
  * pv_backend_finish, pv_event_wait, pv_event_record on COMPUTE,
  * pv_marker_elapsed, argmax, sample_top_p and sample_batch into host out

@@ -189,6 +189,8 @@ static void cuda_free(pv_backend *be)
             cudaFree(g->arena_dev);
         pv_graph_trace_free(&g->trace);
     }
+    pv_cuda_release_graph_frees(cu); /* a step never ended */
+    free(cu->graph_frees);
     reap_host_releases(cu, 1);
     pv_cuda_kernels_free(&cu->kernels);
     for (int q = 0; q < 2; q++) {
@@ -398,10 +400,8 @@ static cudaError_t record_both(cuda_impl *cu, cudaEvent_t ev[2])
  * now on both streams complete. Neither blocks the host or makes one work
  * stream wait for the other. Failures fall back to synchronising both
  * streams, so nothing in flight can touch freed memory. */
-static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
+static void release_buffer(cuda_impl *cu, pv_buffer *buf)
 {
-    cuda_impl *cu = impl_of(be);
-    cudaSetDevice(cu->device);
     reap_host_releases(cu, 0);
     cudaError_t err = cudaErrorNotSupported;
     if (buf->kind == PV_MEM_HOST) {
@@ -444,6 +444,35 @@ static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
         }
     }
     (void)cudaGetLastError();
+}
+
+void pv_cuda_release_graph_frees(cuda_impl *cu)
+{
+    for (size_t i = 0; i < cu->n_graph_frees; i++)
+        release_buffer(cu, &cu->graph_frees[i]);
+    cu->n_graph_frees = 0;
+}
+
+/* During a graph step the memory goes at graph_end (cuda_impl), since
+ * events recorded now would precede the step's work: a replay enqueues it
+ * all at graph_end, and a recording's events would be nodes of its graph.
+ * (Where the list cannot grow, out of host memory, it goes at once.) */
+static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    cuda_impl *cu = impl_of(be);
+    cudaSetDevice(cu->device);
+    if (cu->graph && cu->n_graph_frees == cu->cap_graph_frees) {
+        const size_t cap = cu->cap_graph_frees ? 2 * cu->cap_graph_frees : 8;
+        pv_buffer *grown = realloc(cu->graph_frees, cap * sizeof *grown);
+        if (grown) {
+            cu->graph_frees = grown;
+            cu->cap_graph_frees = cap;
+        }
+    }
+    if (cu->graph && cu->n_graph_frees < cu->cap_graph_frees)
+        cu->graph_frees[cu->n_graph_frees++] = *buf;
+    else
+        release_buffer(cu, buf);
     buf->host_ptr = NULL;
     buf->handle = NULL;
 }
@@ -526,6 +555,8 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
      * external wait node: it waits, when the graph runs, for the event's
      * last record before then. */
     const unsigned int flags = cu->graph && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
+    if (flags)
+        cu->graph->external_waits = 1;
     const uint64_t item[2] = {(uint64_t)(uintptr_t)ev->handle, flags};
     if (q == PV_QUEUE_COMPUTE && graph_traced(cu, PV_TRACE_EVENT, item, sizeof item))
         return PV_OK;

@@ -157,6 +157,7 @@ pv_status pv_cuda_graph_begin(pv_backend *be, uint64_t key)
         pv_graph_trace_record_start(&g->trace);
         cu->capturing = 1;
     }
+    g->external_waits = 0;
     cu->graph = g;
     cu->kernels.trace = &g->trace;
     cu->kernels.check = !cu->capturing;
@@ -202,7 +203,7 @@ static cudaError_t graph_run_recording(cuda_impl *cu, graph_slot *g, cudaGraph_t
     return graph_launch(cu, g);
 }
 
-pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran)
+static pv_status graph_end_step(pv_backend *be, int run, int *ran)
 {
     cuda_impl *cu = impl_of(be);
     PV_TRY(enter(cu));
@@ -221,6 +222,11 @@ pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran)
             *ran = graph_launch(cu, g) == cudaSuccess;
             (void)cudaGetLastError();
             *cu->graph_replays += *ran;
+            if (!*ran) { /* the caller runs the ops; the next step records and instantiates anew */
+                cudaGraphExecDestroy(g->exec);
+                g->exec = NULL;
+                g->trace.complete = 0;
+            }
         } else if (!matched) { /* the caller runs the ops; its next step of this key is recorded anew */
             g->trace.complete = 0;
             pv_cuda_graph_step_error(g, "graph_end");
@@ -237,7 +243,15 @@ pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran)
     (void)cudaGetLastError();
     if (graph)
         cudaGraphDestroy(graph);
-    if (!*ran)
+    if (!*ran || g->external_waits)
         g->trace.complete = 0;
     return PV_OK;
+}
+
+pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran)
+{
+    const pv_status st = graph_end_step(be, run, ran);
+    /* behind the step's work, now enqueued (or not run at all) */
+    pv_cuda_release_graph_frees(impl_of(be));
+    return st;
 }

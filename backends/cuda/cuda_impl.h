@@ -42,6 +42,10 @@ typedef struct graph_slot {
     size_t arena_bytes;
     cudaEvent_t arena_copied; /* after the last copy out of arena_host */
     int copy_pending;         /* arena_copied has been recorded */
+    /* The step waits for an event from outside the graph (a swap-in's
+     * layer): such events are the step's own, freed after it, so its
+     * recording runs once and is not kept to run again. */
+    int external_waits;
 } graph_slot;
 
 /* One op's staging region [start, end), busy until `done` completes;
@@ -92,6 +96,10 @@ typedef struct cuda_impl {
     cudaEvent_t release_after[2];
     int pooled; /* the device has the stream-ordered allocator */
     cublasHandle_t blas;
+    /* cuBLAS's workspace, ours: without one, a GEMM recorded into a graph
+     * allocates its own inside the graph (cuBLAS 12.2 on), and each kept
+     * graph holds such memory that nothing here counts. */
+    void *blas_workspace;
     staging_ring ring[2]; /* indexed by pv_queue */
     host_release *host_releases;
     /* Device scratch of the ops that need some (SCRATCH_*), grown as
@@ -106,6 +114,10 @@ typedef struct cuda_impl {
      * slot's recording, launching nothing, and replays it). */
     graph_slot *graph;
     int capturing;
+    /* Buffers freed during a graph step, released at graph_end: behind the
+     * step's work, which a recording or a replay enqueues only then. */
+    pv_buffer *graph_frees;
+    size_t n_graph_frees, cap_graph_frees;
     uint64_t graph_clock;
     uint64_t *graph_replays; /* pv_backend.graph_replays */
     graph_slot graphs[GRAPH_EXECS];
@@ -178,6 +190,7 @@ static inline void pv_cuda_event_destroy(pv_backend *be, cudaEvent_t e)
 
 /* cuda_graph.c */
 pv_status pv_cuda_graph_step_error(const graph_slot *g, const char *op);
+void pv_cuda_release_graph_frees(cuda_impl *cu);
 pv_status pv_cuda_graph_begin(pv_backend *be, uint64_t key);
 pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran);
 pv_status pv_cuda_marker_init(pv_backend *be, pv_marker *m);
