@@ -188,9 +188,11 @@ static inline void pv_cuda_event_destroy(pv_backend *be, cudaEvent_t e)
     (void)cudaGetLastError();
 }
 
+/* cuda_backend.c: releases the buffers freed during a graph step */
+void pv_cuda_release_graph_frees(cuda_impl *cu);
+
 /* cuda_graph.c */
 pv_status pv_cuda_graph_step_error(const graph_slot *g, const char *op);
-void pv_cuda_release_graph_frees(cuda_impl *cu);
 pv_status pv_cuda_graph_begin(pv_backend *be, uint64_t key);
 pv_status pv_cuda_graph_end(pv_backend *be, int run, int *ran);
 pv_status pv_cuda_marker_init(pv_backend *be, pv_marker *m);
