@@ -821,8 +821,9 @@ uint64_t pv_backend_graph_replays(const pv_backend *be);
  * between graph_begin and graph_end (PV_ERR_UNSUPPORTED on a backend with
  * graphs). NULL arguments, a marker never recorded, and a marker or
  * backend that is not the other's are PV_ERR_INVALID_ARG. A marker is
- * freed with pv_marker_free, without waiting; one recorded into a graph
- * lives as long as that graph may run again. */
+ * freed with pv_marker_free, without waiting; graphs kept by then are
+ * recorded anew at their next step (a kept graph would record the freed
+ * marker again). */
 pv_status pv_marker_init(pv_marker **out, pv_backend *be);
 void pv_marker_free(pv_marker *m);
 pv_status pv_marker_record(pv_backend *be, pv_marker *m);

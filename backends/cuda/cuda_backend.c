@@ -556,7 +556,7 @@ static pv_status cuda_queue_wait(pv_backend *be, pv_queue q, pv_event *ev)
      * last record before then. */
     const unsigned int flags = cu->graph && q == PV_QUEUE_COMPUTE ? cudaEventWaitExternal : 0;
     if (flags)
-        cu->graph->external_waits = 1;
+        cu->graph->run_once = 1;
     const uint64_t item[2] = {(uint64_t)(uintptr_t)ev->handle, flags};
     if (q == PV_QUEUE_COMPUTE && graph_traced(cu, PV_TRACE_EVENT, item, sizeof item))
         return PV_OK;

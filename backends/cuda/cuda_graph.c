@@ -40,8 +40,17 @@ pv_status pv_cuda_marker_init(pv_backend *be, pv_marker *m)
     return PV_OK;
 }
 
+/* A kept graph that recorded the marker would record its event again when
+ * replayed, and a later marker may get the same handle, so that a step's
+ * trace matches: every kept graph is recorded anew (markers are freed
+ * rarely: at the end of a measurement). */
 void pv_cuda_marker_free(pv_backend *be, pv_marker *m)
 {
+    cuda_impl *cu = impl_of(be);
+    for (int i = 0; i < GRAPH_EXECS; i++)
+        cu->graphs[i].trace.complete = 0;
+    if (cu->graph)
+        cu->graph->run_once = 1;
     pv_cuda_event_destroy(be, (cudaEvent_t)m->handle);
 }
 
@@ -157,7 +166,7 @@ pv_status pv_cuda_graph_begin(pv_backend *be, uint64_t key)
         pv_graph_trace_record_start(&g->trace);
         cu->capturing = 1;
     }
-    g->external_waits = 0;
+    g->run_once = 0;
     cu->graph = g;
     cu->kernels.trace = &g->trace;
     cu->kernels.check = !cu->capturing;
@@ -243,7 +252,7 @@ static pv_status graph_end_step(pv_backend *be, int run, int *ran)
     (void)cudaGetLastError();
     if (graph)
         cudaGraphDestroy(graph);
-    if (!*ran || g->external_waits)
+    if (!*ran || g->run_once)
         g->trace.complete = 0;
     return PV_OK;
 }

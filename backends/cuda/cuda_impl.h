@@ -42,10 +42,11 @@ typedef struct graph_slot {
     size_t arena_bytes;
     cudaEvent_t arena_copied; /* after the last copy out of arena_host */
     int copy_pending;         /* arena_copied has been recorded */
-    /* The step waits for an event from outside the graph (a swap-in's
-     * layer): such events are the step's own, freed after it, so its
-     * recording runs once and is not kept to run again. */
-    int external_waits;
+    /* The step's recording runs once and is not kept to run again: it
+     * waits for an event from outside the graph (a swap-in's layer, an
+     * event the step owns and frees after it), or a marker it records was
+     * freed during the step. */
+    int run_once;
 } graph_slot;
 
 /* One op's staging region [start, end), busy until `done` completes;
