@@ -53,7 +53,7 @@ st=$?
     grep -q "cannot be written" "$tmp/err"
 check $? "a cache that cannot be written fails after the first set, exit 1 (exit $st: $(cat "$tmp/ro" "$tmp/err"))"
 
-for bad in "" "--arch" "--arch 9x" "--arch 90 --families nosuch" "--arch 90 --jobs 0" "--arch 90 --what"; do
+for bad in "" "--arch" "--arch 9x" "--arch 90 --families nosuch" "--arch 90 --jobs 0" "--arch 90 --jobs 4x" "--arch 90 --what"; do
     # shellcheck disable=SC2086
     "$tool" $bad >/dev/null 2>"$tmp/err"
     st=$?

@@ -171,8 +171,12 @@ int main(int argc, char **argv)
             ok = (n_archs = parse_archs(value, archs)) > 0;
         else if (strcmp(arg, "--dir") == 0)
             ok = strlen(value) < sizeof dir && snprintf(dir, sizeof dir, "%s", value) > 0;
-        else if (strcmp(arg, "--jobs") == 0)
-            ok = (n_threads = atoi(value)) >= 1 && n_threads <= MAX_THREADS;
+        else if (strcmp(arg, "--jobs") == 0) {
+            char *end = NULL;
+            const long v = strtol(value, &end, 10);
+            ok = end != value && !*end && v >= 1 && v <= MAX_THREADS;
+            n_threads = ok ? (int)v : 0;
+        }
         else if (strcmp(arg, "--families") == 0)
             ok = parse_families(value, &families) == 0;
         else
