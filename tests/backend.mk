@@ -118,6 +118,15 @@ tests_test_cuda_nvrtc_SOURCES = tests/test-cuda-nvrtc.c backends/cuda/cuda_nvrtc
 nodist_tests_test_cuda_nvrtc_SOURCES = kernels/kernel-sources.c
 tests_test_cuda_nvrtc_CPPFLAGS = $(PV_TEST_INCLUDES) $(CUDA_CFLAGS)
 tests_test_cuda_nvrtc_LDADD = $(PV_LINK) $(CUDA_LIBS) $(PTHREAD_LIBS)
+# Every launcher's arguments against its kernel's parameters as NVRTC
+# compiled them: cuda_launch.c over a stand-in for the runtime that reads
+# the cubins' parameter records.
+check_PROGRAMS += tests/test-cuda-launch
+TESTS += tests/test-cuda-launch
+tests_test_cuda_launch_SOURCES = tests/test-cuda-launch.c backends/cuda/cuda_launch.c backends/cuda/cuda_nvrtc.c
+nodist_tests_test_cuda_launch_SOURCES = kernels/kernel-sources.c
+tests_test_cuda_launch_CPPFLAGS = $(PV_TEST_INCLUDES) $(CUDA_CFLAGS)
+tests_test_cuda_launch_LDADD = $(PV_LINK) $(CUDA_LIBS)
 # pensieve-cuda-warm fills and checks a kernel cache.
 TESTS += tests/test-cuda-warm.sh
 endif

@@ -48,23 +48,6 @@
 
 /* ---- errors ----------------------------------------------------------------- */
 
-/* The context is formatted only on failure. Allocation failures are
- * PV_ERR_OUT_OF_MEMORY so the cache can tell a full device from a broken
- * one. The runtime's last-error state is cleared so the next call is not
- * blamed for this one. */
-pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
-{
-    char context[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(context, sizeof context, fmt, ap);
-    va_end(ap);
-    (void)cudaGetLastError();
-    pv_status st = err == cudaErrorMemoryAllocation ? PV_ERR_OUT_OF_MEMORY : PV_ERR_BACKEND;
-    return pv_error(st, "cuda: %s (%s) failed: %s (%s)", call, context, cudaGetErrorString(err),
-                    cudaGetErrorName(err));
-}
-
 static pv_status blas_fail(cublasStatus_t st, const char *call, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

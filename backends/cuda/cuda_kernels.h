@@ -60,6 +60,13 @@ typedef struct pv_cuda_kernels {
      * of launched. NULL outside graph steps. */
     pv_graph_trace *trace;
     int check;
+    /* Kernels looked up and not launched yet: the first launch of each
+     * compares its arguments with the kernel's parameters (cuda_launch.c). */
+    struct pv_cuda_unchecked {
+        cudaKernel_t kernel;
+        char name[32];
+    } *unchecked;
+    int n_unchecked, cap_unchecked;
 } pv_cuda_kernels;
 
 /* The target for a device of compute capability major.minor, the cache

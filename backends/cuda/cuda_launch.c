@@ -1,4 +1,5 @@
-/* The CUDA backend's program cache and kernel launchers (cuda_kernels.h).
+/* The CUDA backend's runtime errors (pv_cuda_fail), program cache and
+ * kernel launchers (cuda_kernels.h).
  *
  * A launcher copies its family's tuned parameter set, fills in the variants
  * its op needs (storage dtype, weight type, head-dim and query-head
@@ -20,12 +21,33 @@
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/attention-split.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_GRID_ROWS 65535LL        /* gridDim.y */
 #define MAX_GRID_X 2147483647LL      /* gridDim.x */
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+/* For the whole backend; here, with the runtime's lowest layer, so that
+ * tests/test-cuda-launch.c links it. The context is formatted only on
+ * failure. Allocation failures are PV_ERR_OUT_OF_MEMORY so the cache can
+ * tell a full device from a broken one. The runtime's last-error state is
+ * cleared so the next call is not blamed for this one. */
+pv_status pv_cuda_fail(cudaError_t err, const char *call, const char *fmt, ...)
+{
+    char context[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(context, sizeof context, fmt, ap);
+    va_end(ap);
+    (void)cudaGetLastError();
+    pv_status st = err == cudaErrorMemoryAllocation ? PV_ERR_OUT_OF_MEMORY : PV_ERR_BACKEND;
+    return pv_error(st, "cuda: %s (%s) failed: %s (%s)", call, context, cudaGetErrorString(err),
+                    cudaGetErrorName(err));
+}
 
 /* ---- programs -------------------------------------------------------------------- */
 
@@ -58,6 +80,9 @@ void pv_cuda_kernels_free(pv_cuda_kernels *k)
     free(k->programs);
     k->programs = NULL;
     k->n_programs = k->cap_programs = 0;
+    free(k->unchecked);
+    k->unchecked = NULL;
+    k->n_unchecked = k->cap_unchecked = 0;
 }
 
 static int same_params(const pv_kernel_params *a, const pv_kernel_params *b)
@@ -118,10 +143,20 @@ static pv_status kernel_get(pv_cuda_kernels *k, const pv_kernel_params *p, const
     if (prog->n_kernels == PV_CUDA_PROGRAM_KERNELS || strlen(name) >= sizeof prog->names[0])
         return pv_error(PV_ERR_BACKEND, "cuda: kernel %s of kernels/%s.cl: the program holds %d names of < %zu bytes",
                         name, family, PV_CUDA_PROGRAM_KERNELS, sizeof prog->names[0]);
+    if (k->n_unchecked == k->cap_unchecked) {
+        int cap = k->cap_unchecked ? 2 * k->cap_unchecked : 8;
+        struct pv_cuda_unchecked *grown = realloc(k->unchecked, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return pv_error(PV_ERR_OUT_OF_MEMORY, "cuda: cannot grow the list of kernels to check to %d", cap);
+        k->unchecked = grown;
+        k->cap_unchecked = cap;
+    }
     cudaKernel_t kernel;
     cudaError_t err = cudaLibraryGetKernel(&kernel, prog->library, name);
     if (err != cudaSuccess)
         return pv_cuda_fail(err, "cudaLibraryGetKernel", "%s of kernels/%s.cl", name, family);
+    k->unchecked[k->n_unchecked].kernel = kernel;
+    snprintf(k->unchecked[k->n_unchecked++].name, sizeof k->unchecked->name, "%s", name);
     snprintf(prog->names[prog->n_kernels], sizeof prog->names[0], "%s", name);
     prog->kernels[prog->n_kernels++] = kernel;
     *out = kernel;
@@ -188,6 +223,51 @@ static void trace_launch(pv_cuda_kernels *k, cudaKernel_t kernel, dim3 grid, dim
     pv_graph_trace_item(k->trace, PV_TRACE_LAUNCH, item, n);
 }
 
+/* The arguments of a kernel's first launch against its parameters as
+ * compiled (cudaFuncGetParamInfo): their count and each one's size.
+ * cudaLaunchKernel copies each parameter's size from the address it is
+ * given, so an argument missing, extra or of another width would run the
+ * kernel on garbage; here it is an error naming the kernel and the
+ * argument. kernels/ has no kernel without parameters, so a query that
+ * fails at the first one (a runtime that cannot answer it) checks
+ * nothing. The runtime's last error is cleared after the query past the
+ * end, which fails by design. */
+static pv_status check_arguments(const char *name, cudaKernel_t kernel, const karg *args, int n_args)
+{
+    for (int i = 0; i <= n_args; i++) {
+        size_t offset = 0, size = 0;
+        const cudaError_t err = cudaFuncGetParamInfo((const void *)kernel, (size_t)i, &offset, &size);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (i == n_args || i == 0 || err != cudaErrorInvalidValue)
+                return PV_OK;
+            return pv_error(PV_ERR_BACKEND, "cuda: kernel %s takes %d arguments, its launcher gives %d", name, i,
+                            n_args);
+        }
+        if (i == n_args)
+            return pv_error(PV_ERR_BACKEND, "cuda: kernel %s takes more than the %d arguments its launcher gives",
+                            name, n_args);
+        if (size != args[i].size)
+            return pv_error(PV_ERR_BACKEND,
+                            "cuda: kernel %s: its launcher gives argument %d as %zu bytes, the parameter has %zu",
+                            name, i, args[i].size, size);
+    }
+    return PV_OK;
+}
+
+/* check_arguments at a kernel's first launch; it is then off the list. A
+ * mismatch stays on it, so every launch of that kernel fails alike. */
+static pv_status check_first_launch(pv_cuda_kernels *k, cudaKernel_t kernel, const karg *args, int n_args)
+{
+    for (int i = 0; i < k->n_unchecked; i++)
+        if (k->unchecked[i].kernel == kernel) {
+            PV_TRY(check_arguments(k->unchecked[i].name, kernel, args, n_args));
+            k->unchecked[i] = k->unchecked[--k->n_unchecked];
+            break;
+        }
+    return PV_OK;
+}
+
 static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *what, cudaKernel_t kernel,
                         unsigned int groups0, unsigned int groups1, int work_group, const karg *args, int n_args)
 {
@@ -203,6 +283,8 @@ static pv_status launch(pv_cuda_kernels *k, cudaStream_t stream, const char *wha
             return PV_OK;
         }
     }
+    if (k->n_unchecked)
+        PV_TRY(check_first_launch(k, kernel, args, n_args));
     void *addresses[MAX_KERNEL_ARGS];
     for (int i = 0; i < n_args; i++)
         addresses[i] = args[i].p;
