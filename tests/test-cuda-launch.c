@@ -9,8 +9,10 @@
  *
  * Checked: the record reader against a probe kernel of known parameter
  * sizes; every kernel of every program the launchers loaded launched at
- * least once, each checked in full at its first launch and not again;
- * the launch geometry within CUDA's limits; and the check itself, through
+ * least once, each checked in full at its first launch and not again,
+ * each with its program's PV_WG as blockDim.x (the tuned sets are not the
+ * defaults, so a launcher that ignores its set shows); the launch geometry
+ * within CUDA's limits; and the check itself, through
  * records the stand-in alters: a wider parameter, one more, one fewer, a
  * runtime that cannot answer. */
 #include "config.h"
@@ -128,6 +130,9 @@ typedef struct mock_kernel {
     int queries;         /* cudaFuncGetParamInfo calls */
     int checked;         /* the query past the last parameter came */
     int launches;
+    const void *library; /* its program's */
+    unsigned block;      /* blockDim.x of its first launch */
+    int block_varies;    /* a later launch had another */
 } mock_kernel;
 
 typedef struct mock_library {
@@ -193,6 +198,7 @@ cudaError_t cudaLibraryGetKernel(cudaKernel_t *kernel, cudaLibrary_t library, co
     if (m->n_params < 0)
         return fail(cudaErrorSymbolNotFound);
     snprintf(m->name, sizeof m->name, "%s", name);
+    m->library = library;
     n_mock_kernels++;
     *kernel = (cudaKernel_t)m;
     return cudaSuccess;
@@ -233,7 +239,8 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
         snprintf(geometry_fault, sizeof geometry_fault, "%s: grid %u x %u x %u, block %u x %u x %u, shared %zu, "
                  "argument %d's address NULL", m->name, grid.x, grid.y, grid.z, block.x, block.y, block.z, shared,
                  null_arg);
-    m->launches++;
+    m->block_varies |= m->launches && m->block != block.x;
+    m->block = m->launches++ ? m->block : block.x;
     return cudaSuccess;
 }
 
@@ -402,6 +409,14 @@ static void test_launchers(void)
     uint64_t launches = 0;
     if (!kernels_init(&k, &t, &launches))
         return;
+    /* sets other than the defaults, so that a launcher that ignores its
+     * call's set is seen (attention's PV_WG is set per call below) */
+    t.defaults[PV_KERNEL_GATHER].value[PV_KPARAM_WG] = 128;
+    t.defaults[PV_KERNEL_GATHER].value[PV_KPARAM_ITEM_ELEMS] = 4;
+    t.defaults[PV_KERNEL_QMATMUL].value[PV_KPARAM_WG] = 256;
+    t.defaults[PV_KERNEL_QMATMUL].value[PV_KPARAM_QMV_ROWS] = 4;
+    t.defaults[PV_KERNEL_QMATMUL].value[PV_KPARAM_QMV_LANES] = 8;
+    t.defaults[PV_KERNEL_RECOMPUTE].value[PV_KPARAM_WG] = 32;
     /* teams at head dim 128 (PV_WG 64 >= 128 / 8), the other at 256 with PV_WG 16 */
     pv_status st = PV_OK;
     for (int f16 = 0; f16 < 2 && st == PV_OK; f16++)
@@ -456,6 +471,18 @@ static void test_launchers(void)
        distinct, unchecked, rechecked, k.n_unchecked);
     ok(!geometry_fault[0], "every launch's geometry within CUDA's limits, no argument address NULL%s%s",
        geometry_fault[0] ? ": " : "", geometry_fault);
+    /* the kernels' shared arrays are sized by the PV_WG they were built with */
+    int off_wg = 0;
+    char first_off[160] = "";
+    for (int m = 0; m < n_mock_kernels; m++)
+        for (int p = 0; p < k.n_programs; p++) {
+            const int wg = k.programs[p].params.value[PV_KPARAM_WG];
+            if ((const void *)k.programs[p].library == mock_kernels[m].library && mock_kernels[m].launches &&
+                (mock_kernels[m].block_varies || mock_kernels[m].block != (unsigned)wg) && !off_wg++)
+                snprintf(first_off, sizeof first_off, ": %.63s launched with blockDim.x %u, built with PV_WG %d",
+                         mock_kernels[m].name, mock_kernels[m].block, wg);
+        }
+    ok(off_wg == 0, "every kernel launched with its program's PV_WG as blockDim.x%s", first_off);
     ok(launches == launched, "the backend's launch count %llu, the runtime's %llu", (unsigned long long)launches,
        (unsigned long long)launched);
     pv_cuda_kernels_free(&k);
