@@ -125,6 +125,10 @@ PV_FUNC float pv_w_elem(const PV_GLOBAL pv_u16 *row, pv_long e)
 #define PV_QMV_STRIDE (PV_WG / PV_QMV_LANES)
 #define PV_QMV_GROUP_ROWS(rows) ((rows) * PV_QMV_LANES)
 #if defined(__CUDACC__)
+/* pv_qmv_reduce's warps: whole ones, its shuffles take all 32 lanes */
+#if PV_WG % 32
+#error "qmatmul on CUDA: PV_WG must be a multiple of 32"
+#endif
 #define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * PV_QMV_LANES * (PV_WG / 32))
 #else
 #define PV_QMV_RED(max_t, rows) ((max_t) * (rows) * PV_WG)
@@ -583,7 +587,7 @@ PV_FUNC void pv_qmv_reduce(const int max_t, const int rows, PV_LOCAL float *red,
 #if defined(__CUDACC__)
     /* Within each warp by shuffles over the work-items of a lane (xor by
      * multiples of PV_QMV_LANES), then the first PV_QMV_LANES work-items
-     * sum the warps' totals (PV_WG is a multiple of 32 for this family). */
+     * sum the warps' totals (PV_WG is a multiple of 32, above). */
     const int n_warps = PV_WG / 32, warp = lid / 32, lane = lid % 32;
     #pragma unroll
     for (int r = 0; r < PV_QMV_MAX_ROWS; r++) {
