@@ -10,3 +10,10 @@ EXTRA_DIST += tests/test-tune.sh
 # breaks, and its choices reach the backend through the profile.
 TESTS += tests/test-tune-kernels.sh
 EXTRA_DIST += tests/test-tune-kernels.sh tests/tap.sh
+# qmatmul's two-stage kernel search picks its stages' candidates from the
+# real candidate lists (tune_in_stage).
+check_PROGRAMS += tests/test-tune-stages
+TESTS += tests/test-tune-stages
+tests_test_tune_stages_SOURCES = tests/test-tune-stages.c
+tests_test_tune_stages_CPPFLAGS = $(PV_TEST_INCLUDES)
+tests_test_tune_stages_LDADD = $(PV_TUNE_LINK)

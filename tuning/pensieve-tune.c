@@ -256,10 +256,17 @@ static void print_kernels(const tune_bucket_result *res, int n, int repeats)
 {
     if (!n)
         return;
-    printf("\nkernel search: every candidate checked against the cpu backend, then timed (median of %d runs);\n"
-           "the default and the fastest timed again, alternating, for the speedup; the default is kept (*)\n"
-           "unless the fastest gains %.0f%% in those runs\n",
-           repeats, 100 * TUNE_MIN_GAIN);
+    int staged = 0; /* qmatmul searched */
+    for (int i = 0; i < n; i++)
+        staged |= res[i].candidates[0].timed != TUNE_ALL;
+    printf("\nkernel search: every candidate checked against the cpu backend, then timed (median of %d runs);\n%s"
+           "the default and the fastest timed again on the whole workload, alternating, for the speedup;\n"
+           "the default is kept (*) unless the fastest gains %.0f%% in those runs\n",
+           repeats,
+           staged ? "qmatmul in two stages: its decode parameters on its decode products at the default PV_GEMM,\n"
+                    "then each PV_GEMM on its prefill product with the fastest of those (tried: both stages);\n"
+                  : "",
+           100 * TUNE_MIN_GAIN);
     printf("%-32s %-40s %5s %5s  %-28s %10s  %-28s %10s %7s\n", "bucket", "workload", "tried", "wrong",
            "default", "s", "best", "s", "speedup");
     for (int i = 0; i < n; i++) {
@@ -290,9 +297,9 @@ static json_t *kernels_json(const tune_bucket_result *res, int n)
         json_t *cands = json_array();
         for (int c = 0; c < r->n_candidates; c++) {
             const tune_candidate *k = &r->candidates[c];
-            json_array_append_new(cands, json_pack("{s:s,s:o,s:f,s:b,s:o,s:o}", "params", k->params, "error",
-                                                   number_or_null(k->error), "limit", k->limit, "rejected",
-                                                   k->rejected, "seconds",
+            json_array_append_new(cands, json_pack("{s:s,s:s,s:o,s:f,s:b,s:o,s:o}", "params", k->params, "timed",
+                                                   tune_products_name(k->timed), "error", number_or_null(k->error),
+                                                   "limit", k->limit, "rejected", k->rejected, "seconds",
                                                    k->rejected ? json_null() : json_real(k->seconds), "spread",
                                                    k->rejected ? json_null() : json_real(k->spread)));
         }

@@ -2,7 +2,11 @@
  * model's calls, every candidate parameter set of the bucket's family runs
  * one workload, its result is compared with the CPU backend's result of
  * the same workload, and the correct candidates are timed; the fastest
- * becomes the bucket's set. */
+ * becomes the bucket's set. qmatmul's parameters are searched in two
+ * stages (tune_in_stage), as each changes one kind of its products: the
+ * decode kernels' parameters on the decode products at the default
+ * PV_GEMM, then each PV_GEMM on the prefill product with the fastest of
+ * those; on CUDA 48 + 4 candidates rather than their cross product's 192. */
 #include "tuning/tune.h"
 
 #include <pensieve/gguf.h>
@@ -23,13 +27,15 @@
  * 11 significant bits) is off by some 1e-3; a wrong kernel still by the
  * outputs' size. */
 #define REDUCED_LIMIT 1e-2
-/* qmatmul's larger workload: a whole prefill batch (pv_llama_options'
- * default max_batch_tokens), where the GEMM's precision decides its speed. */
+/* qmatmul's prefill product: a whole prefill batch (pv_llama_options'
+ * default max_batch_tokens), where the GEMM's precision decides its speed;
+ * the second stage runs it alone. */
 #define QMATMUL_BATCH_TOKENS 512
-/* ... and one token's product this many times in the same pass, as decode
- * steps follow a prefill: once, its few microseconds on a GPU were a few
- * percent of the pass, within the timing's spread, so the decode
- * kernels' parameters (PV_ACT16, PV_QMV_ROWS) were kept by chance. */
+/* Its decode products, which the first stage runs alone: one token's
+ * product this many times, as decode steps follow a prefill (once, and
+ * timed with the prefill product, its few microseconds on a GPU were a
+ * few percent of the pass, within the timing's spread, so the decode
+ * kernels' parameters, PV_ACT16 and PV_QMV_ROWS, were kept by chance)... */
 #define QMATMUL_DECODE_STEPS 64
 /* ... and a serving step's product, the decode of that many conversations
  * at once, this many times: the batched kernels (PV_QMV_LANES) weigh in
@@ -63,6 +69,7 @@ typedef struct workload_buffers {
     int n;
     pv_buffer *out[4]; /* the results, read back in order */
     uint64_t out_bytes[4];
+    tune_products out_products[4]; /* the products that write each */
     int n_out;
     /* host index arrays the ops read */
     int32_t *seq, *pos, *slot_table, *slots;
@@ -170,14 +177,16 @@ static int64_t pool_slots(uint64_t slot_bytes, int64_t needed)
     return fill > needed ? fill : needed;
 }
 
-static pv_status output_buffer(workload_buffers *b, uint64_t bytes, pv_buffer **out)
+/* An output of `bytes`, written by `products`. */
+static pv_status output_buffer(workload_buffers *b, uint64_t bytes, tune_products products, pv_buffer **out)
 {
     pv_status st = pv_buffer_init(out, b->be, PV_MEM_DEVICE, bytes);
     if (st != PV_OK)
         return st;
     b->buf[b->n++] = *out;
     b->out[b->n_out] = *out;
-    b->out_bytes[b->n_out++] = bytes;
+    b->out_bytes[b->n_out] = bytes;
+    b->out_products[b->n_out++] = products;
     return PV_OK;
 }
 
@@ -225,7 +234,7 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
         if (st == PV_OK)
             st = random_buffer(b, PV_F32, (uint64_t)T * embd, &state, &in[1]);
         if (st == PV_OK)
-            st = output_buffer(b, (uint64_t)T * embd * sizeof(float), &in[2]);
+            st = output_buffer(b, (uint64_t)T * embd * sizeof(float), TUNE_ALL, &in[2]);
         ops->attention = (pv_attention_args){
             .kv_dtype = s->kv_dtype, .n_tokens = T, .n_heads = s->n_heads, .n_kv_heads = s->n_kv_heads,
             .head_dim = s->head_dim, .chunk_tokens = C, .scale = 1.0f / sqrtf((float)s->head_dim), .q = in[1],
@@ -247,7 +256,7 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
             b->slots[i] = (int32_t)(n_slots - 1 - 4 * i);
         st = pool_buffer(b, s->kv_dtype, slot_elems, n_slots, b->slots, moved, &state, &in[0]);
         if (st == PV_OK)
-            st = output_buffer(b, (uint64_t)moved * slot_elems * pv_dtype_size(s->kv_dtype), &in[1]);
+            st = output_buffer(b, (uint64_t)moved * slot_elems * pv_dtype_size(s->kv_dtype), TUNE_ALL, &in[1]);
         ops->gather = (pv_slot_copy_args){.dtype = s->kv_dtype, .slot_elems = (int64_t)slot_elems, .pool = in[0],
                                           .n_slots = n_slots, .staging = in[1], .slots = b->slots,
                                           .n_slots_moved = (int32_t)moved};
@@ -264,11 +273,11 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
         if (st == PV_OK)
             st = random_buffer(b, PV_F32, (uint64_t)T * embd, &state, &in[1]);
         if (st == PV_OK)
-            st = output_buffer(b, n_out * sizeof(float), &in[2]);
+            st = output_buffer(b, n_out * sizeof(float), TUNE_DECODE, &in[2]);
         if (st == PV_OK)
-            st = output_buffer(b, (uint64_t)T * n_out * sizeof(float), &in[3]);
+            st = output_buffer(b, (uint64_t)T * n_out * sizeof(float), TUNE_PREFILL, &in[3]);
         if (st == PV_OK)
-            st = output_buffer(b, (uint64_t)QMATMUL_BATCH_DECODE * n_out * sizeof(float), &in[4]);
+            st = output_buffer(b, (uint64_t)QMATMUL_BATCH_DECODE * n_out * sizeof(float), TUNE_DECODE, &in[4]);
         const int32_t tokens[3] = {1, T, QMATMUL_BATCH_DECODE};
         for (int k = 0; k < 3; k++)
             ops->qmatmul[k] = (pv_qmatmul_args){.w_type = wt, .n_tokens = tokens[k], .n_in = (int64_t)embd,
@@ -287,11 +296,11 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
         if (st == PV_OK)
             st = random_buffer(b, PV_F32, ff, &state, &up);
         if (st == PV_OK)
-            st = output_buffer(b, n * sizeof(float), &normed);
+            st = output_buffer(b, n * sizeof(float), TUNE_ALL, &normed);
         if (st == PV_OK)
-            st = output_buffer(b, ff * sizeof(float), &glu);
+            st = output_buffer(b, ff * sizeof(float), TUNE_ALL, &glu);
         if (st == PV_OK)
-            st = output_buffer(b, n * sizeof(float), &sum);
+            st = output_buffer(b, n * sizeof(float), TUNE_ALL, &sum);
         ops->rmsnorm = (pv_rmsnorm_args){.rows = T, .dim = (int64_t)embd, .eps = 1e-5f, .x = in[0],
                                          .weight = norm_w, .out = normed};
         ops->swiglu = (pv_swiglu_args){.n = (int64_t)ff, .gate = gate, .up = up, .out = glu};
@@ -303,19 +312,19 @@ static pv_status setup(const tune_setup *s, const workload *w, pv_backend *be, w
     return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: unknown workload");
 }
 
-static pv_status run(const workload *w, pv_backend *be, const workload_ops *ops)
+/* The workload's products in `products` (the families but qmatmul: all). */
+static pv_status run(const workload *w, pv_backend *be, const workload_ops *ops, tune_products products)
 {
-    pv_status st;
+    pv_status st = PV_OK;
     switch (w->family) {
     case TUNE_ATTENTION: return pv_attention(be, &ops->attention);
     case TUNE_GATHER: return pv_slot_gather(be, &ops->gather);
     case TUNE_QMATMUL:
-        st = PV_OK;
-        for (int i = 0; i < QMATMUL_DECODE_STEPS && st == PV_OK; i++)
+        for (int i = 0; products & TUNE_DECODE && i < QMATMUL_DECODE_STEPS && st == PV_OK; i++)
             st = pv_qmatmul(be, &ops->qmatmul[0]);
-        for (int i = 0; i < QMATMUL_BATCH_STEPS && st == PV_OK; i++)
+        for (int i = 0; products & TUNE_DECODE && i < QMATMUL_BATCH_STEPS && st == PV_OK; i++)
             st = pv_qmatmul(be, &ops->qmatmul[2]);
-        return st == PV_OK ? pv_qmatmul(be, &ops->qmatmul[1]) : st;
+        return st == PV_OK && products & TUNE_PREFILL ? pv_qmatmul(be, &ops->qmatmul[1]) : st;
     case TUNE_RECOMPUTE:
         st = pv_rmsnorm(be, &ops->rmsnorm);
         if (st == PV_OK)
@@ -326,29 +335,39 @@ static pv_status run(const workload *w, pv_backend *be, const workload_ops *ops)
     return pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: unknown workload");
 }
 
-/* The outputs, concatenated, into *out (malloc'd). */
-static pv_status read_outputs(const workload_buffers *b, unsigned char **out, uint64_t *bytes)
+/* A host buffer for all the outputs, concatenated (malloc'd). */
+static pv_status outputs_alloc(const workload_buffers *b, unsigned char **out)
 {
-    *bytes = 0;
+    uint64_t bytes = 0;
     for (int i = 0; i < b->n_out; i++)
-        *bytes += b->out_bytes[i];
-    *out = malloc((size_t)*bytes);
-    if (!*out)
-        return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu bytes of results", (unsigned long long)*bytes);
+        bytes += b->out_bytes[i];
+    *out = malloc((size_t)bytes);
+    return *out ? PV_OK
+                : pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu bytes of results", (unsigned long long)bytes);
+}
+
+/* The outputs that `products` write, each at its place in the
+ * concatenation (outputs_alloc); the other places are left as they are. */
+static pv_status read_outputs(const workload_buffers *b, tune_products products, unsigned char *out)
+{
     pv_status st = PV_OK;
     uint64_t at = 0;
     for (int i = 0; st == PV_OK && i < b->n_out; i++) {
-        st = pv_buffer_read(b->out[i], 0, *out + at, b->out_bytes[i]);
+        if (b->out_products[i] & products)
+            st = pv_buffer_read(b->out[i], 0, out + at, b->out_bytes[i]);
         at += b->out_bytes[i];
     }
     return st;
 }
 
-/* Every output byte 0xff: NaN as f32 and as f16. */
-static pv_status poison_outputs(const workload_buffers *b)
+/* Every byte of the outputs that `products` write 0xff: NaN as f32 and as
+ * f16. */
+static pv_status poison_outputs(const workload_buffers *b, tune_products products)
 {
     pv_status st = PV_OK;
     for (int i = 0; st == PV_OK && i < b->n_out; i++) {
+        if (!(b->out_products[i] & products))
+            continue;
         void *nan_bytes = malloc((size_t)b->out_bytes[i]);
         if (!nan_bytes)
             return pv_error(PV_ERR_OUT_OF_MEMORY, "pensieve-tune: %llu bytes", (unsigned long long)b->out_bytes[i]);
@@ -359,20 +378,29 @@ static pv_status poison_outputs(const workload_buffers *b)
     return st;
 }
 
-/* Max |got - want| / max |want| over f32 results; the copies compare bytes
- * (0 or infinity). NaN anywhere is infinity. */
-static double result_error(const workload *w, const unsigned char *got, const unsigned char *want, uint64_t bytes)
+/* Max |got - want| / max |want| over the f32 outputs that `products`
+ * write (concatenations, outputs_alloc); the copies compare bytes (0 or
+ * infinity). NaN anywhere is infinity. */
+static double result_error(const workload *w, const workload_buffers *b, tune_products products,
+                           const unsigned char *got, const unsigned char *want)
 {
-    if (w->family == TUNE_GATHER)
-        return memcmp(got, want, (size_t)bytes) == 0 ? 0.0 : INFINITY;
-    const float *g = (const float *)got, *r = (const float *)want;
-    const uint64_t n = bytes / sizeof(float);
     double worst = 0, scale = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        const double d = fabs((double)g[i] - (double)r[i]);
-        if (!(d <= worst))
-            worst = isnan(d) ? INFINITY : d;
-        scale = fmax(scale, fabs((double)r[i]));
+    uint64_t at = 0;
+    for (int k = 0; k < b->n_out; at += b->out_bytes[k++]) {
+        if (!(b->out_products[k] & products))
+            continue;
+        if (w->family == TUNE_GATHER) {
+            if (memcmp(got + at, want + at, (size_t)b->out_bytes[k]) != 0)
+                return INFINITY;
+            continue;
+        }
+        const float *g = (const float *)(got + at), *r = (const float *)(want + at);
+        for (uint64_t i = 0; i < b->out_bytes[k] / sizeof(float); i++) {
+            const double d = fabs((double)g[i] - (double)r[i]);
+            if (!(d <= worst))
+                worst = isnan(d) ? INFINITY : d;
+            scale = fmax(scale, fabs((double)r[i]));
+        }
     }
     return scale > 0 ? worst / scale : worst;
 }
@@ -380,12 +408,13 @@ static double result_error(const workload *w, const unsigned char *got, const un
 typedef struct timed_ctx {
     const workload *w;
     const workload_ops *ops;
+    tune_products products;
 } timed_ctx;
 
 static pv_status timed_run(const tune_setup *s, void *ctx)
 {
     const timed_ctx *t = ctx;
-    return run(t->w, s->be, t->ops);
+    return run(t->w, s->be, t->ops, t->products);
 }
 
 const char *tune_family_name(tune_family f)
@@ -394,8 +423,61 @@ const char *tune_family_name(tune_family f)
     return (unsigned)f < TUNE_FAMILY_COUNT ? names[f] : "?";
 }
 
+const char *tune_products_name(tune_products p)
+{
+    return p == TUNE_DECODE ? "decode" : p == TUNE_PREFILL ? "prefill" : p == TUNE_ALL ? "all" : "?";
+}
+
+/* The token NAME=VALUE of params whose NAME is the name_len characters at
+ * name, and its length in *len; NULL when there is none. */
+static const char *find_token(const char *params, const char *name, size_t name_len, size_t *len)
+{
+    for (const char *at = params + strspn(params, " "); *at; at += strspn(at, " ")) {
+        const size_t n = strcspn(at, " ");
+        const char *eq = memchr(at, '=', n);
+        if (eq && (size_t)(eq - at) == name_len && strncmp(at, name, name_len) == 0) {
+            *len = n;
+            return at;
+        }
+        at += n;
+    }
+    return NULL;
+}
+
+/* Whether b holds every token of a whole, but the one named `except`. */
+static int tokens_in(const char *a, const char *b, const char *except)
+{
+    for (const char *at = a + strspn(a, " "); *at; at += strspn(at, " ")) {
+        const size_t n = strcspn(at, " ");
+        const char *eq = memchr(at, '=', n);
+        const size_t name_len = eq ? (size_t)(eq - at) : n;
+        size_t len = 0;
+        const char *other = find_token(b, at, name_len, &len);
+        const int excepted = strlen(except) == name_len && strncmp(at, except, name_len) == 0;
+        if (!excepted && !(other && len == n && strncmp(other, at, n) == 0))
+            return 0;
+        at += n;
+    }
+    return 1;
+}
+
+int tune_in_stage(tune_products stage, const char *params, const char *default_params, const char *decode_best)
+{
+    static const char gemm[] = "PV_GEMM";
+    size_t len = 0, default_len = 0;
+    const char *mode = find_token(params, gemm, strlen(gemm), &len);
+    const char *default_mode = find_token(default_params, gemm, strlen(gemm), &default_len);
+    switch (stage) {
+    case TUNE_DECODE: return mode && default_mode && len == default_len && strncmp(mode, default_mode, len) == 0;
+    case TUNE_PREFILL: return tokens_in(params, decode_best, gemm) && tokens_in(decode_best, params, gemm);
+    case TUNE_ALL: return 1;
+    }
+    return 0;
+}
+
 /* r->default_s and r->best_s: s->repeats runs of each, alternating (a b,
- * b a, ...) after a warm-up of each, so load hits both alike. */
+ * b a, ...) after a warm-up of each, so load hits both alike; on all the
+ * workload's products, whatever the stage the best was chosen in. */
 static pv_status time_default_and_best(const tune_setup *s, const workload *w, const workload_ops *ops,
                                        tune_bucket_result *r)
 {
@@ -415,7 +497,7 @@ static pv_status time_default_and_best(const tune_setup *s, const workload *w, c
             st = pv_backend_kernel_set(s->be, r->bucket, sets[which]);
             const double t0 = tune_now_s();
             if (st == PV_OK)
-                st = run(w, s->be, ops);
+                st = run(w, s->be, ops, TUNE_ALL);
             if (st == PV_OK)
                 st = pv_backend_finish(s->be);
             if (k >= 0) /* k = -1: the warm-up */
@@ -426,9 +508,11 @@ static pv_status time_default_and_best(const tune_setup *s, const workload *w, c
         if (!first)
             r->default_s = tune_median(t[0], s->repeats);
     }
-    for (int i = 0; st == PV_OK && !first && i < r->n_candidates; i++)
-        if (strcmp(r->candidates[i].params, r->default_params) == 0 && i != r->best &&
-            r->best_s > (1 - TUNE_MIN_GAIN) * r->default_s) {
+    /* the default is by string: qmatmul's two stages may both try it */
+    const int keep = st == PV_OK && !first && strcmp(sets[1], r->default_params) != 0 &&
+                     r->best_s > (1 - TUNE_MIN_GAIN) * r->default_s;
+    for (int i = 0; keep && i < r->n_candidates; i++)
+        if (strcmp(r->candidates[i].params, r->default_params) == 0) {
             r->best = i;
             r->best_s = r->default_s;
             r->kept_default = 1;
@@ -448,15 +532,18 @@ static pv_status search(const tune_setup *s, pv_backend *ref, const workload *w,
     workload_buffers on_ref, on_dev;
     workload_ops ref_ops, dev_ops;
     unsigned char *want = NULL, *got = NULL;
-    uint64_t want_bytes = 0, got_bytes = 0;
     pv_status st = setup(s, w, ref, &on_ref, &ref_ops);
     if (st == PV_OK)
-        st = run(w, ref, &ref_ops);
+        st = run(w, ref, &ref_ops, TUNE_ALL);
     if (st == PV_OK)
-        st = read_outputs(&on_ref, &want, &want_bytes);
+        st = outputs_alloc(&on_ref, &want);
+    if (st == PV_OK)
+        st = read_outputs(&on_ref, TUNE_ALL, want);
     buffers_free(&on_ref);
     if (st == PV_OK)
         st = setup(s, w, s->be, &on_dev, &dev_ops);
+    if (st == PV_OK)
+        st = outputs_alloc(&on_dev, &got);
     if (st == PV_OK && w->family == TUNE_ATTENTION)
         st = pv_attention_bucket(&dev_ops.attention, r->bucket, sizeof r->bucket);
     else if (st == PV_OK)
@@ -466,59 +553,83 @@ static pv_status search(const tune_setup *s, pv_backend *ref, const workload *w,
     int count = 0;
     if (st == PV_OK)
         st = pv_kernel_candidate(s->be, r->bucket, 0, NULL, 0, &count);
-    if (st == PV_OK && count > TUNE_MAX_CANDIDATES)
-        st = pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: bucket %s has %d candidates, more than %d", r->bucket,
-                      count, TUNE_MAX_CANDIDATES);
     r->best = -1;
     const double limit = w->family == TUNE_GATHER ? 0.0 : w->family == TUNE_ATTENTION ? ATTENTION_LIMIT
                                                                                        : ARITHMETIC_LIMIT;
-    for (int i = 0; st == PV_OK && i < count; i++) {
-        tune_candidate *c = &r->candidates[r->n_candidates++];
-        st = pv_kernel_candidate(s->be, r->bucket, i, c->params, sizeof c->params, NULL);
-        const char *gemm = strstr(c->params, "PV_GEMM=");
-        c->limit = gemm && atoi(gemm + strlen("PV_GEMM=")) != 0 ? REDUCED_LIMIT : limit;
-        if (st == PV_OK)
+    /* qmatmul: its decode kernels' parameters on the decode products, then
+     * PV_GEMM on the prefill product (PV_WG also sets the work-group of
+     * the kernels that widen the weights into tiles there, a minor part of
+     * it: the first stage chooses PV_WG for the decode products alone) */
+    static const tune_products qmatmul_stages[] = {TUNE_DECODE, TUNE_PREFILL}, one_stage[] = {TUNE_ALL};
+    const tune_products *stages = w->family == TUNE_QMATMUL ? qmatmul_stages : one_stage;
+    const int n_stages = w->family == TUNE_QMATMUL ? 2 : 1;
+    for (int k = 0; st == PV_OK && k < n_stages; k++) {
+        const tune_products stage = stages[k];
+        const char *decode_best = r->best >= 0 ? r->candidates[r->best].params : "";
+        const int first = r->n_candidates;
+        r->best = -1;
+        for (int i = 0; st == PV_OK && i < count; i++) {
+            char params[sizeof r->candidates->params];
+            st = pv_kernel_candidate(s->be, r->bucket, i, params, sizeof params, NULL);
+            if (st != PV_OK || !tune_in_stage(stage, params, r->default_params, decode_best))
+                continue;
+            if (r->n_candidates == TUNE_MAX_CANDIDATES) {
+                st = pv_error(PV_ERR_INVALID_ARG, "pensieve-tune: bucket %s tries more than %d candidates",
+                              r->bucket, TUNE_MAX_CANDIDATES);
+                break;
+            }
+            tune_candidate *c = &r->candidates[r->n_candidates++];
+            memcpy(c->params, params, sizeof c->params);
+            c->timed = stage;
+            /* the GEMM's rounding shows in the prefill product only */
+            const char *gemm = strstr(c->params, "PV_GEMM=");
+            c->limit = stage & TUNE_PREFILL && gemm && atoi(gemm + strlen("PV_GEMM=")) != 0 ? REDUCED_LIMIT : limit;
             st = pv_backend_kernel_set(s->be, r->bucket, c->params);
-        if (progress) {
-            char what[160];
-            snprintf(what, sizeof what, "%s: %s", r->bucket, c->params);
-            progress(progress_ctx, what);
+            if (progress) {
+                char what[160];
+                snprintf(what, sizeof what, "%s%s%s: %s", r->bucket, stage == TUNE_ALL ? "" : " ",
+                         stage == TUNE_ALL ? "" : tune_products_name(stage), c->params);
+                progress(progress_ctx, what);
+            }
+            /* checked before it is timed, on outputs poisoned first: a
+             * candidate that writes nothing must not pass on its
+             * predecessor's results */
+            if (st == PV_OK)
+                st = poison_outputs(&on_dev, stage);
+            if (st == PV_OK)
+                st = run(w, s->be, &dev_ops, stage);
+            if (st == PV_OK)
+                st = read_outputs(&on_dev, stage, got);
+            if (st != PV_OK)
+                break;
+            c->error = result_error(w, &on_dev, stage, got, want);
+            c->rejected = !(c->error <= c->limit);
+            if (c->rejected)
+                continue;
+            timed_ctx t = {w, &dev_ops, stage};
+            tune_timing timing;
+            st = tune_time_runs(s, timed_run, &t, &timing);
+            c->seconds = timing.median;
+            c->spread = timing.spread;
+            if (st == PV_OK && (r->best < 0 || c->seconds < r->candidates[r->best].seconds))
+                r->best = r->n_candidates - 1;
         }
-        /* checked before it is timed, on outputs poisoned first: a candidate
-         * that writes nothing must not pass on its predecessor's results */
-        if (st == PV_OK)
-            st = poison_outputs(&on_dev);
-        if (st == PV_OK)
-            st = run(w, s->be, &dev_ops);
-        if (st == PV_OK)
-            st = read_outputs(&on_dev, &got, &got_bytes);
-        if (st != PV_OK)
-            break;
-        c->error = got_bytes == want_bytes ? result_error(w, got, want, want_bytes) : INFINITY;
-        free(got);
-        got = NULL;
-        c->rejected = !(c->error <= c->limit);
-        if (c->rejected)
-            continue;
-        timed_ctx t = {w, &dev_ops};
-        tune_timing timing;
-        st = tune_time_runs(s, timed_run, &t, &timing);
-        c->seconds = timing.median;
-        c->spread = timing.spread;
-        if (st == PV_OK && (r->best < 0 || c->seconds < r->candidates[r->best].seconds))
-            r->best = r->n_candidates - 1;
+        if (st == PV_OK && r->best < 0)
+            st = pv_error(PV_ERR_BACKEND, "pensieve-tune: every candidate of %s%s%s was wrong (the first: error "
+                          "%.3g, limit %g)",
+                          r->bucket, stage == TUNE_ALL ? "" : ", stage ",
+                          stage == TUNE_ALL ? "" : tune_products_name(stage),
+                          r->n_candidates > first ? r->candidates[first].error : 0.0,
+                          r->n_candidates > first ? r->candidates[first].limit : limit);
     }
     r->limit = limit;
-    if (st == PV_OK && r->best < 0)
-        st = pv_error(PV_ERR_BACKEND, "pensieve-tune: every candidate of %s was wrong (the first: error %.3g, "
-                      "limit %g)",
-                      r->bucket, r->n_candidates ? r->candidates[0].error : 0.0, limit);
     if (st == PV_OK)
         st = time_default_and_best(s, w, &dev_ops, r);
     if (st == PV_OK)
         st = pv_backend_kernel_set(s->be, r->bucket, r->candidates[r->best].params);
     buffers_free(&on_dev);
     free(want);
+    free(got);
     return st;
 }
 

@@ -84,15 +84,37 @@ pv_status tune_keep_kernel_sets(const char *path, pv_backend *be, unsigned famil
 typedef enum tune_family { TUNE_ATTENTION, TUNE_GATHER, TUNE_QMATMUL, TUNE_RECOMPUTE, TUNE_FAMILY_COUNT } tune_family;
 const char *tune_family_name(tune_family f);
 
-#define TUNE_MAX_CANDIDATES 200 /* the most any bucket has: 192 (qmatmul where every PV_GEMM runs) */
-#define TUNE_MAX_BUCKETS 8     /* 4 of attention, one of each other family */
+/* The most candidates a bucket tries: 52 (qmatmul where every PV_GEMM
+ * runs: 48 sets at the default PV_GEMM, then 4 PV_GEMM modes). */
+#define TUNE_MAX_CANDIDATES 64
+#define TUNE_MAX_BUCKETS 8 /* 4 of attention, one of each other family */
+
+/* Which of a workload's products run (bits). qmatmul's search is in two
+ * stages, as its parameters are separable by product: PV_GEMM changes
+ * only the prefill product (more than 16 tokens), the others choose and
+ * shape the decode products' kernels. The other families' workloads are
+ * one whole: TUNE_ALL. */
+typedef enum tune_products {
+    TUNE_DECODE = 1,  /* qmatmul's one-token and 8-token products */
+    TUNE_PREFILL = 2, /* qmatmul's 512-token product */
+    TUNE_ALL = TUNE_DECODE | TUNE_PREFILL
+} tune_products;
+const char *tune_products_name(tune_products p); /* "decode", "prefill", "all" */
+
+/* Whether a candidate (its parameter string, as pv_kernel_candidate writes
+ * it) is in a search stage: TUNE_ALL every one; TUNE_DECODE (qmatmul's
+ * first stage) those whose PV_GEMM is default_params'; TUNE_PREFILL (its
+ * second) those equal to decode_best, the first stage's fastest, in every
+ * parameter but PV_GEMM. NAME=VALUE tokens compare whole, in any order. */
+int tune_in_stage(tune_products stage, const char *params, const char *default_params, const char *decode_best);
 
 typedef struct tune_candidate {
     char params[96];
-    double error;   /* against the CPU backend, relative to the largest output */
-    double limit;   /* the error it may have: its bucket's, or REDUCED_LIMIT for a tensor-core PV_GEMM */
-    int rejected;   /* error above the limit: never timed */
-    double seconds; /* median, when not rejected */
+    tune_products timed; /* the products it was checked and timed on */
+    double error;        /* against the CPU backend, relative to the largest output compared */
+    double limit;        /* the error it may have: its bucket's, or REDUCED_LIMIT for a tensor-core PV_GEMM */
+    int rejected;        /* error above the limit: never timed */
+    double seconds;      /* median, when not rejected */
     double spread;
 } tune_candidate;
 
@@ -103,7 +125,7 @@ typedef struct tune_bucket_result {
     double limit;             /* the error limit (0 for the copies: exact) */
     int n_candidates;
     tune_candidate candidates[TUNE_MAX_CANDIDATES];
-    int best;                 /* index of the fastest correct one */
+    int best;                 /* index of the fastest correct one (qmatmul: of its second stage) */
     /* The default set and the best one timed again, alternating (the
      * search's own times, one candidate after another, favour whichever
      * ran in a quiet moment, and the minimum of many favours the best);
@@ -122,8 +144,9 @@ typedef void (*tune_progress_fn)(void *ctx, const char *what);
  * (attention: decode and prefill at a short and a long context; the
  * others one each): every candidate's workload result is compared with
  * ref's (the CPU backend) before it is timed, and the fastest correct one
- * is left set in s->be. A bucket with no correct candidate is an error.
- * quick: the long context at 1024 rather than 4096. */
+ * is left set in s->be (qmatmul: in two stages, tune_in_stage). A bucket
+ * or stage with no correct candidate is an error. quick: the long context
+ * at 1024 rather than 4096. */
 pv_status tune_kernels(const tune_setup *s, pv_backend *ref, unsigned families, int quick,
                        tune_bucket_result *results, int *n_results, tune_progress_fn progress, void *progress_ctx);
 
