@@ -1,6 +1,6 @@
 #!/bin/sh
 # scripts/gpu-report on a fixture (tests/gpu-report: figures of the H100
-# runs and of PoCL dry runs, trimmed; the llama-bench records and the
+# runs and of PoCL dry runs and a PoCL pensieve-tune, trimmed; the llama-bench records and the
 # PV_GEMM, PV_ACT16, PV_QMV_ROWS and PV_QMV_LANES tables are made up for
 # the test): each target's figure, ratio and verdict computed from the JSON
 # as docs/PERFORMANCE.md quotes them.
@@ -48,6 +48,12 @@ has "- pensieve-bench-cpu: stateless at 2/s cut short at the step's time limit (
     "serving: a run pensieve-bench's --time-limit cut short is named"
 grep -qxF -- "- pensieve-bench-cpu: pensieve 1.00x stateless at the target: undecided (a mode met the target at every rate tried: higher rates needed)" "$out"
 check $? "serving: a ratio of two lower bounds is not a verdict"
+has "pensieve-tune-opencl (pthread-skylake-avx512-AMD EPYC): R^2 0.977, held-out error 17%, the step 65.6 s" \
+    "tune: the fit and the step's time from summary.json"
+has "| qmatmul | 49 (48 decode, 1 prefill) | 0 | PV_WG=64 PV_QMV_ROWS=2 PV_QMV_LANES=1 PV_GEMM=0 PV_ACT16=0 | PV_WG=32 PV_QMV_ROWS=8 PV_QMV_LANES=8 PV_GEMM=0 PV_ACT16=0 | 4.47x |" \
+    "tune: qmatmul's candidates by stage"
+has "| gather | 20 | 0 | PV_WG=64 PV_ITEM_ELEMS=8 | PV_WG=32 PV_ITEM_ELEMS=16 | 1.36x |" \
+    "tune: a one-stage bucket's candidates"
 python3 "$here/../scripts/gpu-report" /nonexistent-dir >/dev/null 2>&1
 [ $? -eq 2 ]
 check $? "a directory without the files: status 2"
