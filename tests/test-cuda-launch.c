@@ -3,18 +3,22 @@
  * stand-in for the eight runtime calls it makes, which reads each kernel's
  * parameter records from the cubin's .nv.info.<kernel> section, so the
  * backend's own first-launch check (check_arguments) compares every
- * launcher's argument count and sizes with the compiler's. cudaLaunchKernel takes the arguments as bare
- * addresses, so a list that is short, long or of another width runs a
- * kernel on garbage: nothing else here would see it before a GPU does.
+ * launcher's argument count and sizes with the compiler's.
+ * cudaLaunchKernel takes the arguments as bare addresses, so a list that
+ * is short, long or of another width runs a kernel on garbage: nothing
+ * else here would see it before a GPU does.
  *
  * Checked: the record reader against a probe kernel of known parameter
  * sizes; every kernel of every program the launchers loaded launched at
  * least once, each checked in full at its first launch and not again,
  * each with its program's PV_WG as blockDim.x (the tuned sets are not the
- * defaults, so a launcher that ignores its set shows); the launch geometry
- * within CUDA's limits; and the check itself, through
- * records the stand-in alters: a wider parameter, one more, one fewer, a
- * runtime that cannot answer. */
+ * defaults, so a launcher that ignores its set shows); the launch
+ * geometry within CUDA's limits; ops taller than CUDA's grid (gridDim.y
+ * 65535, gridDim.x 2^31 - 1: the OpenCL launchers have no such limit, so
+ * PoCL never runs this code) split over launches, each starting in every
+ * array where the last stopped; and the check itself, through records the
+ * stand-in alters: a wider parameter, one more, one fewer, a runtime that
+ * cannot answer. */
 #include "config.h"
 
 #include "backends/cuda/cuda_kernels.h"
@@ -145,6 +149,17 @@ static int n_mock_kernels;
 static cudaError_t last_error = cudaSuccess;
 static char geometry_fault[160];
 
+/* The launches since the log was last emptied: kernel, grid, and each
+ * argument's value (as many bytes as its parameter has). */
+#define LOG_LAUNCHES 8
+typedef struct logged_launch {
+    const mock_kernel *kernel;
+    unsigned grid_x, grid_y;
+    int64_t arg[MAX_PARAMS];
+} logged_launch;
+static logged_launch launch_log[LOG_LAUNCHES];
+static int n_logged;
+
 /* What the stand-in alters in the records of the kernel named. */
 static struct {
     const char *kernel;
@@ -241,6 +256,19 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
                  null_arg);
     m->block_varies |= m->launches && m->block != block.x;
     m->block = m->launches++ ? m->block : block.x;
+    if (n_logged < LOG_LAUNCHES) {
+        logged_launch *l = &launch_log[n_logged++];
+        *l = (logged_launch){.kernel = m, .grid_x = grid.x, .grid_y = grid.y};
+        for (int i = 0; i < m->n_params && args[i]; i++) {
+            if (m->size[i] == 8)
+                memcpy(&l->arg[i], args[i], 8);
+            else if (m->size[i] == 4) {
+                int32_t v;
+                memcpy(&v, args[i], 4);
+                l->arg[i] = v;
+            }
+        }
+    }
     return cudaSuccess;
 }
 
@@ -361,6 +389,153 @@ static pv_status recompute_family(pv_cuda_kernels *k)
         st = pv_cuda_launch_sample_top_p(k, NULL, &sample, dev(5), dev(6), dev(7));
     return st == PV_OK ? pv_cuda_launch_sample_batch(k, NULL, &batch, dev(5), dev(6), dev(7), dev(8), &bias, dev(9))
                        : st;
+}
+
+/* ---- launches taller than CUDA's grid ------------------------------------------- */
+
+/* Where a launch's first row starts in one of its arrays: a pointer
+ * argument and, with off >= 0, an offset argument of `unit` bytes into
+ * it; row r of the whole op is `per_row` bytes on. */
+typedef struct row_address {
+    int ptr, off, unit;
+    int64_t per_row;
+} row_address;
+
+#define MAX_MOVED 6
+
+/* The op's launches of `kernel` in the log: two, the first with the most
+ * rows CUDA's grid takes along its dimension (gridDim.y 65535, x 2^31 -
+ * 1), the second the rest, starting where the first stopped in every
+ * array; every other argument the same in both. */
+static void check_split(pv_status st, const char *kernel, int along_x, int64_t rows, const row_address *moved,
+                        int n_moved)
+{
+    const logged_launch *l[2] = {NULL, NULL};
+    int n = 0;
+    for (int i = 0; i < n_logged; i++)
+        if (strcmp(launch_log[i].kernel->name, kernel) == 0 && n++ < 2)
+            l[n - 1] = &launch_log[i];
+    const int64_t most = along_x ? 2147483647 : 65535;
+    const int64_t first = n == 2 ? (along_x ? l[0]->grid_x : l[0]->grid_y) : 0;
+    const int64_t second = n == 2 ? (along_x ? l[1]->grid_x : l[1]->grid_y) : 0;
+    int good = st == PV_OK && n == 2 && first == most && first + second == rows, bad_arg = -1;
+    for (int i = 0; good && i < l[0]->kernel->n_params; i++) {
+        int part_of_address = 0;
+        for (int m = 0; m < n_moved; m++)
+            part_of_address |= moved[m].ptr == i || moved[m].off == i;
+        if (!part_of_address && l[0]->arg[i] != l[1]->arg[i])
+            good = 0, bad_arg = i;
+    }
+    for (int m = 0; good && m < n_moved; m++) {
+        int64_t at[2];
+        for (int k = 0; k < 2; k++)
+            at[k] = l[k]->arg[moved[m].ptr] + (moved[m].off >= 0 ? l[k]->arg[moved[m].off] * moved[m].unit : 0);
+        if (at[1] - at[0] != first * moved[m].per_row)
+            good = 0, bad_arg = moved[m].ptr;
+    }
+    char wrong[32] = "";
+    if (bad_arg >= 0)
+        snprintf(wrong, sizeof wrong, ": argument %d wrong", bad_arg);
+    ok(good, "%s: %lld rows along gridDim.%c in %d launches (%lld + %lld), the second from the first's end%s",
+       kernel, (long long)rows, along_x ? 'x' : 'y', n, (long long)first, (long long)second, wrong);
+    if (st != PV_OK)
+        tap_diag("%s", pv_last_error());
+}
+
+/* Device addresses far from the null page and from wrapping, for ops of
+ * billions of rows that the launchers only offset. */
+static void *far(int64_t at) { return (void *)(uintptr_t)((UINT64_C(1) << 40) + (uint64_t)at * (UINT64_C(1) << 32)); }
+
+/* Each launcher that splits its rows over launches, one row past a
+ * launch's most and a few more. */
+static void test_splits(pv_cuda_kernels *k, pv_kernel_tuning *t)
+{
+    const int32_t T = 65535 + 5;
+    const int64_t X = INT64_C(2147483647) + 3;
+    int32_t *pos = calloc((size_t)T, sizeof *pos); /* attention's bucket reads the positions */
+    if (!pos) {
+        ok(0, "memory for %d positions", T);
+        return;
+    }
+    t->defaults[PV_KERNEL_ATTENTION].value[PV_KPARAM_WG] = 64;
+    /* attention: 8 heads of 128 (a token 4 KiB of q and out), 2 splits;
+     * part is [T][splits][heads][128] floats, then [T][splits][heads][2] */
+    const pv_attention_args att = {.kv_dtype = PV_F32, .n_tokens = T, .n_heads = 8, .n_kv_heads = 2,
+                                   .head_dim = 128, .chunk_tokens = 16, .scale = 0.1f, .token_seq = pos,
+                                   .token_pos = pos, .n_seqs = 1, .max_chunks = 4};
+    const pv_cuda_xq16 xq = {far(1), far(2)};
+    n_logged = 0;
+    pv_status st = pv_cuda_launch_attention(k, NULL, &att, far(3), far(4), far(5), far(6), far(7), 4, 2, far(8),
+                                            far(9), &xq);
+    const row_address att_moved[] = {{0, 1, 4, 4096}, {3, -1, 0, 4}, {4, -1, 0, 4}, {14, 15, 4, 4096},
+                                     {16, 17, 4, 2 * 4096}, {16, 18, 4, 2 * 8 * 2 * 4}};
+    check_split(st, "pv_attention_teams_f32", 0, T, att_moved, 6);
+    /* combine16: xq's rows of 1024 elements are 512 words and 64 floats */
+    const row_address combine_moved[] = {{0, 1, 4, 2 * 4096}, {0, 2, 4, 2 * 8 * 2 * 4}, {6, 7, 4, 4096},
+                                         {8, 9, 4, 512 * 4},  {10, 11, 4, 64 * 4}};
+    check_split(st, "pv_attention_combine16_f32", 0, T, combine_moved, 5);
+
+    /* K and V rows of 2 heads of 64 floats */
+    const pv_kv_write_args kv = {.kv_dtype = PV_F32, .n_tokens = T, .n_kv_heads = 2, .head_dim = 64,
+                                 .chunk_tokens = 16, .max_chunks = 4};
+    n_logged = 0;
+    st = pv_cuda_launch_kv_write(k, NULL, &kv, far(1), far(2), far(3), far(4), far(5), far(6));
+    const row_address kv_moved[] = {{0, 1, 4, 512}, {2, 3, 4, 512}, {5, -1, 0, 4}, {6, -1, 0, 4}};
+    check_split(st, "pv_kv_write_f32", 0, T, kv_moved, 4);
+
+    const pv_rope_kv_write_args rkv = {.kv_dtype = PV_F16, .n_tokens = T, .n_heads = 8, .n_kv_heads = 2,
+                                       .head_dim = 64, .chunk_tokens = 16, .max_chunks = 4, .base = 1e4f};
+    n_logged = 0;
+    st = pv_cuda_launch_rope_kv_write(k, NULL, &rkv, far(1), far(2), far(3), far(4), far(5), far(6), far(7));
+    const row_address rkv_moved[] = {{0, 1, 4, 2048}, {2, 3, 4, 512}, {4, 5, 4, 512}, {7, -1, 0, 4}, {8, -1, 0, 4}};
+    check_split(st, "pv_rope_kv_write_f16", 0, T, rkv_moved, 5);
+
+    /* slots of 4096 f16 elements (moved as 16-bit words) */
+    const pv_slot_copy_args copy = {.dtype = PV_F16, .slot_elems = 4096, .n_slots_moved = T};
+    n_logged = 0;
+    st = pv_cuda_launch_slot_copy(k, NULL, &copy, 0, far(1), far(2), far(3));
+    const row_address copy_moved[] = {{1, 2, 2, 4096 * 2}, {3, -1, 0, 4}};
+    check_split(st, "pv_slot_gather_f16", 0, T, copy_moved, 2);
+
+    const pv_slot_transfer_args transfer = {.dtype = PV_F16, .slot_elems = 4096, .n = T};
+    n_logged = 0;
+    st = pv_cuda_launch_slot_transfer(k, NULL, &transfer, far(1), far(2), far(3), far(4));
+    const row_address transfer_moved[] = {{2, -1, 0, 4}, {3, -1, 0, 4}};
+    check_split(st, "pv_slot_transfer", 0, T, transfer_moved, 2);
+
+    const pv_embed_gather_args embed = {.table_type = PV_W_Q4_0, .n_rows = 100, .dim = 64, .n_ids = T};
+    n_logged = 0;
+    st = pv_cuda_launch_embed_gather(k, NULL, &embed, far(1), far(2), far(3), far(4));
+    const row_address embed_moved[] = {{3, -1, 0, 4}, {7, 8, 4, 64 * 4}};
+    check_split(st, "pv_embed_gather", 0, T, embed_moved, 2);
+
+    const pv_rope_args rope = {.n_tokens = T, .n_heads = 8, .head_dim = 64, .base = 1e4f};
+    n_logged = 0;
+    st = pv_cuda_launch_rope(k, NULL, &rope, far(1), far(2));
+    const row_address rope_moved[] = {{0, 1, 4, 2048}, {2, -1, 0, 4}};
+    check_split(st, "pv_rope", 0, T, rope_moved, 2);
+
+    /* rows along gridDim.x: one work-group a row of 64 (or 100) */
+    const pv_rmsnorm_args norm = {.rows = X, .dim = 64, .eps = 1e-5f};
+    n_logged = 0;
+    st = pv_cuda_launch_rmsnorm(k, NULL, &norm, far(1), far(2), far(3));
+    const row_address norm_moved[] = {{0, 1, 4, 256}, {4, 5, 4, 256}};
+    check_split(st, "pv_rmsnorm", 1, X, norm_moved, 2);
+
+    const pv_argmax_args argmax = {.rows = X, .cols = 100};
+    n_logged = 0;
+    st = pv_cuda_launch_argmax(k, NULL, &argmax, far(1), far(2));
+    const row_address argmax_moved[] = {{0, 1, 4, 400}, {3, -1, 0, 4}};
+    check_split(st, "pv_argmax", 1, X, argmax_moved, 2);
+
+    const pv_sample_batch_args batch = {.rows = X, .cols = 100};
+    const pv_cuda_logit_bias bias = {far(1), far(2), far(3), far(4)};
+    n_logged = 0;
+    st = pv_cuda_launch_sample_batch(k, NULL, &batch, far(5), far(6), far(7), far(8), &bias, far(9));
+    const row_address batch_moved[] = {{0, 1, 4, 400}, {3, -1, 0, 4}, {4, -1, 0, 4},
+                                       {5, -1, 0, 4},   {7, -1, 0, 4}, {11, -1, 0, 4}};
+    check_split(st, "pv_sample_batch", 1, X, batch_moved, 6);
+    free(pos);
 }
 
 /* ---- the checks ------------------------------------------------------------------- */
@@ -485,6 +660,7 @@ static void test_launchers(void)
     ok(off_wg == 0, "every kernel launched with its program's PV_WG as blockDim.x%s", first_off);
     ok(launches == launched, "the backend's launch count %llu, the runtime's %llu", (unsigned long long)launches,
        (unsigned long long)launched);
+    test_splits(&k, &t);
     pv_cuda_kernels_free(&k);
 }
 
