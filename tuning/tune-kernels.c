@@ -461,9 +461,18 @@ static int tokens_in(const char *a, const char *b, const char *except)
     return 1;
 }
 
+static const char gemm[] = "PV_GEMM";
+
+/* The PV_GEMM mode params name: a tensor-core one (non-zero) rounds. */
+static int gemm_mode(const char *params)
+{
+    size_t len = 0;
+    const char *token = find_token(params, gemm, strlen(gemm), &len);
+    return token ? atoi(token + strlen(gemm) + 1) : 0;
+}
+
 int tune_in_stage(tune_products stage, const char *params, const char *default_params, const char *decode_best)
 {
-    static const char gemm[] = "PV_GEMM";
     size_t len = 0, default_len = 0;
     const char *mode = find_token(params, gemm, strlen(gemm), &len);
     const char *default_mode = find_token(default_params, gemm, strlen(gemm), &default_len);
@@ -582,8 +591,7 @@ static pv_status search(const tune_setup *s, pv_backend *ref, const workload *w,
             memcpy(c->params, params, sizeof c->params);
             c->timed = stage;
             /* the GEMM's rounding shows in the prefill product only */
-            const char *gemm = strstr(c->params, "PV_GEMM=");
-            c->limit = stage & TUNE_PREFILL && gemm && atoi(gemm + strlen("PV_GEMM=")) != 0 ? REDUCED_LIMIT : limit;
+            c->limit = stage & TUNE_PREFILL && gemm_mode(c->params) != 0 ? REDUCED_LIMIT : limit;
             st = pv_backend_kernel_set(s->be, r->bucket, c->params);
             if (progress) {
                 char what[160];
