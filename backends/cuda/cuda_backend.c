@@ -703,8 +703,7 @@ static pv_status staging_upload(staging_ring *ring, const char *op, upload *part
         parts[i].dev = ring->dev + off;
         off += align_up(parts[i].bytes);
     }
-    region->start = at;
-    region->end = at + total;
+    *region = (staged){.start = at, .end = at + total}; /* in_arena 0: staging_done marks it busy */
     if (uploaded)
         CUDA_TRY(cudaMemcpyAsync(ring->dev + at, ring->host + at, uploaded, cudaMemcpyHostToDevice, ring->stream),
                  "%zu bytes of index arrays for %s", uploaded, op);
