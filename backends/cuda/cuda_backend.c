@@ -440,10 +440,8 @@ void pv_cuda_release_graph_frees(cuda_impl *cu)
  * events recorded now would precede the step's work: a replay enqueues it
  * all at graph_end, and a recording's events would be nodes of its graph.
  * (Where the list cannot grow, out of host memory, it goes at once.) */
-static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
+static void release_after_step(cuda_impl *cu, pv_buffer *buf)
 {
-    cuda_impl *cu = impl_of(be);
-    cudaSetDevice(cu->device);
     if (cu->graph && cu->n_graph_frees == cu->cap_graph_frees) {
         const size_t cap = cu->cap_graph_frees ? 2 * cu->cap_graph_frees : 8;
         pv_buffer *grown = realloc(cu->graph_frees, cap * sizeof *grown);
@@ -456,6 +454,13 @@ static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
         cu->graph_frees[cu->n_graph_frees++] = *buf;
     else
         release_buffer(cu, buf);
+}
+
+static void cuda_buffer_free(pv_backend *be, pv_buffer *buf)
+{
+    cuda_impl *cu = impl_of(be);
+    cudaSetDevice(cu->device);
+    release_after_step(cu, buf);
     buf->host_ptr = NULL;
     buf->handle = NULL;
 }
@@ -743,16 +748,38 @@ static pv_status staging_done(staging_ring *ring, const staged *region, pv_statu
  * and the new one allocated on the compute stream itself: ordered after the
  * kernels still using the old one and before the new user, with no
  * synchronisation. Without it, cudaMalloc synchronises the device; that
- * happens only while the scratch grows. */
+ * happens only while the scratch grows. While a graph is recorded, the
+ * scratch grows outside the capture (below). */
 static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_t bytes, void **out)
 {
     if (cu->scratch_bytes[which] < bytes || !cu->scratch[which]) {
-        /* An allocation recorded into a graph would belong to the graph. */
-        PV_TRY(not_capturing(cu, "growing the scratch"));
+        /* A step checked against its recording launches with the recording's
+         * scratch, so it cannot take another. */
+        if (cu->graph && !cu->capturing)
+            return pv_error(PV_ERR_UNSUPPORTED, "cuda %s: growing the scratch while a graph step is checked", op);
         size_t grown = bytes > 2 * cu->scratch_bytes[which] ? bytes : 2 * cu->scratch_bytes[which];
         cudaStream_t s = cu->stream[PV_QUEUE_COMPUTE];
         void *mem = NULL;
-        if (cu->pooled) {
+        if (cu->capturing) {
+            /* An allocation recorded into the graph would belong to it: the
+             * new scratch comes from outside the capture, and the old one goes
+             * at graph_end, behind the work that reads it. Kept graphs that
+             * read the old one differ from their next step and record anew. */
+            if (cu->pooled) {
+                CUDA_TRY(cudaMallocAsync(&mem, grown, cu->alloc), "%zu bytes of %s scratch", grown, op);
+                cudaError_t err = cudaStreamSynchronize(cu->alloc);
+                if (err != cudaSuccess) {
+                    cudaFreeAsync(mem, cu->alloc);
+                    return pv_cuda_fail(err, "cudaStreamSynchronize", "%zu bytes of %s scratch", grown, op);
+                }
+            } else {
+                CUDA_TRY(cudaMalloc(&mem, grown), "%zu bytes of %s scratch", grown, op);
+            }
+            if (cu->scratch[which]) {
+                pv_buffer old = {.kind = PV_MEM_DEVICE, .bytes = cu->scratch_bytes[which], .handle = cu->scratch[which]};
+                release_after_step(cu, &old);
+            }
+        } else if (cu->pooled) {
             if (cu->scratch[which])
                 CUDA_TRY(cudaFreeAsync(cu->scratch[which], s), "%s scratch", op);
             cu->scratch[which] = NULL;
