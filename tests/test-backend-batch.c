@@ -981,7 +981,9 @@ static pv_status run_chain(ctx *c, const sample_rows *s, pv_buffer *table, int i
                               .ids_dev_off = CHAIN_OFF, .n_ids_dev = s->rows};
     pv_status refused = PV_ERR_UNSUPPORTED;
     if (st == PV_OK && in_graph) {
-        st = pv_backend_graph_begin(c->be, 0x5a3b1e);
+        /* a key per shape, as the model keys its steps: under one key a
+         * step of another shape differs from the recording and runs nothing */
+        st = pv_backend_graph_begin(c->be, 0x5a3b1e ^ (uint64_t)s->rows << 32 ^ (uint64_t)s->cols << 48);
         a.out = tokens;
         refused = st == PV_OK ? pv_sample_batch(c->be, &a) : PV_ERR_UNSUPPORTED;
         a.out = NULL;

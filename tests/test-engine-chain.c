@@ -205,7 +205,10 @@ static void compare(const char *label, const turn_out *want, const turn_out *got
  * logit rows) is recorded once and replayed while the context grows. The
  * engine rounds the tables' width up to 8 chunks (64 tokens here), so at
  * most 5 of the ~240 decode passes record; with the exact width (a new
- * key every chunk of 8 tokens) some 30 would. */
+ * key every chunk of 8 tokens) some 30 would. A pass whose recording read
+ * a scratch buffer that has grown since (a wider table splits attention
+ * more) differs from it: it runs op by op and its key records anew, so
+ * the bar is on the replays among the decode passes. */
 #define REPLAY_TOKENS 240
 /* The engine's own share of a chained workload's time at most (measured:
  * 1-2% on PoCL and the CPU, whose forward passes are slow). */
@@ -245,11 +248,12 @@ static void check_graph_replays(const char *backend)
         st = eu_drain(e, &check_failures, first_failure, sizeof first_failure, &steps);
     pv_engine_free(e);
     const uint64_t runs = pv_backend_graph_runs(M.be) - runs0, replays = pv_backend_graph_replays(M.be) - replays0;
-    ok(st == PV_OK && out.n == REPLAY_TOKENS && runs >= REPLAY_TOKENS - 1 &&
-           (double)replays >= REPLAY_AT_LEAST * (double)runs,
-       "%s: %d decoded tokens, %" PRIu64 " forward passes as graphs, %" PRIu64 " of them replayed without "
-       "recording (at least %.0f%%)%s%s",
-       backend, out.n, runs, replays, 100 * REPLAY_AT_LEAST, st == PV_OK ? "" : ": ", st == PV_OK ? "" : pv_last_error());
+    ok(st == PV_OK && out.n == REPLAY_TOKENS && (double)replays >= REPLAY_AT_LEAST * (REPLAY_TOKENS - 1),
+       "%s: %d decoded tokens, %" PRIu64 " forward passes as graphs, %" PRIu64 " of the %d decode passes replayed "
+       "without recording (at least %.0f%%)%s%s%s%s",
+       backend, out.n, runs, replays, REPLAY_TOKENS - 1, 100 * REPLAY_AT_LEAST, st == PV_OK ? "" : ": ", st == PV_OK ? "" : pv_last_error(),
+       pv_llama_graph_failure(M.model)[0] ? "; the last recording that did not run: " : "",
+       pv_llama_graph_failure(M.model));
 }
 
 /* Decode steps padded to their batch-size buckets, as a GPU's graphs pad
