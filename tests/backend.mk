@@ -127,10 +127,23 @@ tests_test_cuda_launch_SOURCES = tests/test-cuda-launch.c backends/cuda/cuda_lau
 nodist_tests_test_cuda_launch_SOURCES = kernels/kernel-sources.c
 tests_test_cuda_launch_CPPFLAGS = $(PV_TEST_INCLUDES) $(CUDA_CFLAGS)
 tests_test_cuda_launch_LDADD = $(PV_LINK) $(CUDA_LIBS)
+# The CUDA backend over a stand-in for the runtime and cuBLAS that runs its
+# kernels on the OpenCL CPU device (tests/cuda-standin.c): the backend's
+# host code under the backend tests, with work deferred as on a GPU.
+if HAVE_OPENCL
+check_LTLIBRARIES += tests/cuda-standin/pensieve-cuda.la
+tests_cuda_standin_pensieve_cuda_la_SOURCES = tests/cuda-standin.c \
+	backends/cuda/cuda_backend.c backends/cuda/cuda_graph.c backends/cuda/cuda_launch.c backends/cuda/cuda_nvrtc.c
+nodist_tests_cuda_standin_pensieve_cuda_la_SOURCES = kernels/kernel-sources.c
+tests_cuda_standin_pensieve_cuda_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CFLAGS) $(OPENCL_CFLAGS) $(OPENBLAS_CFLAGS)
+tests_cuda_standin_pensieve_cuda_la_LDFLAGS = $(PV_MODULE_LDFLAGS) -rpath /nowhere -Wl,--wrap=pv_cuda_program_image
+tests_cuda_standin_pensieve_cuda_la_LIBADD = $(PV_MODULE_LIBADD) $(CUDA_NVRTC_LIBS) $(OPENCL_LIBS) $(OPENBLAS_LIBS)
+TESTS += tests/test-cuda-standin.sh
+endif
 # pensieve-cuda-warm fills and checks a kernel cache.
 TESTS += tests/test-cuda-warm.sh
 endif
-EXTRA_DIST += tests/test-cuda-warm.sh
+EXTRA_DIST += tests/test-cuda-warm.sh tests/test-cuda-standin.sh
 
 # The backend modules: a CPU run maps no GPU runtime; the registry's search
 # and its failures, with a module that must not load (tests/fake-module.c,

@@ -113,8 +113,12 @@ pv_status pv_opencl_kernel(pv_backend *be, const pv_kernel_params *params, const
     pv_opencl *cl = pv_opencl_of(be);
     const pv_kernel_family family = params->family;
     char defines[256], options[384];
+    /* -cl-kernel-arg-info costs a few bytes a kernel; the CUDA stand-in
+     * (tests/cuda-standin.c) builds with these options and reads the
+     * parameters' types, so PoCL's cache serves both. */
     if (pv_kernel_params_defines(params, defines, sizeof defines) >= (int)sizeof defines ||
-        snprintf(options, sizeof options, "-cl-std=CL1.2 %s %s", defines, cl->test_defines) >= (int)sizeof options)
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-kernel-arg-info %s %s", defines, cl->test_defines) >=
+            (int)sizeof options)
         return pv_error(PV_ERR_INVALID_ARG, "opencl: the build options of kernels/%s.cl do not fit in %zu bytes",
                         family_name(family), sizeof options);
 
