@@ -493,13 +493,18 @@ static void run_command(command *c)
 
 static int stream_run_one(struct CUstream_st *s, int depth);
 
-/* Runs the stream whose record `seq` of ev is, until that record has run. */
+/* Runs the stream whose record `seq` of ev is, until that record has run.
+ * A record that is not queued, or waits that nest deeper than any chain of
+ * streams can (a cycle), would hang a GPU: here they are faults. */
 static int run_until_recorded(struct CUevent_st *ev, uint64_t seq, int depth)
 {
     while (ev->done_seq < seq && !rt.fault[0])
-        if (!ev->stream || !stream_run_one(ev->stream, depth + 1))
+        if (!ev->stream || !stream_run_one(ev->stream, depth + 1)) {
+            fault("a wait for an event record that never runs (%s)",
+                  depth > 64 ? "waits in a cycle" : "the record is not queued");
             return 0;
-    return 1;
+        }
+    return !rt.fault[0];
 }
 
 /* Runs the stream's first command; 0 when it has none. */

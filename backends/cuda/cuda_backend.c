@@ -329,6 +329,27 @@ static int cuda_supports(const pv_backend *be, pv_op op, pv_dtype dtype)
 
 /* ---- buffers -------------------------------------------------------------------- */
 
+/* Device memory valid for every stream at once: from the pool on the
+ * allocation stream, synchronised (so neither work stream waits for the
+ * other), or from cudaMalloc. Nothing is enqueued on the work streams, so
+ * it is also how memory is taken while a graph is recorded. */
+static pv_status device_alloc(cuda_impl *cu, uint64_t bytes, const char *what, void **out)
+{
+    void *dev = NULL;
+    if (cu->pooled) {
+        CUDA_TRY(cudaMallocAsync(&dev, bytes, cu->alloc), "%" PRIu64 " bytes of %s", bytes, what);
+        cudaError_t err = cudaStreamSynchronize(cu->alloc);
+        if (err != cudaSuccess) {
+            cudaFreeAsync(dev, cu->alloc);
+            return pv_cuda_fail(err, "cudaStreamSynchronize", "allocation of %" PRIu64 " bytes of %s", bytes, what);
+        }
+    } else {
+        CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of %s", bytes, what);
+    }
+    *out = dev;
+    return PV_OK;
+}
+
 static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t bytes, pv_buffer *buf)
 {
     cuda_impl *cu = impl_of(be);
@@ -351,18 +372,7 @@ static pv_status cuda_buffer_alloc(pv_backend *be, pv_mem_kind kind, uint64_t by
         return PV_OK;
     }
     void *dev = NULL;
-    if (cu->pooled) {
-        /* On its own stream, synchronised at once: the memory is then valid
-         * for both streams without either waiting for the other. */
-        CUDA_TRY(cudaMallocAsync(&dev, bytes, cu->alloc), "%" PRIu64 " bytes of device memory", bytes);
-        cudaError_t err = cudaStreamSynchronize(cu->alloc);
-        if (err != cudaSuccess) {
-            cudaFreeAsync(dev, cu->alloc);
-            return pv_cuda_fail(err, "cudaStreamSynchronize", "allocation of %" PRIu64 " bytes", bytes);
-        }
-    } else {
-        CUDA_TRY(cudaMalloc(&dev, bytes), "%" PRIu64 " bytes of device memory", bytes);
-    }
+    PV_TRY(device_alloc(cu, bytes, "device memory", &dev));
     buf->host_ptr = NULL;
     buf->handle = dev;
     return PV_OK;
@@ -765,16 +775,7 @@ static pv_status scratch_reserve(cuda_impl *cu, const char *op, int which, size_
              * new scratch comes from outside the capture, and the old one goes
              * at graph_end, behind the work that reads it. Kept graphs that
              * read the old one differ from their next step and record anew. */
-            if (cu->pooled) {
-                CUDA_TRY(cudaMallocAsync(&mem, grown, cu->alloc), "%zu bytes of %s scratch", grown, op);
-                cudaError_t err = cudaStreamSynchronize(cu->alloc);
-                if (err != cudaSuccess) {
-                    cudaFreeAsync(mem, cu->alloc);
-                    return pv_cuda_fail(err, "cudaStreamSynchronize", "%zu bytes of %s scratch", grown, op);
-                }
-            } else {
-                CUDA_TRY(cudaMalloc(&mem, grown), "%zu bytes of %s scratch", grown, op);
-            }
+            PV_TRY(device_alloc(cu, grown, "scratch", &mem));
             if (cu->scratch[which]) {
                 pv_buffer old = {.kind = PV_MEM_DEVICE, .bytes = cu->scratch_bytes[which], .handle = cu->scratch[which]};
                 release_after_step(cu, &old);
