@@ -482,7 +482,7 @@ static enum MHD_Result route(srv_req *r)
 static void printable(const char *v, char out[72])
 {
     size_t i = 0;
-    for (; v[i] && i < 64; i++)
+    for (; i < 64 && v[i]; i++)
         out[i] = v[i] >= 0x20 && v[i] < 0x7f ? v[i] : '?';
     out[i] = '\0';
 }

@@ -24,6 +24,7 @@
 #define LONG_S 0.15       /* the chain's target time */
 #define MAX_CHAIN 4000    /* GEMMs in the chain at most */
 #define CLOCK_SLACK_S 1e-3 /* two clocks read a moment apart */
+#define EMPTY_ATTEMPTS 3
 
 static double now_s(void)
 {
@@ -149,17 +150,23 @@ static void check_intervals(fixture *f, pv_marker *start, pv_marker *end)
     ok(st == PV_OK && back < 0 && fabs(back + long_s) <= 1e-6 + 1e-3 * long_s,
        "%s: read in the wrong order, the interval is negative: %.6f s = -%.6f s", f->name, back, long_s);
 
-    double empty = -1;
-    const double e0 = now_s();
-    st = pv_marker_record(f->be, start);
-    if (st == PV_OK)
-        st = pv_marker_record(f->be, end);
-    if (st == PV_OK)
-        st = pv_marker_elapsed(f->be, start, end, &empty);
-    const double empty_wall = now_s() - e0;
-    ok(st == PV_OK && empty >= 0 && empty <= empty_wall + CLOCK_SLACK_S && empty < 0.01 * long_s,
+    /* Up to three pairs, until one reads short: a busy machine may hold
+     * the device's thread between any two markers. */
+    double empty = -1, empty_wall = 0;
+    int empty_ok = 0;
+    for (int attempt = 0; attempt < EMPTY_ATTEMPTS && !empty_ok; attempt++) {
+        const double e0 = now_s();
+        st = pv_marker_record(f->be, start);
+        if (st == PV_OK)
+            st = pv_marker_record(f->be, end);
+        if (st == PV_OK)
+            st = pv_marker_elapsed(f->be, start, end, &empty);
+        empty_wall = now_s() - e0;
+        empty_ok = st == PV_OK && empty >= 0 && empty <= empty_wall + CLOCK_SLACK_S && empty < 0.01 * long_s;
+    }
+    ok(empty_ok,
        "%s: the same markers recorded again back to back: %.6f s, >= 0 and under 1%% of the GEMMs' time "
-       "(host %.6f s)", f->name, empty, empty_wall);
+       "(host %.6f s; the last of up to %d pairs)", f->name, empty, empty_wall, EMPTY_ATTEMPTS);
 }
 
 /* NULLs, a marker never recorded, and markers of another backend. */

@@ -7,6 +7,7 @@
 #include "delay-backend.h"
 #include "tap.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,9 @@
 #define N_SLOTS 16
 #define N_COPIES 8
 #define DELAY_MS 10.0
+/* Tries of a check that a step takes under one delay: the fastest counts,
+ * as a busy machine may hold up any one try. */
+#define TIMING_ATTEMPTS 3
 
 static double now_ms(void)
 {
@@ -146,23 +150,29 @@ static void test_queue(fixture *f)
     for (int i = 0; i < N_COPIES; i++)
         pv_event_free(ev[i]);
 
-    /* Device->host copies are not delayed. */
+    /* Device->host copies are not delayed: the counter says so, and the
+     * fastest copy takes less than one delay. */
     pv_buffer *back = buffer(f->be, PV_MEM_HOST, N_COPIES * SLOT_BYTES);
-    pv_event *done = NULL;
-    t0 = now_ms();
-    st = pv_copy_async(PV_QUEUE_COPY, back, 0, f->pool, 0, N_COPIES * SLOT_BYTES, NULL, &done);
-    if (st == PV_OK)
-        st = pv_event_wait(done);
-    double d2h_ms = now_ms() - t0;
+    double d2h_ms = HUGE_VAL;
+    for (int attempt = 0; attempt < TIMING_ATTEMPTS && st == PV_OK && d2h_ms >= DELAY_MS; attempt++) {
+        pv_event *done = NULL;
+        t0 = now_ms();
+        st = pv_copy_async(PV_QUEUE_COPY, back, 0, f->pool, 0, N_COPIES * SLOT_BYTES, NULL, &done);
+        if (st == PV_OK)
+            st = pv_event_wait(done);
+        const double ms = now_ms() - t0;
+        d2h_ms = ms < d2h_ms ? ms : d2h_ms;
+        pv_event_free(done);
+    }
     float *got = malloc(N_COPIES * SLOT_BYTES);
     if (got)
         pv_buffer_read(back, 0, got, N_COPIES * SLOT_BYTES);
     ok(st == PV_OK && d2h_ms < DELAY_MS && got &&
            memcmp(got, f->pattern, N_COPIES * SLOT_BYTES) == 0 &&
            pv_delay_backend_delayed_copies(f->be) == N_COPIES,
-       "a device->host copy is not delayed (%.3f ms) and brings the bytes back", d2h_ms);
+       "a device->host copy is not delayed (%.3f ms, the fastest of up to %d) and brings the bytes back",
+       d2h_ms, TIMING_ATTEMPTS);
     free(got);
-    pv_event_free(done);
     pv_buffer_free(back);
 
     /* A compute-queue copy waits for its `wait` event: slot 9 <- slot 8
@@ -192,17 +202,24 @@ static void test_queue(fixture *f)
     double recorded_ms = now_ms() - t0;
     ok(st == PV_OK && recorded_ms >= 3 * DELAY_MS && pool_slot_is(f, 10, 10) && pool_slot_is(f, 12, 12),
        "a copy-queue event completes with the copies before it (%.1f ms)", recorded_ms);
-    t0 = now_ms();
-    st = pv_event_record(f->be, PV_QUEUE_COMPUTE, &compute);
-    if (st == PV_OK)
-        st = pv_queue_wait(f->be, PV_QUEUE_COPY, compute);
-    if (st == PV_OK)
-        st = pv_queue_wait(f->be, PV_QUEUE_COMPUTE, compute);
-    if (st == PV_OK)
-        st = pv_event_wait(compute);
-    ok(st == PV_OK && now_ms() - t0 < DELAY_MS, "a compute event is complete at once");
+    double compute_ms = HUGE_VAL;
+    for (int attempt = 0; attempt < TIMING_ATTEMPTS && st == PV_OK && compute_ms >= DELAY_MS; attempt++) {
+        t0 = now_ms();
+        st = pv_event_record(f->be, PV_QUEUE_COMPUTE, &compute);
+        if (st == PV_OK)
+            st = pv_queue_wait(f->be, PV_QUEUE_COPY, compute);
+        if (st == PV_OK)
+            st = pv_queue_wait(f->be, PV_QUEUE_COMPUTE, compute);
+        if (st == PV_OK)
+            st = pv_event_wait(compute);
+        const double ms = now_ms() - t0;
+        compute_ms = ms < compute_ms ? ms : compute_ms;
+        pv_event_free(compute);
+        compute = NULL;
+    }
+    ok(st == PV_OK && compute_ms < DELAY_MS, "a compute event is complete at once (%.3f ms, the fastest of up to %d)",
+       compute_ms, TIMING_ATTEMPTS);
     pv_event_free(all);
-    pv_event_free(compute);
 
     /* finish drains the copy queue. */
     t0 = now_ms();
