@@ -252,6 +252,11 @@ static pv_status kernel_stage(const tune_options *o, const char *path, const tun
     return st;
 }
 
+static int imax(int a, int b)
+{
+    return a > b ? a : b;
+}
+
 static void print_kernels(const tune_bucket_result *res, int n, int repeats)
 {
     if (!n)
@@ -267,16 +272,24 @@ static void print_kernels(const tune_bucket_result *res, int n, int repeats)
                     "then each PV_GEMM on its prefill product with the fastest of those (tried: both stages);\n"
                   : "",
            100 * TUNE_MIN_GAIN);
-    printf("%-32s %-40s %5s %5s  %-28s %10s  %-28s %10s %7s\n", "bucket", "workload", "tried", "wrong",
-           "default", "s", "best", "s", "speedup");
+    /* columns as wide as their widest entry: qmatmul's sets name 6 parameters */
+    int w_bucket = (int)strlen("bucket"), w_what = (int)strlen("workload"), w_params = (int)strlen("default");
+    for (int i = 0; i < n; i++) {
+        w_bucket = imax(w_bucket, (int)strlen(res[i].bucket));
+        w_what = imax(w_what, (int)strlen(res[i].what));
+        w_params = imax(w_params, imax((int)strlen(res[i].default_params),
+                                       (int)strlen(res[i].candidates[res[i].best].params)));
+    }
+    printf("%-*s %-*s %5s %5s  %-*s %10s  %-*s %10s %7s\n", w_bucket, "bucket", w_what, "workload", "tried",
+           "wrong", w_params, "default", "s", w_params, "best", "s", "speedup");
     for (int i = 0; i < n; i++) {
         const tune_bucket_result *r = &res[i];
         int wrong = 0;
         for (int c = 0; c < r->n_candidates; c++)
             wrong += r->candidates[c].rejected;
-        printf("%-32s %-40s %5d %5d  %-28s %10.4g  %-28s %10.4g %6.2fx%s\n", r->bucket, r->what, r->n_candidates,
-               wrong, r->default_params, r->default_s, r->candidates[r->best].params, r->best_s,
-               r->default_s / r->best_s, r->kept_default ? " *" : "");
+        printf("%-*s %-*s %5d %5d  %-*s %10.4g  %-*s %10.4g %6.2fx%s\n", w_bucket, r->bucket, w_what, r->what,
+               r->n_candidates, wrong, w_params, r->default_params, r->default_s, w_params,
+               r->candidates[r->best].params, r->best_s, r->default_s / r->best_s, r->kept_default ? " *" : "");
         for (int c = 0; c < r->n_candidates; c++)
             if (r->candidates[c].rejected)
                 printf("    rejected %s: error %.3g against the cpu backend (limit %g)\n", r->candidates[c].params,
