@@ -6,7 +6,7 @@
 # seed corpora under tests/fuzz/corpus/ are written by make-corpus.
 FUZZ_TARGETS = tests/fuzz/fuzz-gguf tests/fuzz/fuzz-ini tests/fuzz/fuzz-tokenizer tests/fuzz/fuzz-cache \
 	tests/fuzz/fuzz-request tests/fuzz/fuzz-profile tests/fuzz/fuzz-workload tests/fuzz/fuzz-state
-EXTRA_DIST += tests/fuzz/run-fuzz tests/fuzz/corpus tests/fuzz/fuzz-file.h
+EXTRA_DIST += tests/fuzz/run-fuzz tests/fuzz/large-inputs tests/fuzz/corpus tests/fuzz/fuzz-file.h
 
 if ENABLE_FUZZ
 noinst_PROGRAMS += $(FUZZ_TARGETS) tests/fuzz/make-corpus
